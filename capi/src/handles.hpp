@@ -1,4 +1,4 @@
-// What the opaque handles of braid.h (and braid/pipeline.h) hold.
+// What the opaque handles of braid.h (and braid/pipeline.h, braid/data.h) hold.
 #pragma once
 
 #include <map>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/cost/cost_model.hpp"
+#include "core/data/arrangement.hpp"
 #include "core/pipeline/program.hpp"
 #include "core/plan/planner.hpp"
 #include "core/sim/simulator.hpp"
@@ -38,4 +39,11 @@ struct braid_simulation {
   bool traced = false;                // simulated with record_trace
   std::mutex gantt_mutex;             // guards the renderings below
   std::map<int, std::string> gantts;  // by width; kept for the handle's life, so returned texts stay valid
+};
+
+struct braid_reorder {
+  braid::data::BatchLayout layout;
+  braid::data::Arrangement arrangement;
+  std::vector<int> module_dp;  // per plan module: its DP width on the grid, 0 when off it
+  double straggler_before = 1, straggler_after = 1;
 };

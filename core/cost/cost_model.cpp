@@ -122,6 +122,15 @@ ModuleCost CostModel::build(int mi, int tp, int samples, const GroupShape& tp_gr
   return c;
 }
 
+std::vector<LayerKernel> CostModel::layer_kernels(int mi, int tp, int samples) const {
+  const auto& m = run_->model.modules[static_cast<std::size_t>(mi)];
+  if (m.role == Role::projector || m.role == Role::loss || tp < 1)
+    throw Error(Status::internal, m.name + " has no transformer layers to split into kernels");
+  BlockContext ctx{&device_, &comm_, &run_->training, tp, group_shape(0, 1, tp, run_->cluster.devices_per_node),
+                   grads(mi)};
+  return transformer_layer_kernels(m, tokens(mi), samples, ctx);
+}
+
 StateBytes CostModel::state_bytes(int m, int dp) const {
   const auto& mod = run_->model.modules[static_cast<std::size_t>(m)];
   const int zero = run_->training.zero_stage;

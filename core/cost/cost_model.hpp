@@ -63,6 +63,10 @@ class CostModel {
   // Same for a TP group inside one node (the only place TP runs).
   const ModuleCost& module(int m, int tp, int samples) const;
 
+  // The kernels of one transformer layer of module `m` (not a projector), priced as
+  // module() prices that layer: for schedulers that place kernels one by one.
+  std::vector<LayerKernel> layer_kernels(int m, int tp, int samples) const;
+
   // Training state per parameter of module `m`, with ZeRO sharding over `dp` replicas.
   StateBytes state_bytes(int m, int dp) const;
   // Optimizer step time for `params` local parameters (memory bound).

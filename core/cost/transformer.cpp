@@ -27,33 +27,6 @@ void add_elementwise(BlockCost& c, double bytes, const BlockContext& ctx) {
   if (ctx.grads.any()) c.backward_s += ctx.device->memory_seconds(2 * bytes);
 }
 
-// Applies the run's recomputation policy: `core` is the attention core that
-// selective recomputation re-runs instead of storing its O(s^2) activations.
-void apply_recompute(BlockCost& c, const BlockCost& core, double input_bytes, const BlockContext& ctx) {
-  switch (ctx.training->recompute) {
-    case spec::Recompute::none:
-      break;
-    case spec::Recompute::selective:
-      if (ctx.training->attention == spec::Attention::standard) {
-        c.recompute_s += core.forward_s;
-        c.flops_recompute += core.flops_forward;
-      }
-      break;
-    case spec::Recompute::full:
-      c.recompute_s += c.forward_s;
-      c.flops_recompute += c.flops_forward;
-      c.comm_backward_s += c.comm_forward_s;
-      c.activation_bytes = input_bytes;
-      break;
-  }
-  if (!ctx.grads.any()) {  // nothing runs backward: nothing to keep or recompute
-    c.activation_bytes = 0;
-    c.recompute_s = 0;
-    c.flops_recompute = 0;
-    c.comm_backward_s = 0;
-  }
-}
-
 double tp_all_reduce(double bytes, const BlockContext& ctx) {
   return ctx.tp > 1 ? ctx.comm->all_reduce(bytes, ctx.tp_group) : 0.0;
 }
@@ -68,7 +41,8 @@ double transformer_layer_forward_flops(const spec::ModuleSpec& m, double s, spec
   return gemms + core;
 }
 
-BlockCost transformer_layer(const spec::ModuleSpec& m, double s, double b, const BlockContext& ctx) {
+std::vector<LayerKernel> transformer_layer_kernels(const spec::ModuleSpec& m, double s, double b,
+                                                   const BlockContext& ctx) {
   const auto& train = *ctx.training;
   const double t = ctx.tp, E = ctx.device->element_bytes();
   const double h = m.hidden, f = m.ffn, a = m.heads, d = h / a;
@@ -78,41 +52,80 @@ BlockCost transformer_layer(const spec::ModuleSpec& m, double s, double b, const
   const bool dropout = m.dropout > 0;
   const bool swiglu = m.mlp == spec::Mlp::swiglu;
 
-  BlockCost c;
-  add_gemm(c, M, (h + 2 * kv) / t, h, 1, true, ctx);          // fused QKV projection (column parallel)
-  add_gemm(c, M, h, h / t, 1, true, ctx);                     // attention output (row parallel)
-  add_gemm(c, M, (swiglu ? 2 : 1) * f / t, h, 1, true, ctx);  // MLP up (+ gate)
-  add_gemm(c, M, h, f / t, 1, true, ctx);                     // MLP down
+  auto kernel = [](const char* name, bool communication = false) {
+    LayerKernel k;
+    k.name = name;
+    k.communication = communication;
+    return k;
+  };
+  LayerKernel norm_attention = kernel("norm+residual (attention)"), qkv = kernel("qkv"), core = kernel("attention"),
+              out = kernel("attention out"), reduce_attention = kernel("tp all-reduce (attention)", true),
+              norm_mlp = kernel("norm+residual+activation (mlp)"), up = kernel("mlp up"), down = kernel("mlp down"),
+              reduce_mlp = kernel("tp all-reduce (mlp)", true);
+  add_gemm(qkv.cost, M, (h + 2 * kv) / t, h, 1, true, ctx);         // fused QKV projection (column parallel)
+  add_gemm(out.cost, M, h, h / t, 1, true, ctx);                    // attention output (row parallel)
+  add_gemm(up.cost, M, (swiglu ? 2 : 1) * f / t, h, 1, true, ctx);  // MLP up (+ gate)
+  add_gemm(down.cost, M, h, f / t, 1, true, ctx);                   // MLP down
 
   // Attention core: softmax(QK^T) V over the local heads.
-  BlockCost core;
   const double heads_local = a / t * b;
   if (train.attention == spec::Attention::flash) {
     double fl = 4 * s * s * d * heads_local * (m.causal ? 0.5 : 1.0);
-    core.flops_forward = fl;
-    core.forward_s = ctx.device->flash_attention_seconds(fl, false);
+    core.cost.flops_forward = fl;
+    core.cost.forward_s = ctx.device->flash_attention_seconds(fl, false);
     if (ctx.grads.any()) {
-      core.flops_backward = 2 * fl;
+      core.cost.flops_backward = 2 * fl;
       // The fused backward recomputes the scores: 5 matmuls against the forward's 2.
-      core.backward_s = ctx.device->flash_attention_seconds(2.5 * fl, true);
+      core.cost.backward_s = ctx.device->flash_attention_seconds(2.5 * fl, true);
     }
   } else {
-    add_gemm(core, s, s, d, heads_local, false, ctx);  // scores
-    add_gemm(core, s, d, s, heads_local, false, ctx);  // context
+    add_gemm(core.cost, s, s, d, heads_local, false, ctx);  // scores
+    add_gemm(core.cost, s, d, s, heads_local, false, ctx);  // context
     double probs = heads_local * s * s;
-    add_elementwise(core, 2 * probs * E + (dropout ? probs * (2 * E + 1) : 0), ctx);  // softmax (+ dropout)
+    add_elementwise(core.cost, 2 * probs * E + (dropout ? probs * (2 * E + 1) : 0), ctx);  // softmax (+ dropout)
   }
-  c += core;
 
-  // Layer norms, residual adds (+ dropout), and the MLP activation.
-  double elementwise = (4 * sbh * E + 2 * (3 * sbh * E + (dropout ? sbh : 0))) / sp;
-  elementwise += (swiglu ? 3 : 2) * M * f / t * E;
-  add_elementwise(c, elementwise, ctx);
+  // Layer norms and residual adds (+ dropout), one of each per half; the MLP activation.
+  const double norm = (2 * sbh * E + 3 * sbh * E + (dropout ? sbh : 0)) / sp;
+  add_elementwise(norm_attention.cost, norm, ctx);
+  add_elementwise(norm_mlp.cost, norm + (swiglu ? 3 : 2) * M * f / t * E, ctx);
 
   // Two TP all-reduces each way (attention out, MLP out; their input gradients).
-  double ar = tp_all_reduce(sbh * E, ctx);
-  c.comm_forward_s = 2 * ar;
-  if (ctx.grads.any()) c.comm_backward_s = 2 * ar;
+  const double ar = tp_all_reduce(sbh * E, ctx);
+  for (LayerKernel* k : {&reduce_attention, &reduce_mlp}) {
+    k->cost.comm_forward_s = ar;
+    if (ctx.grads.any()) k->cost.comm_backward_s = ar;
+  }
+  std::vector<LayerKernel> ks = {norm_attention, qkv, core, out, reduce_attention, norm_mlp, up, down, reduce_mlp};
+  // Recomputation, kernel by kernel: full re-runs every forward (and its collectives)
+  // before the backward; selective re-runs the attention core when its scores are not kept.
+  for (auto& k : ks) {
+    if (!ctx.grads.any()) break;
+    if (train.recompute == spec::Recompute::full) {
+      k.cost.recompute_s = k.cost.forward_s;
+      k.cost.flops_recompute = k.cost.flops_forward;
+      k.cost.comm_backward_s += k.cost.comm_forward_s;
+    } else if (train.recompute == spec::Recompute::selective && train.attention == spec::Attention::standard &&
+               &k == &ks[2]) {
+      k.cost.recompute_s = k.cost.forward_s;
+      k.cost.flops_recompute = k.cost.flops_forward;
+    }
+  }
+  return ks;
+}
+
+BlockCost transformer_layer(const spec::ModuleSpec& m, double s, double b, const BlockContext& ctx) {
+  BlockCost c;
+  for (const auto& k : transformer_layer_kernels(m, s, b, ctx)) c += k.cost;
+  const auto& train = *ctx.training;
+  const double t = ctx.tp, E = ctx.device->element_bytes();
+  const double h = m.hidden, f = m.ffn, a = m.heads;
+  const double kv = h * m.kv_groups / m.heads;
+  const double M = s * b, sbh = M * h;
+  const double sp = (train.sequence_parallel && t > 1) ? t : 1;
+  const bool dropout = m.dropout > 0;
+  const bool swiglu = m.mlp == spec::Mlp::swiglu;
+  const double heads_local = a / t * b;
 
   // Stored activations, after Korthikanti et al. 2022 ("Reducing Activation
   // Recomputation in Large Transformer Models", sec. 4), generalised to GQA/SwiGLU:
@@ -124,7 +137,8 @@ BlockCost transformer_layer(const spec::ModuleSpec& m, double s, double b, const
                                                             : heads_local * s * s * (E + (dropout ? E + 1 : 0));
   if (train.recompute == spec::Recompute::selective && train.attention == spec::Attention::standard) scores = 0;
   c.activation_bytes = replicated + split + scores;
-  apply_recompute(c, core, sbh * E / sp, ctx);
+  if (train.recompute == spec::Recompute::full) c.activation_bytes = sbh * E / sp;  // the layer's input only
+  if (!ctx.grads.any()) c.activation_bytes = 0;  // nothing runs backward: nothing to keep
 
   const double layer_params = h * (h + 2 * kv) + h * h + (swiglu ? 3 : 2) * h * f;
   c.parameters = layer_params / t + (h + 2 * kv + h + f) / t + 4 * h;  // weights, biases, norms

@@ -3,6 +3,8 @@
 // loss, and linear stacks (projectors). Megatron-style tensor parallelism.
 #pragma once
 
+#include <vector>
+
 #include "core/cost/block.hpp"
 #include "core/cost/comm.hpp"
 #include "core/cost/device.hpp"
@@ -27,6 +29,18 @@ struct BlockContext {
   GradNeeds grads;
 };
 
+// One kernel of a transformer layer (a GEMM, the attention core, a norm, a TP
+// collective), for schedulers that place kernels one by one.
+struct LayerKernel {
+  const char* name = "";
+  BlockCost cost;              // times and FLOPs; recomputation in recompute_s / comm_backward_s
+  bool communication = false;  // a collective: never placed inside another collective's wait
+};
+
+// The kernels of one transformer layer, in forward order; they sum to transformer_layer's
+// times and FLOPs (activations and parameters are the layer's).
+std::vector<LayerKernel> transformer_layer_kernels(const spec::ModuleSpec& m, double tokens, double samples,
+                                                   const BlockContext& ctx);
 // One transformer layer for a microbatch of `samples` sequences of `tokens`.
 BlockCost transformer_layer(const spec::ModuleSpec& m, double tokens, double samples, const BlockContext& ctx);
 // Token embedding lookup (vocab-parallel over TP).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/bubble/scheduler.hpp"
 #include "core/common/error.hpp"
 #include "core/common/text.hpp"
 #include "core/pipeline/schedules.hpp"
@@ -116,13 +117,16 @@ Program monolithic(const cost::CostModel& cost, const plan::Plan& plan, const st
     const auto& l = g.loads[static_cast<std::size_t>(s)];
     std::string names;
     double input = 0;
-    int module = -1, count = 0;
+    int module = -1, count = 0, collectives = 0;
     for (const auto& m : plan.modules) {
       if (m.first_stage <= s && s < m.first_stage + m.pp) {
         names += (names.empty() ? "" : ", ") + m.name;
         input = std::max(input, input_bytes(cost, m));
         module = m.module;
         ++count;
+        // Megatron TP: two collectives per transformer layer each way (attention, MLP).
+        const auto at = static_cast<std::size_t>(s - m.first_stage);
+        if (g.tp > 1 && at < m.layers_per_stage.size()) collectives += 2 * m.layers_per_stage[at];
       }
     }
     StageProgram st =
@@ -132,7 +136,10 @@ Program monolithic(const cost::CostModel& cost, const plan::Plan& plan, const st
     st.send_activation_s = s + 1 < g.stages ? g.send_s[static_cast<std::size_t>(s)] : g.wrap_send_s;
     st.send_grad_s = s > 0 ? g.send_s[static_cast<std::size_t>(s - 1)] : g.wrap_send_s;
     st.reduce_grads_s = g.tail(static_cast<std::size_t>(s), cost.run().training.overlap_grad_reduce) - l.optimizer_s;
-    for (int c = 0; c < v; ++c) st.units.push_back(unit_of(l, st.name, input / v, 1.0 / v));
+    for (int c = 0; c < v; ++c) {
+      st.units.push_back(unit_of(l, st.name, input / v, 1.0 / v));
+      st.units.back().tp_collectives = collectives / v;
+    }
     p.stages.push_back(std::move(st));
   }
   for (int s = 0; s + 1 < g.stages; ++s) link(p, s, s + 1);
@@ -244,77 +251,6 @@ Program chain(const cost::CostModel& cost, const plan::Plan& plan, const std::st
   return p;
 }
 
-Program colocated(const cost::CostModel& cost, const plan::Plan& plan) {
-  const auto& run = cost.run();
-  plan::Plan llm_grid = plan;
-  std::erase_if(llm_grid.modules, [](const ModulePlacement& m) { return m.role == spec::Role::encoder; });
-  plan::Plan copy = plan;
-  std::string why;
-  if (!plan::evaluate(cost, copy, &why) && copy.estimate.iteration_time_s <= 0) cannot_run(why);
-  Program p = monolithic(cost, llm_grid, "1f1b");
-  const int stages = static_cast<int>(p.stages.size());
-  // Programs so far hold the llm's 1F1B; wrap it in the coarse encoder schedule.
-  std::vector<std::vector<Instruction>> llm(static_cast<std::size_t>(stages));
-  for (int s = 0; s < stages; ++s)
-    llm[static_cast<std::size_t>(s)].swap(p.stages[static_cast<std::size_t>(s)].instructions);
-  std::vector<std::pair<int, int>> encoders;  // (unit index on every stage, tasks per step)
-  const int devices = stages * p.stages[0].replicas * p.stages[0].devices_per_replica;
-  for (const auto& m : plan.modules) {
-    if (m.role != spec::Role::encoder) continue;
-    const int K = static_cast<int>(run.training.global_batch / (static_cast<long long>(m.dp) * m.microbatch_size));
-    auto loads = plan::grid_loads(cost, m, m.microbatch_size);
-    const double handover = cost.comm().p2p(cost.module(m.module, m.tp, m.microbatch_size).output_bytes / m.tp,
-                                            devices > run.cluster.devices_per_node);
-    const int unit = static_cast<int>(p.stages[0].units.size());
-    for (int s = 0; s < stages; ++s) {
-      auto& st = p.stages[static_cast<std::size_t>(s)];
-      const auto& l = loads[static_cast<std::size_t>(s / (stages / m.pp))];
-      WorkUnit u = unit_of(l, m.name + " stage " + std::to_string(s / (stages / m.pp)), input_bytes(cost, m));
-      // Each microbatch's output goes to the llm's first stage (and its gradient comes back).
-      u.forward_tp_s += l.p2p_s / 2 + handover;
-      u.backward_tp_s += l.p2p_s / 2 + handover;
-      st.units.push_back(u);
-      st.reduce_grads_s += l.dp_sync_s;
-      st.optimizer_s += l.optimizer_s;
-      st.static_memory_bytes += l.memory.weights + l.memory.gradients + l.memory.optimizer;
-    }
-    encoders.emplace_back(unit, K);
-  }
-  for (int s = 0; s < stages; ++s) {
-    auto task = [&](int unit, int mb, bool backward) {
-      Instruction t;
-      t.op = Op::encoder_task;
-      t.unit = unit;
-      t.microbatch = mb;
-      if (backward) t.flags = kBackwardTask;
-      emit(p, s, t);
-    };
-    for (auto [unit, K] : encoders) {
-      for (int j = 0; j < K; ++j) task(unit, j, false);
-    }
-    // Every device's encoder outputs reach the llm's first stage before it starts.
-    // (Ordering only: each task already carries its hand-over.)
-    if (s == 0) {
-      for (int from = 1; from < stages; ++from)
-        emit(p, 0, Instruction{Op::recv_activation, 0, 0, from, -1, 0, kSyncOnly});
-    } else {
-      emit(p, s, Instruction{Op::send_activation, 0, 0, 0, -1, 0, kSyncOnly});
-    }
-    for (const auto& i : llm[static_cast<std::size_t>(s)]) emit(p, s, i);
-    // The encoder gradients leave the llm's first stage after its last backward.
-    if (s == 0) {
-      for (int to = 1; to < stages; ++to) emit(p, 0, Instruction{Op::send_grad, 0, 0, to, -1, 0, kSyncOnly});
-    } else {
-      emit(p, s, Instruction{Op::recv_grad, 0, 0, 0, -1, 0, kSyncOnly});
-    }
-    for (auto [unit, K] : encoders) {
-      for (int j = 0; j < K; ++j) task(unit, j, true);
-    }
-  }
-  p.schedule = "1f1b";
-  return p;
-}
-
 }  // namespace
 
 std::vector<std::string> schedules_for(const cost::CostModel& cost, const plan::Plan& plan) {
@@ -329,7 +265,7 @@ std::vector<std::string> schedules_for(const cost::CostModel& cost, const plan::
     case Layout::chain:
       return {"1f1b", "gpipe"};
     case Layout::colocated:
-      return {"1f1b"};
+      return bubble::schedule_names();
   }
   return {};
 }
@@ -353,8 +289,8 @@ Program build_program(const cost::CostModel& cost, const plan::Plan& plan, const
       p = chain(cost, plan, schedule);
       break;
     case Layout::colocated:
-      p = colocated(cost, plan);
-      break;
+      // Complete programs from the bubble scheduler (the step's tail included).
+      return bubble::program_named(bubble::schedule(cost, plan), schedule);
   }
   finish(cost, p);
   return p;

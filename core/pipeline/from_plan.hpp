@@ -17,7 +17,7 @@ namespace braid::pipeline {
 //               models: batch-sync, distmm-pipe, two-phase
 //   branches:   distmm-pipe, batch-sync, two-phase
 //   chain:      1f1b, gpipe
-//   colocated:  1f1b (coarse: encoder forwards before the llm, backwards after it)
+//   colocated:  optimus-fine, optimus-coarse, encoder-first (core/bubble/scheduler.hpp)
 std::vector<std::string> schedules_for(const cost::CostModel& cost, const plan::Plan& plan);
 
 // Throws Error(Status::bad_config) when the plan cannot run (with the evaluator's

@@ -31,6 +31,7 @@ enum : std::uint8_t {
   kRecompute = 2,     // two-phase batch-sync: the forward re-run before its backward
   kBackwardTask = 4,  // encoder_task: a backward task (else forward)
   kSyncOnly = 8,      // a send/receive that only orders work; its transfer is charged inside that work
+  kInTpBubble = 16,   // encoder_task: runs while the preceding forward/backward waits on its TP collectives
 };
 
 struct Instruction {
@@ -55,6 +56,8 @@ struct WorkUnit {
   double activation_bytes = 0;  // kept from forward to backward
   double input_bytes = 0;       // kept by a kNoStore forward (its input, for the recompute)
   double hardware_flops = 0;    // forward + backward (+ recompute) per device
+  int tp_collectives = 0;       // TP collectives in one forward (and in one backward): the TP bubbles
+  bool communication = false;   // encoder kernel that is itself a collective or transfer
 };
 
 struct StageProgram {
@@ -72,6 +75,10 @@ struct StageProgram {
   double optimizer_s = 0;
   double static_memory_bytes = 0;  // weights, gradients, optimizer state, reserved
   int group_microbatches = 0;      // contrastive: this stage's microbatches per group (0: the program's)
+  // Optional per-sample load (data heterogeneity): when non-empty, of size replicas x slots,
+  // the compute and TP time of a forward/backward of microbatch mb on replica r is
+  // multiplied by work_scale[r * slots + mb], slots = work_scale.size() / replicas.
+  std::vector<double> work_scale;
   std::vector<Instruction> instructions;
 
   int microbatches_per_group(int program_default) const {

@@ -30,8 +30,24 @@ void validate(const Program& p) {
     if (st.replicas < 1 || st.devices_per_replica < 1) {
       throw Error(Status::invalid_argument, "stage '" + st.name + "' needs at least one replica of one device");
     }
+    if (st.work_scale.size() % static_cast<std::size_t>(st.replicas) != 0) {
+      throw Error(Status::invalid_argument,
+                  "stage '" + st.name + "': work_scale holds " + std::to_string(st.work_scale.size()) +
+                      " loads, not a multiple of its " + std::to_string(st.replicas) + " replicas");
+    }
+    for (double w : st.work_scale) {
+      if (!(w >= 0 && w < 1e9))
+        throw Error(Status::invalid_argument, "stage '" + st.name + "': a work_scale is not a load");
+    }
+    Op last_compute = Op::load_microbatch;  // what a TP-bubble task would fill
     for (std::size_t pc = 0; pc < st.instructions.size(); ++pc) {
       const auto& i = st.instructions[pc];
+      if (i.op == Op::encoder_task && (i.flags & kInTpBubble)) {
+        if (last_compute != Op::forward && last_compute != Op::backward)
+          fail(p, s, pc, "fills a TP bubble but follows no forward or backward");
+      } else if (i.op != Op::send_activation && i.op != Op::send_grad && i.op != Op::load_microbatch) {
+        last_compute = i.op;
+      }
       const bool p2p =
           i.op == Op::send_activation || i.op == Op::recv_activation || i.op == Op::send_grad || i.op == Op::recv_grad;
       if (p2p && (i.peer < 0 || i.peer >= n || i.peer == s)) fail(p, s, pc, "has no valid peer stage");

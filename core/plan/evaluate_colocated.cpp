@@ -8,7 +8,7 @@
 // it ends (they need the llm's input gradients), each device on its own encoder
 // stage's tasks:
 //   T = E_forward + llm pipeline + E_backward + DP/optimizer tails,
-// E = K x the slowest encoder stage's microbatch (with its hand-over to the llm).
+// E = (K + encoder pp - 1) x the slowest encoder stage's microbatch, plus K hand-overs to the llm.
 // This is the program pipeline::build_program makes of the plan; the kernel-level
 // scheduler (a later release) moves encoder kernels into the pipeline and TP bubbles.
 #include <algorithm>
@@ -89,8 +89,9 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
         mem.activations += K * l.work.activation_bytes;
       }
     }
-    forward += K * (f_max + handover);
-    backward += K * (b_max + handover);
+    // The encoder's own pipeline fills before its last stage hands microbatches over.
+    forward += (K + p.pp - 1) * f_max + K * handover;
+    backward += (K + p.pp - 1) * b_max + K * handover;
     enc_compute += K * c_max;
   }
 

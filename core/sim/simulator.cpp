@@ -55,6 +55,7 @@ struct Rank {
   std::array<double, kCauseCount> direct{};  // tp, dp_shard: known when they happen
   std::vector<Idle> idle;                    // classified once the timeline is known
   double first_forward = -1, last_backward = 0;
+  double tp_slack = 0;  // TP-collective wait of the last forward/backward not yet filled by encoder tasks
   double live = 0, peak = 0;
   std::unordered_map<long long, double> stored;  // (microbatch, chunk) -> activation bytes
   bool waiting_recv = false;                     // woken by a message
@@ -181,11 +182,36 @@ class Simulation {
         if (i.op == Op::forward && k.first_forward < 0) k.first_forward = k.compute;
       }
     }
+    if (i.op == Op::forward || i.op == Op::backward) {
+      const double scale = load_scale(k, st, i.microbatch);
+      busy *= scale;
+      tp *= scale;
+    }
+    if (i.op == Op::encoder_task && (i.flags & pipeline::kInTpBubble)) {
+      // Runs on the compute units while the previous forward/backward waits on its
+      // TP collectives: that wait turns into work; only what does not fit delays.
+      const double absorbed = std::min(busy + tp, k.tp_slack);
+      record(r, 0, k.compute - k.tp_slack, busy + tp);
+      k.tp_slack -= absorbed;
+      k.busy += busy;
+      k.direct[static_cast<int>(Cause::tp)] += tp - absorbed;
+      k.compute += busy + tp - absorbed;
+      return;
+    }
     record(r, 0, k.compute, busy + tp + shard);
     k.busy += busy;
     k.direct[static_cast<int>(Cause::tp)] += tp;
     k.direct[static_cast<int>(Cause::dp_shard)] += shard;
     k.compute += busy + tp + shard;
+    k.tp_slack = (i.op == Op::forward || i.op == Op::backward) ? tp : 0;
+  }
+
+  // The data-dependent load of microbatch `mb` on this rank (1 without per-sample sizes).
+  static double load_scale(const Rank& k, const StageProgram& st, int mb) {
+    if (st.work_scale.empty() || mb < 0) return 1;
+    const std::size_t slots = st.work_scale.size() / static_cast<std::size_t>(st.replicas);
+    const std::size_t at = static_cast<std::size_t>(k.replica) * slots + static_cast<std::size_t>(mb);
+    return static_cast<std::size_t>(mb) < slots ? st.work_scale[at] : 1;
   }
 
   void send(int r, const Instruction& i) {
@@ -234,6 +260,7 @@ class Simulation {
     if (arrival > k.compute) {
       k.idle.push_back({k.compute, arrival, Wait::recv});
       k.compute = arrival;
+      k.tp_slack = 0;
     }
     return true;
   }
@@ -251,6 +278,7 @@ class Simulation {
       m.idle.push_back({at, end, kind});
       record(w, lane, c.latest, duration);
       m.compute = end;
+      m.tp_slack = 0;
       m.pc++;
       runnable_.push_back(w);
     }

@@ -1,8 +1,10 @@
 #include "core/spec/run.hpp"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/common/error.hpp"
+#include "core/common/text.hpp"
 
 namespace braid::spec {
 
@@ -16,6 +18,25 @@ const char* recompute_name(Recompute r) {
       return "full";
   }
   return "?";
+}
+
+const char* size_kind_name(SizeKind k) {
+  switch (k) {
+    case SizeKind::fixed:
+      return "fixed";
+    case SizeKind::lognormal:
+      return "lognormal";
+    case SizeKind::histogram:
+      return "histogram";
+  }
+  return "?";
+}
+
+bool DataSpec::heterogeneous() const {
+  for (const auto* d : {&image, &text, &audio, &generated_image}) {
+    if (d->kind != SizeKind::fixed) return true;
+  }
+  return false;
 }
 
 const char* attention_name(Attention a) { return a == Attention::flash ? "flash" : "standard"; }
@@ -109,18 +130,99 @@ int read_size(const Node& data, std::string_view modality, std::string_view fiel
   return static_cast<int>(data.at(modality).at(field).as_int_at_least(1));
 }
 
+// A size on the modality's grid: a whole number of patches (or latent cells) per side.
+void expect_on_grid(const Node& n, int value, int step, const std::string& why) {
+  if (value % step != 0)
+    n.fail(std::to_string(value) + " is not a multiple of " + std::to_string(step) + " (" + why + ")");
+}
+
+SizeDistribution parse_distribution(const Node& n, int step, const std::string& why) {
+  SizeDistribution d;
+  d.step = step;
+  n.expect_keys({"kind", "median", "sigma", "min", "max", "values", "weights"});
+  const std::string kind = n.at("kind").as_choice({"fixed", "lognormal", "histogram"});
+  auto only = [&](std::initializer_list<std::string_view> keys) {
+    for (const auto& key : n.keys()) {
+      if (key == "kind" || std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
+      const std::vector<std::string> takes(keys.begin(), keys.end());
+      n.at(key).fail("does not apply to a " + kind + " distribution" +
+                     (takes.empty() ? "" : " (it takes " + join_choices(takes, " and ") + ")"));
+    }
+  };
+  if (kind == "fixed") {
+    only({});
+  } else if (kind == "lognormal") {
+    only({"median", "sigma", "min", "max"});
+    d.kind = SizeKind::lognormal;
+    d.median = n.at("median").as_positive();
+    d.sigma = n.at("sigma").as_double();
+    if (d.sigma < 0) n.at("sigma").fail("must be zero or more (got " + n.at("sigma").yaml().Scalar() + ")");
+    d.min = static_cast<int>(n.at("min").as_int_at_least(1));
+    d.max = static_cast<int>(n.at("max").as_int_at_least(1));
+    if (d.min > d.max) n.at("max").fail("max " + std::to_string(d.max) + " is below min " + std::to_string(d.min));
+    if (d.median < d.min || d.median > d.max) {
+      n.at("median").fail("median " + n.at("median").yaml().Scalar() + " lies outside [min, max] = [" +
+                          std::to_string(d.min) + ", " + std::to_string(d.max) + "]");
+    }
+    if ((d.min + step - 1) / step * step > d.max) {
+      n.at("max").fail("no multiple of " + std::to_string(step) + " lies in [" + std::to_string(d.min) + ", " +
+                       std::to_string(d.max) + "] (" + why + ")");
+    }
+  } else {
+    only({"values", "weights"});
+    d.kind = SizeKind::histogram;
+    const auto values = n.at("values").items();
+    const auto weights = n.at("weights").items();
+    if (values.empty()) n.at("values").fail("needs at least one size");
+    if (weights.size() != values.size()) {
+      n.at("weights").fail(std::to_string(weights.size()) + " weights for " + std::to_string(values.size()) +
+                           " values: give one weight per value");
+    }
+    double total = 0;
+    for (const auto& v : values) {
+      d.values.push_back(static_cast<int>(v.as_int_at_least(1)));
+      expect_on_grid(v, d.values.back(), step, why);
+    }
+    for (const auto& w : weights) {
+      d.weights.push_back(w.as_double());
+      if (d.weights.back() < 0) w.fail("a weight must be zero or more (got " + w.yaml().Scalar() + ")");
+      total += d.weights.back();
+    }
+    if (!(total > 0)) n.at("weights").fail("the weights sum to 0; at least one must be positive");
+  }
+  return d;
+}
+
+// Reads `data.<modality>`: its nominal size `field`, and its optional distribution.
+int read_modality(const Node& data, std::string_view modality, std::string_view field, int step, const std::string& why,
+                  SizeDistribution& dist) {
+  const int size = read_size(data, modality, field);
+  dist = SizeDistribution{};
+  dist.step = step;
+  if (auto d = data.at(modality).find("distribution")) dist = parse_distribution(*d, step, why);
+  return size;
+}
+
 DataSpec parse_data(const Node& n, const ModelSpec& model) {
-  n.expect_keys({"image", "text", "audio", "generated_image"});
+  n.expect_keys({"image", "text", "audio", "generated_image", "seed", "steps"});
   for (const char* key : {"image", "generated_image"}) {
-    if (auto m = n.find(key)) m->expect_keys({"resolution"});
+    if (auto m = n.find(key)) m->expect_keys({"resolution", "distribution"});
   }
   for (const char* key : {"text", "audio"}) {
-    if (auto m = n.find(key)) m->expect_keys({"tokens"});
+    if (auto m = n.find(key)) m->expect_keys({"tokens", "distribution"});
   }
   DataSpec d;
+  if (auto s = n.find("seed")) d.seed = static_cast<std::uint64_t>(s->as_int_at_least(0));
+  if (auto s = n.find("steps")) {
+    d.steps = static_cast<int>(s->as_int_at_least(1));
+    constexpr int kMaxSteps = 10000;
+    if (d.steps > kMaxSteps)
+      s->fail("at most " + std::to_string(kMaxSteps) + " steps (got " + std::to_string(d.steps) + ")");
+  }
   for (const auto& m : model.modules) {
     if (m.role == Role::encoder && m.modality == Modality::image) {
-      d.image_resolution = read_size(n, "image", "resolution");
+      const std::string why = "the patch size of '" + m.name + "'";
+      d.image_resolution = read_modality(n, "image", "resolution", m.patch_size, why, d.image);
       if (d.image_resolution % m.patch_size != 0) {
         n.at("image")
             .at("resolution")
@@ -129,12 +231,15 @@ DataSpec parse_data(const Node& n, const ModelSpec& model) {
       }
     }
     if ((m.role == Role::encoder && m.modality == Modality::text) || m.role == Role::llm) {
-      d.text_tokens = read_size(n, "text", "tokens");
+      d.text_tokens = read_modality(n, "text", "tokens", 1, "", d.text);
     }
-    if (m.role == Role::encoder && m.modality == Modality::audio) d.audio_tokens = read_size(n, "audio", "tokens");
+    if (m.role == Role::encoder && m.modality == Modality::audio) {
+      d.audio_tokens = read_modality(n, "audio", "tokens", 1, "", d.audio);
+    }
     if (m.role == Role::generator) {
-      d.generated_image_resolution = read_size(n, "generated_image", "resolution");
-      int cell = m.latent_downsample * m.patch_size;
+      const int cell = m.latent_downsample * m.patch_size;
+      const std::string why = "latent downsample x patch size of '" + m.name + "'";
+      d.generated_image_resolution = read_modality(n, "generated_image", "resolution", cell, why, d.generated_image);
       if (d.generated_image_resolution % cell != 0) {
         n.at("generated_image")
             .at("resolution")

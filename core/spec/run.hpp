@@ -1,7 +1,9 @@
 // A training run: a model on a cluster with the training knobs and input sizes.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/spec/cluster.hpp"
 #include "core/spec/model.hpp"
@@ -30,12 +32,34 @@ struct TrainingSpec {
   bool overlap_grad_reduce = false;  // DP gradient reduction overlapped with the last backward
 };
 
-// Input sizes per modality; 0 where the model has no such input.
+enum class SizeKind { fixed, lognormal, histogram };
+const char* size_kind_name(SizeKind k);
+
+// How the size of one modality varies from sample to sample (synthetic, for data
+// reordering). Sizes are drawn in the modality's unit (pixels per side, tokens) and
+// land on multiples of `step` (the patch grid of an image encoder, 1 for tokens).
+struct SizeDistribution {
+  SizeKind kind = SizeKind::fixed;  // fixed: every sample at the nominal size
+  double median = 0, sigma = 0;     // lognormal: exp(N(ln median, sigma^2))...
+  int min = 0, max = 0;             // ...clamped to [min, max]
+  std::vector<int> values;          // histogram: these sizes...
+  std::vector<double> weights;      // ...with these relative frequencies
+  int step = 1;
+};
+
+// Input sizes per modality; 0 where the model has no such input. The planner and the
+// cost model use these nominal sizes; the distributions only feed data reordering.
 struct DataSpec {
   int image_resolution = 0;            // pixels per side, encoder input
   int text_tokens = 0;                 // text tokens per sample
   int audio_tokens = 0;                // audio frames (tokens) per sample
   int generated_image_resolution = 0;  // pixels per side, generator output
+  SizeDistribution image, text, audio, generated_image;
+  std::uint64_t seed = 0;  // of the synthetic sample sizes
+  int steps = 4;           // steps the data report averages over
+
+  // Whether any modality's size varies.
+  bool heterogeneous() const;
 };
 
 struct RunSpec {

@@ -1,6 +1,8 @@
 /* The C ABI from C: dlopen libbraid.so, resolve every entry point, plan the CLIP run,
  * check the result, build and simulate pipeline programs (LLaVA 1F1B, CLIP DistMM-Pipe),
- * and misuse the API (NULLs, wrong struct sizes, bad YAML, indices out of range): each
+ * reorder a LLaVA batch for its disttrain plan (ranks with equal counts, whole
+ * microbatches, deterministic), and misuse the API (NULLs, wrong struct sizes, bad YAML,
+ * indices out of range, batches that do not split): each
  * misuse returns a status and a message, never a crash.
  * Compiled as C99 with -Wall -Wextra -Wpedantic -Werror.
  * usage: test_capi LIBBRAID_SO SOURCE_DIR */
@@ -54,6 +56,14 @@ static struct {
   braid_status (*simulation_stage)(const braid_simulation*, size_t, braid_stage_result*);
   braid_status (*simulation_write_trace)(const braid_simulation*, const char*);
   braid_status (*simulation_gantt)(const braid_simulation*, int32_t, const char**);
+  braid_status (*reorder_create)(const braid_plan*, const braid_sample_batch*, const braid_reorder_options*,
+                                 braid_reorder**);
+  braid_status (*reorder_destroy)(braid_reorder*);
+  braid_status (*reorder_info_get)(const braid_reorder*, braid_reorder_info*);
+  braid_status (*reorder_ranks)(const braid_reorder*, size_t, int32_t*, size_t);
+  braid_status (*reorder_cells)(const braid_reorder*, int32_t*, size_t);
+  braid_status (*reorder_microbatches)(const braid_reorder*, int32_t*, size_t);
+  braid_status (*reorder_order)(const braid_reorder*, size_t, int32_t*, size_t);
 } api;
 
 static void* resolve(void* lib, const char* name) {
@@ -639,6 +649,175 @@ static void test_program_misuse(const char* source_dir) {
   api.program_destroy(program);
 }
 
+/* Data reordering: a skewed LLaVA batch of 64 samples on its disttrain plan. */
+enum { kBatch = 64 };
+
+static braid_reorder* reorder_llava(const braid_plan* plan, const int32_t* image, const int32_t* text,
+                                    braid_reordering how) {
+  braid_sample_batch batch = BRAID_SAMPLE_BATCH_INIT;
+  batch.samples = kBatch;
+  batch.image_resolution = image;
+  batch.text_tokens = text;
+  braid_reorder_options options = BRAID_REORDER_OPTIONS_INIT;
+  options.reordering = how;
+  braid_reorder* reorder = NULL;
+  CHECK(api.reorder_create(plan, &batch, &options, &reorder) == BRAID_OK);
+  if (!reorder) fprintf(stderr, "reorder_create: %s\n", api.last_error());
+  return reorder;
+}
+
+static void test_reorder_llava(const char* source_dir) {
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/configs/runs", source_dir);
+  braid_config* config = NULL;
+  CHECK(api.config_load_string("model: ../models/llava-13b.yaml\ncluster: ../clusters/dgx-a100-80gb.yaml\n"
+                               "nodes: 4\ntraining: {global_batch: 64, microbatch: 1}\n"
+                               "data: {image: {resolution: 336}, text: {tokens: 1472}}\n",
+                               dir, &config) == BRAID_OK);
+  if (!config) return;
+  braid_plan_options options = BRAID_PLAN_OPTIONS_INIT;
+  options.strategy = BRAID_STRATEGY_DISTTRAIN;
+  braid_plan* plan = NULL;
+  CHECK(api.plan_create(config, &options, &plan) == BRAID_OK);
+  if (!plan) {
+    fprintf(stderr, "plan_create(disttrain): %s\n", api.last_error());
+    api.config_destroy(config);
+    return;
+  }
+  /* Many short captions and a few long ones; images of varying size. */
+  int32_t image[kBatch], text[kBatch];
+  for (int i = 0; i < kBatch; ++i) {
+    image[i] = 224 + 14 * ((i * 7) % 17);
+    text[i] = i % 8 == 0 ? 1472 : 64 + 32 * (i % 5);
+  }
+  braid_reorder* reorder = reorder_llava(plan, image, text, BRAID_REORDER_INTRA_INTER);
+  braid_reorder* again = reorder_llava(plan, image, text, BRAID_REORDER_INTRA_INTER);
+  braid_reorder* plain = reorder_llava(plan, image, text, BRAID_REORDER_NONE);
+  if (reorder && again && plain) {
+    braid_reorder_info info = BRAID_REORDER_INFO_INIT, none = BRAID_REORDER_INFO_INIT;
+    CHECK(api.reorder_info_get(reorder, &info) == BRAID_OK);
+    CHECK(api.reorder_info_get(plain, &none) == BRAID_OK);
+    CHECK(info.samples == kBatch && info.cells >= 1 && info.pipeline_groups >= 1 && info.microbatches >= 1);
+    CHECK((size_t)info.cells * (size_t)info.microbatches * (size_t)info.cell_microbatch == kBatch);
+    CHECK(info.straggler_before > 1 && info.straggler_after < info.straggler_before);
+    CHECK(none.straggler_after == none.straggler_before);
+    CHECK(info.evaluations > 0 && none.evaluations == 0);
+    int32_t cells[kBatch], cells_again[kBatch], mbs[kBatch], mbs_again[kBatch], ranks[kBatch];
+    CHECK(api.reorder_cells(reorder, cells, kBatch) == BRAID_OK);
+    CHECK(api.reorder_microbatches(reorder, mbs, kBatch) == BRAID_OK);
+    CHECK(api.reorder_cells(again, cells_again, kBatch) == BRAID_OK);
+    CHECK(api.reorder_microbatches(again, mbs_again, kBatch) == BRAID_OK);
+    CHECK(memcmp(cells, cells_again, sizeof cells) == 0 && memcmp(mbs, mbs_again, sizeof mbs) == 0);
+    /* Every (cell, microbatch) holds cell_microbatch samples. */
+    int filled[kBatch] = {0};
+    for (int i = 0; i < kBatch; ++i) {
+      CHECK(cells[i] >= 0 && cells[i] < info.cells && mbs[i] >= 0 && mbs[i] < info.microbatches);
+      if (cells[i] >= 0 && cells[i] < info.cells && mbs[i] >= 0 && mbs[i] < info.microbatches)
+        ++filled[cells[i] * info.microbatches + mbs[i]];
+    }
+    for (int c = 0; c < info.cells * info.microbatches; ++c) CHECK(filled[c] == info.cell_microbatch);
+    /* Each module's ranks get equal counts. */
+    size_t modules = 0;
+    CHECK(api.plan_module_count(plan, &modules) == BRAID_OK && modules >= 3);
+    for (size_t m = 0; m < modules; ++m) {
+      braid_module_info mod = BRAID_MODULE_INFO_INIT;
+      CHECK(api.plan_module(plan, m, &mod) == BRAID_OK);
+      CHECK(api.reorder_ranks(reorder, m, ranks, kBatch) == BRAID_OK);
+      int count[kBatch] = {0};
+      for (int i = 0; i < kBatch; ++i) {
+        CHECK(ranks[i] >= 0 && ranks[i] < mod.dp);
+        if (ranks[i] >= 0 && ranks[i] < mod.dp && ranks[i] < kBatch) ++count[ranks[i]];
+      }
+      for (int r = 0; r < mod.dp && r < kBatch; ++r) CHECK(count[r] == kBatch / mod.dp);
+    }
+    /* Each pipeline group's order lists every microbatch once. */
+    for (int32_t g = 0; g < info.pipeline_groups; ++g) {
+      int32_t order[kBatch];
+      int seen[kBatch] = {0};
+      CHECK(api.reorder_order(reorder, (size_t)g, order, (size_t)info.microbatches) == BRAID_OK);
+      for (int k = 0; k < info.microbatches; ++k) {
+        CHECK(order[k] >= 0 && order[k] < info.microbatches);
+        if (order[k] >= 0 && order[k] < info.microbatches) ++seen[order[k]];
+      }
+      for (int k = 0; k < info.microbatches; ++k) CHECK(seen[k] == 1);
+    }
+    /* Misuse: counts, indices, NULLs. */
+    CHECK(api.reorder_cells(reorder, cells, kBatch - 1) == BRAID_ERR_INVALID_ARGUMENT);
+    CHECK(contains(api.last_error(), "count is 63; the batch has 64 samples"));
+    CHECK(api.reorder_ranks(reorder, modules, ranks, kBatch) == BRAID_ERR_INVALID_ARGUMENT);
+    CHECK(contains(api.last_error(), "out of range"));
+    CHECK(api.reorder_order(reorder, (size_t)info.pipeline_groups, ranks, (size_t)info.microbatches) ==
+          BRAID_ERR_INVALID_ARGUMENT);
+    CHECK(api.reorder_microbatches(reorder, NULL, kBatch) == BRAID_ERR_INVALID_ARGUMENT);
+    CHECK(api.reorder_info_get(NULL, &info) == BRAID_ERR_INVALID_ARGUMENT);
+  }
+  api.reorder_destroy(reorder);
+  api.reorder_destroy(again);
+  api.reorder_destroy(plain);
+  CHECK(api.reorder_destroy(NULL) == BRAID_OK);
+
+  /* Costs given directly, one column per plan module: only their ratios matter. */
+  size_t modules = 0;
+  CHECK(api.plan_module_count(plan, &modules) == BRAID_OK);
+  double costs[kBatch * 8];
+  if (modules <= 8) {
+    for (int i = 0; i < kBatch; ++i)
+      for (size_t m = 0; m < modules; ++m) costs[(size_t)i * modules + m] = (double)text[i] * (double)(m + 1);
+    braid_sample_batch batch = BRAID_SAMPLE_BATCH_INIT;
+    batch.samples = kBatch;
+    batch.module_costs = costs;
+    braid_reorder* direct = NULL;
+    CHECK(api.reorder_create(plan, &batch, NULL, &direct) == BRAID_OK);
+    braid_reorder_info info = BRAID_REORDER_INFO_INIT;
+    CHECK(direct && api.reorder_info_get(direct, &info) == BRAID_OK && info.straggler_after < info.straggler_before);
+    api.reorder_destroy(direct);
+    costs[5 * modules] = -1;
+    CHECK(api.reorder_create(plan, &batch, NULL, &direct) == BRAID_ERR_INVALID_ARGUMENT && direct == NULL);
+    CHECK(contains(api.last_error(), "module_costs of sample 5, module 0 is not a finite non-negative number"));
+  }
+
+  /* Batches that cannot run. */
+  braid_sample_batch batch = BRAID_SAMPLE_BATCH_INIT;
+  braid_reorder* bad = NULL;
+  batch.samples = kBatch - 1;
+  batch.text_tokens = text;
+  CHECK(api.reorder_create(plan, &batch, NULL, &bad) == BRAID_ERR_INVALID_ARGUMENT && bad == NULL);
+  CHECK(contains(api.last_error(), "a batch of 63 samples does not split into"));
+  batch.samples = kBatch;
+  text[5] = 0;
+  CHECK(api.reorder_create(plan, &batch, NULL, &bad) == BRAID_ERR_INVALID_ARGUMENT);
+  CHECK(contains(api.last_error(), "text_tokens of sample 5 is 0"));
+  batch.struct_size = 8;
+  CHECK(api.reorder_create(plan, &batch, NULL, &bad) == BRAID_ERR_INVALID_ARGUMENT);
+  CHECK(contains(api.last_error(), "BRAID_SAMPLE_BATCH_INIT"));
+  batch.struct_size = sizeof batch;
+  braid_reorder_options opts = BRAID_REORDER_OPTIONS_INIT;
+  opts.reordering = (braid_reordering)7;
+  CHECK(api.reorder_create(plan, &batch, &opts, &bad) == BRAID_ERR_INVALID_ARGUMENT);
+  CHECK(api.reorder_create(NULL, &batch, NULL, &bad) == BRAID_ERR_INVALID_ARGUMENT);
+  CHECK(api.reorder_create(plan, NULL, NULL, &bad) == BRAID_ERR_INVALID_ARGUMENT);
+  api.plan_destroy(plan);
+
+  /* A contrastive batch-sync plan groups its microbatches: not supported yet, said so. */
+  api.config_destroy(config);
+  config = NULL;
+  CHECK(api.config_load_string("model: ../models/clip-vit-l14.yaml\ncluster: ../clusters/dgx-a100-80gb.yaml\n"
+                               "nodes: 2\ntraining: {global_batch: 1024, microbatch: 32}\n"
+                               "data: {image: {resolution: 224}, text: {tokens: 77}}\n",
+                               dir, &config) == BRAID_OK);
+  options.strategy = BRAID_STRATEGY_DISTMM;
+  plan = NULL;
+  if (config) CHECK(api.plan_create(config, &options, &plan) == BRAID_OK);
+  if (plan) {
+    batch.samples = 1024;
+    batch.text_tokens = NULL;
+    CHECK(api.reorder_create(plan, &batch, NULL, &bad) == BRAID_ERR_UNSUPPORTED && bad == NULL);
+    CHECK(contains(api.last_error(), "contrastive batch-sync"));
+  }
+  api.plan_destroy(plan);
+  api.config_destroy(config);
+}
+
 int main(int argc, char** argv) {
   if (argc != 3) {
     fprintf(stderr, "usage: %s LIBBRAID_SO SOURCE_DIR\n", argv[0]);
@@ -679,12 +858,20 @@ int main(int argc, char** argv) {
   RESOLVE(simulation_stage, "braid_simulation_stage");
   RESOLVE(simulation_write_trace, "braid_simulation_write_trace");
   RESOLVE(simulation_gantt, "braid_simulation_gantt");
+  RESOLVE(reorder_create, "braid_reorder_create");
+  RESOLVE(reorder_destroy, "braid_reorder_destroy");
+  RESOLVE(reorder_info_get, "braid_reorder_info_get");
+  RESOLVE(reorder_ranks, "braid_reorder_ranks");
+  RESOLVE(reorder_cells, "braid_reorder_cells");
+  RESOLVE(reorder_microbatches, "braid_reorder_microbatches");
+  RESOLVE(reorder_order, "braid_reorder_order");
 
   test_versions();
   test_plan_clip(argv[2]);
   test_misuse(argv[2]);
   test_program_llava(argv[2]);
   test_program_misuse(argv[2]);
+  test_reorder_llava(argv[2]);
   dlclose(lib);
   if (failures) {
     fprintf(stderr, "%d check(s) failed\n", failures);

@@ -540,5 +540,63 @@ class ProgramLifetimeTest(unittest.TestCase):
             gc.collect()
 
 
+class ReorderTest(unittest.TestCase):
+    """Data reordering for a host data loader: a skewed LLaVA batch on its disttrain plan."""
+
+    TEXT = [1472 if i % 8 == 0 else 64 + 32 * (i % 5) for i in range(32)]
+    IMAGE = [224 + 14 * ((i * 7) % 17) for i in range(32)]
+
+    def test_assignment_has_equal_counts_whole_microbatches_and_is_deterministic(self):
+        with llava_config() as config, braid.plan(config, "disttrain") as p:
+            batch = p.reorder(text_tokens=self.TEXT, image_resolution=self.IMAGE)
+            self.assertEqual(batch, p.reorder(text_tokens=self.TEXT, image_resolution=self.IMAGE))
+            self.assertEqual(batch["samples"], 32)
+            self.assertLess(batch["straggler_after"], batch["straggler_before"])
+            self.assertGreater(batch["evaluations"], 0)
+            for module in p.modules:
+                ranks = batch["ranks"][module["name"]]
+                counts = [ranks.count(r) for r in range(module["dp"])]
+                self.assertEqual(counts, [32 // module["dp"]] * module["dp"], module["name"])
+            m = batch["microbatches_per_pipeline"]
+            slots = list(zip(batch["cells"], batch["microbatches"]))
+            for slot in set(slots):
+                self.assertEqual(slots.count(slot), batch["cell_microbatch"])
+            self.assertEqual(len(batch["orders"]), batch["pipeline_groups"])
+            for order in batch["orders"]:
+                self.assertEqual(sorted(order), list(range(m)))
+
+    def test_no_reordering_keeps_dataset_order(self):
+        with llava_config() as config, braid.plan(config, "disttrain") as p:
+            batch = p.reorder(text_tokens=self.TEXT, reordering="none")
+            self.assertEqual(batch["straggler_after"], batch["straggler_before"])
+            self.assertEqual(batch["cells"], sorted(batch["cells"]))
+            for order in batch["orders"]:
+                self.assertEqual(order, sorted(order))
+
+    def test_module_costs_directly(self):
+        with llava_config() as config, braid.plan(config, "disttrain") as p:
+            costs = [[t * (k + 1) for k in range(len(p.modules))] for t in self.TEXT]
+            batch = p.reorder(module_costs=costs, reordering="intra")
+            self.assertLess(batch["straggler_after"], batch["straggler_before"])
+            with self.assertRaises(braid.InvalidArgumentError) as e:
+                p.reorder(module_costs=[[1.0]] * 32)
+            self.assertIn("the plan has", str(e.exception))
+
+    def test_bad_batches_say_why(self):
+        with llava_config() as config, braid.plan(config, "disttrain") as p:
+            with self.assertRaises(braid.InvalidArgumentError) as e:
+                p.reorder(text_tokens=self.TEXT[:31])
+            self.assertIn("a batch of 31 samples does not split into", str(e.exception))
+            with self.assertRaises(braid.InvalidArgumentError) as e:
+                p.reorder(text_tokens=self.TEXT, image_resolution=self.IMAGE[:30])
+            self.assertIn("differ in length", str(e.exception))
+            with self.assertRaises(braid.InvalidArgumentError) as e:
+                p.reorder(text_tokens=self.TEXT, reordering="intra-inter")
+            self.assertIn("did you mean 'intra_inter'?", str(e.exception))
+            with self.assertRaises(braid.InvalidArgumentError) as e:
+                p.reorder(text_tokens=[0] * 32)
+            self.assertIn("text_tokens of sample 0 is 0", str(e.exception))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -1,11 +1,14 @@
 // braid simulate: run a plan's pipeline program through the discrete-event
 // simulator and show where every device is busy or idle.
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
+#include "core/bubble/scheduler.hpp"
 #include "core/common/error.hpp"
 #include "core/common/text.hpp"
 #include "core/pipeline/from_plan.hpp"
@@ -14,6 +17,7 @@
 #include "core/sim/trace.hpp"
 #include "tools/braid/commands.hpp"
 #include "tools/braid/plan_options.hpp"
+#include "tools/braid/simulate_data.hpp"
 
 namespace po = boost::program_options;
 
@@ -37,6 +41,33 @@ std::string bubbles_text(const std::array<double, sim::kCauseCount>& b) {
            seconds(b[static_cast<std::size_t>(c)]);
   }
   return out.empty() ? "none" : out;
+}
+
+nlohmann::ordered_json bubble_report_json(const bubble::Report& b) {
+  nlohmann::ordered_json j;
+  j["step_time_s"] = {{"colocated", b.plain_step_s}, {"coarse", b.coarse_step_s}, {"fine", b.fine_step_s}};
+  j["recovered_fraction"] = {{"coarse", b.recovered_coarse}, {"fine", b.recovered_fine}};
+  j["bubbles_before"] = bubbles_json(b.bubbles_before);
+  j["bubbles_after"] = bubbles_json(b.bubbles_after);
+  j["scheduler_time_s"] = b.scheduler_time_s;
+  j["placements_simulated"] = b.rounds;
+  j["encoder_tasks_per_device"] = b.encoder_tasks;
+  j["tp_bubble_tasks"] = b.tp_bubble_tasks;
+  return j;
+}
+
+void print_bubble_report(const bubble::Report& b) {
+  auto gain = [&](double t) { return fixed(100 * (1 - t / b.plain_step_s), 1) + "% faster"; };
+  std::cout << "\nbubble scheduler (optimus): " << b.encoder_tasks << " encoder tasks per device, " << b.rounds
+            << " placements simulated in " << seconds(b.scheduler_time_s) << "\n"
+            << "  encoder-first      " << seconds(b.plain_step_s)
+            << "   (encoder forwards before the llm, backwards after)\n"
+            << "  coarse             " << seconds(b.coarse_step_s) << "   " << gain(b.coarse_step_s) << ", "
+            << fixed(100 * b.recovered_coarse, 1) << "% of the idle time recovered\n"
+            << "  fine               " << seconds(b.fine_step_s) << "   " << gain(b.fine_step_s) << ", "
+            << fixed(100 * b.recovered_fine, 1) << "% recovered, " << b.tp_bubble_tasks << " tasks inside TP waits\n"
+            << "  idle before        " << bubbles_text(b.bubbles_before) << "\n"
+            << "  idle after         " << bubbles_text(b.bubbles_after) << "\n";
 }
 
 }  // namespace
@@ -63,6 +94,7 @@ int run_simulate(const std::vector<std::string>& args) {
       "trace-replicas", po::value(&trace_replicas)->value_name("N"),
       "DP replicas per stage in the trace (default 1; -1: all)")(
       "gantt", "print a text Gantt chart of each stage's first replica")(
+      "data", "report data reordering over the run's sample-size distributions (data: in the run file)")(
       "format,f", po::value(&format)->value_name("FMT"), "table (default) | json");
   po::variables_map vm;
   try {
@@ -91,7 +123,19 @@ int run_simulate(const std::vector<std::string>& args) {
   const plan::PlanRequest request = plan_opts.request(run);
   const plan::PlanResult result = plan::make_plan(cost, request);
   const plan::Plan& chosen = result.best;
-  const pipeline::Program program = pipeline::build_program(cost, chosen, schedule);
+  // Colocated plans: the bubble scheduler makes all three of their programs at once.
+  std::optional<bubble::Schedules> scheduled;
+  if (chosen.layout == plan::Layout::colocated) {
+    const auto names = bubble::schedule_names();
+    if (!schedule.empty() && std::find(names.begin(), names.end(), schedule) == names.end()) {
+      std::fprintf(stderr, "braid simulate: error: a colocated plan runs %s, not '%s'\n", join_choices(names).c_str(),
+                   schedule.c_str());
+      return kExitBadInput;
+    }
+    scheduled = bubble::schedule(cost, chosen);
+  }
+  const pipeline::Program program =
+      scheduled ? bubble::program_named(*scheduled, schedule) : pipeline::build_program(cost, chosen, schedule);
   sim::Options sim_opts;
   sim_opts.trace = !trace.empty() || vm.count("gantt");
   // The Gantt draws each stage's first replica: record at least that one.
@@ -100,6 +144,8 @@ int run_simulate(const std::vector<std::string>& args) {
   const sim::Result r = sim::simulate(program, sim_opts);
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (!trace.empty()) sim::write_chrome_trace(trace, program, r);
+  std::optional<data::DataReport> data_report;
+  if (vm.count("data")) data_report = simulate_data(cost, chosen, program);
 
   const double estimate = chosen.estimate.iteration_time_s;
   if (format == "json") {
@@ -129,6 +175,8 @@ int run_simulate(const std::vector<std::string>& args) {
     j["events"] = r.events;
     j["simulation_s"] = elapsed;
     if (!trace.empty()) j["trace"] = trace;
+    if (scheduled) j["bubble_report"] = bubble_report_json(scheduled->report);
+    if (data_report) j["data_report"] = data_report_json(*data_report);
     std::cout << j.dump(2) << "\n";
     return kExitOk;
   }
@@ -151,6 +199,8 @@ int run_simulate(const std::vector<std::string>& args) {
               << pad(seconds(s.busy_s), 12, true) << pad(seconds(s.idle_s), 12, true)
               << pad(fixed(s.peak_memory_bytes / kGiB, 1), 10, true) << "  " << bubbles_text(s.bubbles) << "\n";
   }
+  if (scheduled) print_bubble_report(scheduled->report);
+  if (data_report) print_data_report(std::cout, *data_report);
   if (vm.count("gantt")) std::cout << "\n" << sim::gantt(program, r);
   std::cout << "\nsimulated " << r.events << " instructions in " << seconds(elapsed) << " ("
             << fixed(r.events / std::max(elapsed, 1e-9) / 1e6, 2) << " M events/s)";

@@ -184,5 +184,7 @@ BRAID_API braid_status braid_plan_alternative(const braid_plan* plan, size_t ind
 
 /* Pipeline programs and their simulation. */
 #include "braid/pipeline.h"
+/* Data reordering for host data loaders. */
+#include "braid/data.h"
 
 #endif /* BRAID_BRAID_H */

@@ -9,6 +9,9 @@ A thin shim: every call goes to ``libbraid.so``; no planning happens in Python.
             with p.program() as program, program.simulate(trace=True) as sim:
                 print(program.schedule, sim.result["step_time_s"])
                 print(sim.gantt())
+            # A data loader: where each sample of a global batch goes (DistTrain reordering).
+            batch = p.reorder(text_tokens=[...], image_resolution=[...])
+            print(batch["ranks"]["llm"], batch["microbatches"])
 
 The library is looked up, once per process, in this order:
 
@@ -29,7 +32,7 @@ import json
 import operator
 import os
 import threading
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 __all__ = [
     "ABI_VERSION",
@@ -37,6 +40,7 @@ __all__ = [
     "SCHEDULES",
     "OPCODES",
     "BUBBLE_CAUSES",
+    "REORDERINGS",
     "BraidError",
     "InvalidArgumentError",
     "BadConfigError",
@@ -77,6 +81,9 @@ OPCODES = ("LOAD_MICROBATCH", "FORWARD", "BACKWARD", "SEND_ACTIVATION", "RECV_AC
 BUBBLE_CAUSES = ("dp_start", "dp_end", "dp_shard", "pp_warmup", "pp_cooldown", "pp_other", "tp", "batch_sync",
                  "imbalance")
 
+#: The braid_reordering names; the index is the C enum value.
+REORDERINGS = ("none", "intra", "intra_inter")
+
 # braid_instruction.flags bits.
 FLAG_NO_STORE = 1
 FLAG_RECOMPUTE = 2
@@ -84,6 +91,7 @@ FLAG_BACKWARD_TASK = 4
 
 _PLAN_OPTIONS_VERSION = 1  # BRAID_PLAN_OPTIONS_VERSION
 _SIMULATION_OPTIONS_VERSION = 1  # BRAID_SIMULATION_OPTIONS_VERSION
+_REORDER_OPTIONS_VERSION = 1  # BRAID_REORDER_OPTIONS_VERSION
 
 # braid_status values.
 OK = 0
@@ -234,10 +242,15 @@ class _SimulationStruct(ctypes.Structure):
     """Opaque braid_simulation."""
 
 
+class _ReorderStruct(ctypes.Structure):
+    """Opaque braid_reorder."""
+
+
 _ConfigPtr = ctypes.POINTER(_ConfigStruct)
 _PlanPtr = ctypes.POINTER(_PlanStruct)
 _ProgramPtr = ctypes.POINTER(_ProgramStruct)
 _SimulationPtr = ctypes.POINTER(_SimulationStruct)
+_ReorderPtr = ctypes.POINTER(_ReorderStruct)
 _status_t = ctypes.c_int  # braid_status (a C enum)
 _strategy_t = ctypes.c_int  # braid_strategy (a C enum)
 _opcode_t = ctypes.c_int  # braid_opcode (a C enum)
@@ -350,6 +363,41 @@ class braid_simulation_result(ctypes.Structure):
     ]
 
 
+class braid_sample_batch(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("samples", ctypes.c_size_t),
+        ("image_resolution", ctypes.POINTER(ctypes.c_int32)),
+        ("text_tokens", ctypes.POINTER(ctypes.c_int32)),
+        ("audio_tokens", ctypes.POINTER(ctypes.c_int32)),
+        ("generated_image_resolution", ctypes.POINTER(ctypes.c_int32)),
+        ("module_costs", ctypes.POINTER(ctypes.c_double)),
+    ]
+
+
+class braid_reorder_options(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("version", ctypes.c_uint32),
+        ("reordering", ctypes.c_int),
+        ("max_evaluations", ctypes.c_int64),
+    ]
+
+
+class braid_reorder_info(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("samples", ctypes.c_size_t),
+        ("cells", ctypes.c_int32),
+        ("pipeline_groups", ctypes.c_int32),
+        ("microbatches", ctypes.c_int32),
+        ("cell_microbatch", ctypes.c_int32),
+        ("straggler_before", ctypes.c_double),
+        ("straggler_after", ctypes.c_double),
+        ("evaluations", ctypes.c_int64),
+    ]
+
+
 class braid_stage_result(ctypes.Structure):
     _fields_ = [
         ("struct_size", ctypes.c_size_t),
@@ -394,6 +442,13 @@ _SIGNATURES = {
     "braid_simulation_stage": (_status_t, [_SimulationPtr, ctypes.c_size_t, _P(braid_stage_result)]),
     "braid_simulation_write_trace": (_status_t, [_SimulationPtr, ctypes.c_char_p]),
     "braid_simulation_gantt": (_status_t, [_SimulationPtr, ctypes.c_int32, _P(ctypes.c_char_p)]),
+    "braid_reorder_create": (_status_t, [_PlanPtr, _P(braid_sample_batch), _P(braid_reorder_options), _P(_ReorderPtr)]),
+    "braid_reorder_destroy": (_status_t, [_ReorderPtr]),
+    "braid_reorder_info_get": (_status_t, [_ReorderPtr, _P(braid_reorder_info)]),
+    "braid_reorder_ranks": (_status_t, [_ReorderPtr, ctypes.c_size_t, _P(ctypes.c_int32), ctypes.c_size_t]),
+    "braid_reorder_cells": (_status_t, [_ReorderPtr, _P(ctypes.c_int32), ctypes.c_size_t]),
+    "braid_reorder_microbatches": (_status_t, [_ReorderPtr, _P(ctypes.c_int32), ctypes.c_size_t]),
+    "braid_reorder_order": (_status_t, [_ReorderPtr, ctypes.c_size_t, _P(ctypes.c_int32), ctypes.c_size_t]),
 }
 
 # ---- loading the library ------------------------------------------------------------------
@@ -790,6 +845,110 @@ class Plan(_OwnedHandle):
         out = _ProgramPtr()
         _check(self._lib, self._lib.braid_program_create(self._ptr(), name, ctypes.byref(out)))
         return Program(out, self)
+
+    def reorder(self, image_resolution: Optional[Sequence[int]] = None, text_tokens: Optional[Sequence[int]] = None,
+                audio_tokens: Optional[Sequence[int]] = None,
+                generated_image_resolution: Optional[Sequence[int]] = None,
+                module_costs: Optional[Sequence[Sequence[float]]] = None, reordering: str = "intra_inter",
+                max_evaluations: int = 0) -> Dict[str, Any]:
+        """Where each sample of one global batch goes on this plan (braid_reorder_*):
+        DistTrain's intra-microbatch reordering (LPT over the data-parallel ranks, equal
+        counts) and, with ``reordering="intra_inter"``, each pipeline's microbatches in
+        their best 1F1B order. Deterministic: every rank gets the same answer.
+
+        Give per-sample sizes (lists of equal length; None: the run's nominal size), or
+        ``module_costs``: per sample, one cost per plan module (any unit, ratios matter).
+        ``reordering``: one of :data:`REORDERINGS`.
+
+        Returns a dict: ``ranks`` (module name -> each sample's DP rank; modules off the
+        grid, such as colocated encoders, are left out), ``cells`` and ``microbatches``
+        (each sample's grid cell and schedule position), ``orders`` (per pipeline group,
+        the microbatch run k-th), and samples, cells_count, pipeline_groups,
+        microbatches_per_pipeline, cell_microbatch, straggler_before, straggler_after,
+        evaluations."""
+        if reordering not in REORDERINGS:
+            guess = difflib.get_close_matches(str(reordering), REORDERINGS, n=1)
+            hint = f" (did you mean '{guess[0]}'?)" if guess else ""
+            raise InvalidArgumentError(
+                ERR_INVALID_ARGUMENT, f"unknown reordering '{reordering}'{hint}; choose one of {', '.join(REORDERINGS)}"
+            )
+        columns = {"image_resolution": image_resolution, "text_tokens": text_tokens, "audio_tokens": audio_tokens,
+                   "generated_image_resolution": generated_image_resolution}
+        lengths = {name: len(v) for name, v in columns.items() if v is not None}
+        if module_costs is not None:
+            lengths["module_costs"] = len(module_costs)
+        if not lengths:
+            raise InvalidArgumentError(ERR_INVALID_ARGUMENT, "give per-sample sizes or module_costs")
+        if len(set(lengths.values())) != 1:
+            raise InvalidArgumentError(ERR_INVALID_ARGUMENT, f"per-sample lists differ in length: {lengths}")
+        samples = next(iter(lengths.values()))
+        names = [m["name"] for m in self.modules]
+        batch = braid_sample_batch()
+        batch.struct_size = ctypes.sizeof(braid_sample_batch)
+        batch.samples = samples
+        keep = []  # the arrays must live until the call returns
+        for name, values in columns.items():
+            if values is not None:
+                array = (ctypes.c_int32 * samples)(*[_int_arg(name, v) for v in values])
+                keep.append(array)
+                setattr(batch, name, ctypes.cast(array, ctypes.POINTER(ctypes.c_int32)))
+        if module_costs is not None:
+            flat = []
+            for i, row in enumerate(module_costs):
+                if len(row) != len(names):
+                    raise InvalidArgumentError(
+                        ERR_INVALID_ARGUMENT, f"module_costs[{i}] has {len(row)} costs; the plan has {len(names)} modules"
+                    )
+                flat.extend(float(c) for c in row)
+            array = (ctypes.c_double * len(flat))(*flat)
+            keep.append(array)
+            batch.module_costs = ctypes.cast(array, ctypes.POINTER(ctypes.c_double))
+        options = braid_reorder_options()
+        options.struct_size = ctypes.sizeof(braid_reorder_options)
+        options.version = _REORDER_OPTIONS_VERSION
+        options.reordering = REORDERINGS.index(reordering)
+        options.max_evaluations = operator.index(max_evaluations)
+        lib = self._lib
+        handle = _ReorderPtr()
+        _check(lib, lib.braid_reorder_create(self._ptr(), ctypes.byref(batch), ctypes.byref(options),
+                                             ctypes.byref(handle)))
+        try:
+            info = braid_reorder_info()
+            info.struct_size = ctypes.sizeof(braid_reorder_info)
+            _check(lib, lib.braid_reorder_info_get(handle, ctypes.byref(info)))
+            per_sample = ctypes.c_int32 * samples
+            cells, microbatches = per_sample(), per_sample()
+            _check(lib, lib.braid_reorder_cells(handle, cells, samples))
+            _check(lib, lib.braid_reorder_microbatches(handle, microbatches, samples))
+            ranks = {}
+            for m, name in enumerate(names):
+                out = per_sample()
+                status = lib.braid_reorder_ranks(handle, m, out, samples)
+                if status == ERR_UNSUPPORTED:
+                    continue  # off the grid: a colocated encoder
+                _check(lib, status)
+                ranks[name] = list(out)
+            orders = []
+            for g in range(info.pipeline_groups):
+                out = (ctypes.c_int32 * info.microbatches)()
+                _check(lib, lib.braid_reorder_order(handle, g, out, info.microbatches))
+                orders.append(list(out))
+        finally:
+            lib.braid_reorder_destroy(handle)
+        return {
+            "samples": info.samples,
+            "cells_count": info.cells,
+            "pipeline_groups": info.pipeline_groups,
+            "microbatches_per_pipeline": info.microbatches,
+            "cell_microbatch": info.cell_microbatch,
+            "straggler_before": info.straggler_before,
+            "straggler_after": info.straggler_after,
+            "evaluations": info.evaluations,
+            "ranks": ranks,
+            "cells": list(cells),
+            "microbatches": list(microbatches),
+            "orders": orders,
+        }
 
     def __repr__(self) -> str:
         if self.closed:

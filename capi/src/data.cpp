@@ -1,0 +1,203 @@
+// braid_reorder_*: data reordering of one global batch for a host data loader.
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "capi/src/guard.hpp"
+#include "capi/src/handles.hpp"
+#include "core/data/sample_cost.hpp"
+#include "core/pipeline/from_plan.hpp"
+
+namespace {
+
+constexpr std::size_t kBatchV1 = offsetof(braid_sample_batch, module_costs) + sizeof(const double*);
+constexpr std::size_t kOptionsV1 = offsetof(braid_reorder_options, max_evaluations) + sizeof(int64_t);
+
+static_assert(BRAID_REORDER_NONE == static_cast<int>(braid::data::Reordering::none));
+static_assert(BRAID_REORDER_INTRA == static_cast<int>(braid::data::Reordering::intra));
+static_assert(BRAID_REORDER_INTRA_INTER == static_cast<int>(braid::data::Reordering::intra_inter));
+
+// Per-sample sizes from the caller's arrays; a NULL array leaves the nominal size.
+std::vector<braid::data::SampleSizes> read_sizes(const braid_sample_batch& b, const braid::spec::DataSpec& data) {
+  std::vector<braid::data::SampleSizes> sizes(b.samples, braid::data::nominal_sizes(data));
+  auto fill = [&](const int32_t* from, int braid::data::SampleSizes::*field) {
+    if (!from) return;
+    for (std::size_t i = 0; i < b.samples; ++i) sizes[i].*field = from[i];
+  };
+  fill(b.image_resolution, &braid::data::SampleSizes::image_resolution);
+  fill(b.text_tokens, &braid::data::SampleSizes::text_tokens);
+  fill(b.audio_tokens, &braid::data::SampleSizes::audio_tokens);
+  fill(b.generated_image_resolution, &braid::data::SampleSizes::generated_image_resolution);
+  return sizes;
+}
+
+// The caller's per-plan-module costs as a samples x model-modules matrix, and each
+// module's mean as the reference load (the caller's unit is unknown; ratios are not).
+void read_costs(const braid_sample_batch& b, const braid_plan& plan, std::vector<double>& costs,
+                std::vector<double>& reference) {
+  const auto& placements = plan.result.best.modules;
+  const std::size_t M = plan.config->run.model.modules.size(), P = placements.size();
+  costs.assign(b.samples * M, 0);
+  reference.assign(M, 0);
+  for (std::size_t i = 0; i < b.samples; ++i) {
+    for (std::size_t j = 0; j < P; ++j) {
+      const double c = b.module_costs[i * P + j];
+      if (!(c >= 0 && c < 1e300)) {
+        throw braid::Error(braid::Status::invalid_argument, "module_costs of sample " + std::to_string(i) +
+                                                                ", module " + std::to_string(j) +
+                                                                " is not a finite non-negative number");
+      }
+      const auto m = static_cast<std::size_t>(placements[j].module);
+      costs[i * M + m] += c;
+      reference[m] += c / static_cast<double>(b.samples);
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+BRAID_API braid_status braid_reorder_create(const braid_plan* plan, const braid_sample_batch* batch,
+                                            const braid_reorder_options* options, braid_reorder** out) {
+  BRAID_API_BEGIN
+  BRAID_REQUIRE(out, "out is NULL");
+  *out = nullptr;
+  BRAID_REQUIRE(plan, "plan is NULL");
+  BRAID_REQUIRE(batch, "batch is NULL");
+  BRAID_REQUIRE(batch->struct_size >= kBatchV1, "batch->struct_size is " + std::to_string(batch->struct_size) +
+                                                    "; initialise the batch with BRAID_SAMPLE_BATCH_INIT");
+  braid_sample_batch b = BRAID_SAMPLE_BATCH_INIT;
+  std::memcpy(&b, batch, batch->struct_size < sizeof b ? batch->struct_size : sizeof b);
+  braid_reorder_options opts = BRAID_REORDER_OPTIONS_INIT;
+  if (options) {
+    BRAID_REQUIRE(options->struct_size >= kOptionsV1, "options->struct_size is " +
+                                                          std::to_string(options->struct_size) +
+                                                          "; initialise the options with BRAID_REORDER_OPTIONS_INIT");
+    BRAID_REQUIRE(options->version >= 1, "options->version must be BRAID_REORDER_OPTIONS_VERSION");
+    std::memcpy(&opts, options, options->struct_size < sizeof opts ? options->struct_size : sizeof opts);
+  }
+  BRAID_REQUIRE(opts.reordering >= BRAID_REORDER_NONE && opts.reordering <= BRAID_REORDER_INTRA_INTER,
+                "options->reordering is " + std::to_string(static_cast<int>(opts.reordering)) +
+                    "; use BRAID_REORDER_NONE, _INTRA or _INTRA_INTER");
+  BRAID_REQUIRE(opts.max_evaluations >= 0, "options->max_evaluations must be 0 (default) or more");
+  BRAID_REQUIRE(b.samples > 0, "batch->samples is 0");
+
+  const auto& run = plan->config->run;
+  const auto& chosen = plan->result.best;
+  const auto program = braid::pipeline::build_program(*plan->config->cost, chosen);
+  auto r = std::make_unique<braid_reorder>();
+  r->layout = braid::data::batch_layout(run, chosen, program, static_cast<long long>(b.samples));
+  std::vector<double> costs, reference;
+  if (b.module_costs) {
+    read_costs(b, *plan, costs, reference);
+  } else {
+    const auto sizes = read_sizes(b, run.data);
+    braid::spec::RunSpec priced = run;
+    priced.data = braid::data::covering(run.data, sizes);
+    const braid::data::SampleCost pricing(priced);
+    costs = pricing.batch_costs(sizes);
+    for (int m = 0; m < pricing.modules(); ++m) reference.push_back(pricing.nominal_seconds(m));
+  }
+  braid::data::OrderOptions search;
+  if (opts.max_evaluations > 0) search.max_evaluations = opts.max_evaluations;
+  r->arrangement = braid::data::arrange(r->layout, program, costs, reference,
+                                        static_cast<braid::data::Reordering>(opts.reordering), search);
+  std::vector<double> total(b.samples, 0);
+  const std::size_t M = static_cast<std::size_t>(r->layout.modules);
+  for (std::size_t i = 0; i < b.samples; ++i)
+    for (std::size_t m = 0; m < M; ++m) total[i] += costs[i * M + m];
+  r->straggler_before = braid::data::straggler(braid::data::assign_in_order(total, r->layout.grid.cells).load).ratio;
+  r->straggler_after = braid::data::straggler(r->arrangement.cell_load).ratio;
+  for (const auto& p : chosen.modules) {
+    const int dp = r->layout.module_dp[static_cast<std::size_t>(p.module)];
+    r->module_dp.push_back(dp == p.dp ? dp : 0);
+  }
+  *out = r.release();
+  return BRAID_OK;
+  BRAID_API_END
+}
+
+BRAID_API braid_status braid_reorder_destroy(braid_reorder* reorder) {
+  delete reorder;
+  return BRAID_OK;
+}
+
+BRAID_API braid_status braid_reorder_info_get(const braid_reorder* reorder, braid_reorder_info* info) {
+  BRAID_API_BEGIN
+  BRAID_REQUIRE(reorder, "reorder is NULL");
+  BRAID_REQUIRE_STRUCT(info, braid_reorder_info, offsetof(braid_reorder_info, samples) + sizeof(size_t));
+  braid_reorder_info v = BRAID_REORDER_INFO_INIT;
+  const auto& L = reorder->layout;
+  v.samples = static_cast<size_t>(L.samples);
+  v.cells = L.grid.cells;
+  v.pipeline_groups = L.grid.groups;
+  v.microbatches = L.slots;
+  v.cell_microbatch = L.cell_slot;
+  v.straggler_before = reorder->straggler_before;
+  v.straggler_after = reorder->straggler_after;
+  v.evaluations = reorder->arrangement.evaluations;
+  braid::capi::copy_out(v, info);
+  return BRAID_OK;
+  BRAID_API_END
+}
+
+#define BRAID_REQUIRE_SAMPLES(array, count)                                  \
+  BRAID_REQUIRE(array, #array " is NULL");                                   \
+  BRAID_REQUIRE((count) == reorder->arrangement.cell.size(),                 \
+                #count " is " + std::to_string(count) + "; the batch has " + \
+                    std::to_string(reorder->arrangement.cell.size()) + " samples")
+
+BRAID_API braid_status braid_reorder_ranks(const braid_reorder* reorder, size_t module, int32_t* ranks, size_t count) {
+  BRAID_API_BEGIN
+  BRAID_REQUIRE(reorder, "reorder is NULL");
+  BRAID_REQUIRE_SAMPLES(ranks, count);
+  BRAID_REQUIRE(module < reorder->module_dp.size(), "module " + std::to_string(module) +
+                                                        " is out of range (the plan has " +
+                                                        std::to_string(reorder->module_dp.size()) + " modules)");
+  const int dp = reorder->module_dp[module];
+  if (dp == 0) {
+    throw braid::Error(braid::Status::unsupported,
+                       "module " + std::to_string(module) +
+                           " is not on the data-parallel grid (a colocated encoder runs as encoder tasks)");
+  }
+  const auto& cell = reorder->arrangement.cell;
+  for (std::size_t i = 0; i < count; ++i) ranks[i] = reorder->layout.grid.rank_of(cell[i], dp);
+  return BRAID_OK;
+  BRAID_API_END
+}
+
+BRAID_API braid_status braid_reorder_cells(const braid_reorder* reorder, int32_t* cells, size_t count) {
+  BRAID_API_BEGIN
+  BRAID_REQUIRE(reorder, "reorder is NULL");
+  BRAID_REQUIRE_SAMPLES(cells, count);
+  for (std::size_t i = 0; i < count; ++i) cells[i] = reorder->arrangement.cell[i];
+  return BRAID_OK;
+  BRAID_API_END
+}
+
+BRAID_API braid_status braid_reorder_microbatches(const braid_reorder* reorder, int32_t* microbatches, size_t count) {
+  BRAID_API_BEGIN
+  BRAID_REQUIRE(reorder, "reorder is NULL");
+  BRAID_REQUIRE_SAMPLES(microbatches, count);
+  for (std::size_t i = 0; i < count; ++i) microbatches[i] = reorder->arrangement.slot[i];
+  return BRAID_OK;
+  BRAID_API_END
+}
+
+BRAID_API braid_status braid_reorder_order(const braid_reorder* reorder, size_t group, int32_t* order, size_t count) {
+  BRAID_API_BEGIN
+  BRAID_REQUIRE(reorder, "reorder is NULL");
+  BRAID_REQUIRE(order, "order is NULL");
+  const auto& orders = reorder->arrangement.orders;
+  BRAID_REQUIRE(group < orders.size(), "group " + std::to_string(group) + " is out of range (" +
+                                           std::to_string(orders.size()) + " pipeline groups)");
+  BRAID_REQUIRE(count == orders[group].size(), "count is " + std::to_string(count) + "; a pipeline runs " +
+                                                   std::to_string(orders[group].size()) + " microbatches");
+  for (std::size_t k = 0; k < count; ++k) order[k] = orders[group][k];
+  return BRAID_OK;
+  BRAID_API_END
+}
+
+}  // extern "C"

@@ -1,0 +1,174 @@
+#include "core/bubble/encoder_tasks.hpp"
+
+#include <algorithm>
+
+#include "core/common/error.hpp"
+#include "core/pipeline/from_plan.hpp"
+#include "core/plan/evaluate.hpp"
+#include "core/plan/stage_load.hpp"
+
+namespace braid::bubble {
+namespace {
+
+using pipeline::WorkUnit;
+
+WorkUnit unit_from(const std::string& label, const cost::BlockCost& c, bool communication) {
+  WorkUnit u;
+  u.label = label;
+  u.forward_s = c.forward_s;
+  u.forward_tp_s = c.comm_forward_s;
+  u.backward_s = c.backward_s + c.recompute_s;
+  u.backward_tp_s = c.comm_backward_s;
+  u.recompute_s = c.forward_s;
+  u.activation_bytes = c.activation_bytes;
+  u.input_bytes = c.activation_bytes;
+  u.hardware_flops = c.hardware_flops();
+  u.communication = communication;
+  return u;
+}
+
+// A transfer or collective outside any layer: the same seconds both ways unless given.
+WorkUnit transfer_unit(const std::string& label, double forward_s, double backward_s) {
+  WorkUnit u;
+  u.label = label;
+  u.forward_tp_s = forward_s;
+  u.backward_tp_s = backward_s;
+  u.communication = true;
+  return u;
+}
+
+double forward_seconds(const WorkUnit& u) { return u.forward_s + u.forward_tp_s; }
+double backward_seconds(const WorkUnit& u) { return u.backward_s + u.backward_tp_s + u.shard_comm_s; }
+
+int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
+
+}  // namespace
+
+int Colocated::last_needed(int e, int lane, int p) const {
+  const int K = encoders[static_cast<std::size_t>(e)].microbatches;
+  const int n = static_cast<int>(lane_list(e, lane).size());
+  return std::min(K, ceil_div(static_cast<long long>(p + 1) * K, n)) - 1;
+}
+
+int Colocated::first_needing(int e, int lane, int j) const {
+  const auto& l = lane_list(e, lane);
+  const int K = encoders[static_cast<std::size_t>(e)].microbatches;
+  return l[static_cast<std::size_t>(static_cast<long long>(j) * static_cast<long long>(l.size()) / K)];
+}
+
+int Colocated::last_feeding(int e, int lane, int j) const {
+  const auto& l = lane_list(e, lane);
+  const int K = encoders[static_cast<std::size_t>(e)].microbatches;
+  const int n = static_cast<int>(l.size());
+  return l[static_cast<std::size_t>(std::min(n, ceil_div(static_cast<long long>(j + 1) * n, K)) - 1)];
+}
+
+Colocated decompose(const cost::CostModel& cost, const plan::Plan& plan) {
+  const auto& run = cost.run();
+  if (plan.layout != plan::Layout::colocated)
+    throw Error(Status::bad_config, "the bubble scheduler takes a colocated (optimus) plan");
+  plan::Plan copy = plan;
+  std::string why;
+  if (!plan::evaluate(cost, copy, &why) && copy.estimate.iteration_time_s <= 0)
+    throw Error(Status::bad_config, "the plan cannot run: " + why);
+
+  plan::Plan llm_grid = plan;
+  std::erase_if(llm_grid.modules, [](const plan::ModulePlacement& m) { return m.role == spec::Role::encoder; });
+  llm_grid.layout = plan::Layout::monolithic;
+  Colocated c;
+  c.llm = pipeline::build_program(cost, llm_grid, "1f1b");
+  c.llm.model_flops = double(run.training.global_batch) * cost.model_flops_per_sample();
+  c.microbatches = c.llm.microbatches;
+  const int P = c.stages();
+  for (auto& st : c.llm.stages) st.instructions.resize(st.instructions.size() - 2);  // the step's tail
+  c.hosts.resize(static_cast<std::size_t>(P));
+  const int devices = P * c.llm.stages[0].replicas * c.llm.stages[0].devices_per_replica;
+
+  for (const auto& m : plan.modules) {
+    if (m.role != spec::Role::encoder) continue;
+    const int e = static_cast<int>(c.encoders.size());
+    Encoder enc;
+    enc.name = m.name;
+    enc.microbatches = static_cast<int>(run.training.global_batch / (static_cast<long long>(m.dp) * m.microbatch_size));
+    enc.stages = m.pp;
+    enc.span = P / m.pp;
+    if (enc.microbatches >= (1 << 16)) throw Error(Status::bad_config, m.name + ": too many encoder microbatches");
+    enc.lane_microbatches.resize(static_cast<std::size_t>(enc.span));
+    const bool split = c.microbatches % enc.span == 0;
+    for (int i = 0; i < c.microbatches; ++i) {
+      for (int lane = 0; lane < enc.span; ++lane) {
+        if (!split || lane == enc.span - 1 - i % enc.span)
+          enc.lane_microbatches[static_cast<std::size_t>(lane)].push_back(i);
+      }
+    }
+    c.encoders.push_back(enc);
+    const auto loads = plan::grid_loads(cost, m, m.microbatch_size);
+    const cost::ModuleCost& mc = cost.module(m.module, m.tp, m.microbatch_size);
+    const auto kernels = cost.layer_kernels(m.module, m.tp, m.microbatch_size);
+    // Each microbatch's output goes to the llm's first stage, on other nodes
+    // whenever the cluster has several; its gradient comes back.
+    const double handover = cost.comm().p2p(mc.output_bytes / m.tp, devices > run.cluster.devices_per_node);
+    for (int s = 0; s < P; ++s) {
+      auto& st = c.llm.stages[static_cast<std::size_t>(s)];
+      Host h;
+      h.encoder = e;
+      h.encoder_stage = s / enc.span;
+      h.lane = s % enc.span;
+      const auto& l = loads[static_cast<std::size_t>(h.encoder_stage)];
+      const bool first = h.encoder_stage == 0, last = h.encoder_stage == m.pp - 1;
+      const int layers = m.layers_per_stage[static_cast<std::size_t>(h.encoder_stage)];
+      auto add_unit = [&](WorkUnit u) {
+        st.units.push_back(std::move(u));
+        return static_cast<int>(st.units.size()) - 1;
+      };
+      auto task = [&](int unit, int layer, bool backward) {
+        const WorkUnit& u = st.units[static_cast<std::size_t>(unit)];
+        Task t{unit, layer, u.communication, backward ? backward_seconds(u) : forward_seconds(u)};
+        (backward ? h.backward : h.forward).push_back(t);
+        (backward ? h.backward_s : h.forward_s) += t.seconds;
+      };
+      const std::string prefix = m.name + " ";
+      const int embed = first ? add_unit(unit_from(prefix + "embedding", mc.first, false)) : -1;
+      const int kinds = static_cast<int>(kernels.size());
+      const int base = static_cast<int>(st.units.size());
+      for (const auto& k : kernels) {
+        WorkUnit u = unit_from(prefix + k.name, k.cost, k.communication);
+        u.activation_bytes = u.input_bytes = 0;
+        add_unit(std::move(u));
+      }
+      // The layer's stored activations live with its first kernel: kept by that
+      // kernel's forward task, freed by its backward task.
+      st.units[static_cast<std::size_t>(base)].activation_bytes = mc.layer.activation_bytes;
+      const int head = last && mc.last.hardware_flops() > 0 ? add_unit(unit_from(prefix + "head", mc.last, false)) : -1;
+      const double out_s = last ? handover : l.p2p_s / 2;
+      const int send = out_s > 0 ? add_unit(transfer_unit(prefix + (last ? "hand-over" : "send"), out_s, out_s)) : -1;
+      int shard = -1;
+      if (l.shard_comm_s > 0) {  // ZeRO-2/3 traffic of the encoder's gradients, per microbatch
+        WorkUnit u = transfer_unit(prefix + "dp shard traffic", 0, 0);
+        u.shard_comm_s = l.shard_comm_s;
+        shard = add_unit(std::move(u));
+      }
+
+      if (embed >= 0) task(embed, 0, false);
+      for (int layer = 0; layer < layers; ++layer)
+        for (int k = 0; k < kinds; ++k) task(base + k, layer, false);
+      if (head >= 0) task(head, 0, false);
+      if (send >= 0) task(send, 0, false);
+      if (send >= 0) task(send, 0, true);
+      if (head >= 0) task(head, 0, true);
+      for (int layer = layers - 1; layer >= 0; --layer)
+        for (int k = kinds - 1; k >= 0; --k) task(base + k, layer, true);
+      if (embed >= 0) task(embed, 0, true);
+      if (shard >= 0) task(shard, 0, true);
+
+      st.reduce_grads_s += l.dp_sync_s;
+      st.optimizer_s += l.optimizer_s;
+      st.static_memory_bytes += l.memory.weights + l.memory.gradients + l.memory.optimizer;
+      c.hosts[static_cast<std::size_t>(s)].push_back(std::move(h));
+    }
+  }
+  if (c.encoders.empty()) throw Error(Status::bad_config, "a colocated plan needs an encoder");
+  return c;
+}
+
+}  // namespace braid::bubble

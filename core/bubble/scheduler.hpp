@@ -1,0 +1,56 @@
+// The Optimus bubble scheduler (Feng et al., ATC'25): a colocated plan's encoder
+// work, cut into kernel-sized EncoderTasks, placed into the llm pipeline's bubbles.
+//
+//   plain   encoder first: every forward task before the llm starts, every backward
+//           task after it ends (what a colocated engine does without a scheduler);
+//   coarse  forwards fill each stage's pre-llm bubble (PP warm-up), backwards its
+//           post-llm bubble (PP cool-down); what does not fit runs as late as the
+//           llm's dependency allows, just before the llm forward that needs it;
+//   fine    tasks may also fill every other pipeline wait and, kernel by kernel, the
+//           sub-millisecond TP-collective waits inside llm forwards and backwards
+//           (compute kernels only; the encoder's own communication never goes there).
+//
+// Each pass places tasks against a timeline of the llm's instructions, simulates the
+// result event by event, re-places against the new timeline and keeps the best: the
+// coarse pass never ends slower than plain, the fine pass never slower than coarse.
+// Dependencies are explicit ordering messages, so the simulator (and a runtime)
+// enforces them: encoder forward of microbatch j ends before the llm forward that
+// needs it starts; the llm backward that feeds j ends before j's encoder backward
+// starts; the encoder's own pipeline order holds. bubble::check verifies all of it.
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "core/bubble/encoder_tasks.hpp"
+#include "core/sim/simulator.hpp"
+
+namespace braid::bubble {
+
+struct Report {
+  double plain_step_s = 0, coarse_step_s = 0, fine_step_s = 0;
+  // Share of the plain schedule's idle device time each pass turned into work.
+  double recovered_coarse = 0, recovered_fine = 0;
+  // Idle seconds per device by cause (sim::Cause order): plain schedule, fine schedule.
+  std::array<double, sim::kCauseCount> bubbles_before{}, bubbles_after{};
+  double scheduler_time_s = 0;
+  int rounds = 0;                 // placements simulated
+  long long encoder_tasks = 0;    // EncoderTasks per step on the busiest device
+  long long tp_bubble_tasks = 0;  // of the fine schedule's tasks, those inside TP waits (all stages)
+};
+
+struct Schedules {
+  Colocated layout;
+  pipeline::Program plain, coarse, fine;
+  Report report;
+};
+
+// Throws Error(Status::bad_config) when the plan is not a runnable colocated plan.
+Schedules schedule(const cost::CostModel& cost, const plan::Plan& plan);
+
+// Names of the schedules of a colocated plan, the first being the default.
+std::vector<std::string> schedule_names();
+const pipeline::Program& program_named(const Schedules& s, const std::string& name);
+
+}  // namespace braid::bubble

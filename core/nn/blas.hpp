@@ -1,0 +1,12 @@
+// The one file that sees cblas.h: a row-major float GEMM, C = alpha op(A) op(B) + beta C,
+// with op(A) m x k, op(B) k x n and leading dimensions in elements.
+#pragma once
+
+#include <cstdint>
+
+namespace braid::nn {
+
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+}  // namespace braid::nn

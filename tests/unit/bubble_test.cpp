@@ -1,0 +1,215 @@
+// The Optimus bubble scheduler: kernels that add up, schedules that pass the
+// checker and never lose to the passes before them, and a checker that rejects
+// hand-broken schedules, one constraint at a time.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "core/bubble/checker.hpp"
+#include "core/bubble/emit.hpp"
+#include "core/bubble/scheduler.hpp"
+#include "core/plan/plan_io.hpp"
+#include "core/plan/planner.hpp"
+#include "tests/unit/support.hpp"
+
+namespace braid {
+namespace {
+
+using pipeline::Instruction;
+using pipeline::Op;
+using pipeline::Program;
+
+struct Case {
+  std::unique_ptr<spec::RunSpec> run;  // the cost model keeps a pointer to it: a stable address
+  std::unique_ptr<cost::CostModel> cost;
+  plan::Plan plan;
+};
+
+// The optimus plan of a bundled run, with the encoder grid replaced when asked.
+Case optimus_case(const std::string& run_file, int enc_tp = 0, int enc_pp = 0) {
+  Case c;
+  c.run = std::make_unique<spec::RunSpec>(test::load(run_file));
+  c.cost = std::make_unique<cost::CostModel>(*c.run);
+  plan::PlanRequest req;
+  req.strategy = plan::Strategy::optimus;
+  c.plan = plan::make_plan(*c.cost, req).best;
+  if (enc_tp > 0) {
+    for (auto& m : c.plan.modules) {
+      if (m.role != spec::Role::encoder) continue;
+      const int layers = c.run->model.modules[static_cast<std::size_t>(m.module)].layers;
+      m.tp = enc_tp;
+      m.pp = enc_pp;
+      m.dp = m.devices / (enc_tp * enc_pp);
+      m.layers_per_stage.assign(static_cast<std::size_t>(enc_pp), layers / enc_pp);
+    }
+  }
+  return c;
+}
+
+std::size_t find_op(const pipeline::StageProgram& st, const std::function<bool(const Instruction&)>& want) {
+  for (std::size_t pc = 0; pc < st.instructions.size(); ++pc)
+    if (want(st.instructions[pc])) return pc;
+  ADD_FAILURE() << "no such instruction on " << st.name;
+  return 0;
+}
+
+void erase_at(Program& p, int s, std::size_t pc) {
+  auto& ins = p.stages[static_cast<std::size_t>(s)].instructions;
+  ins.erase(ins.begin() + static_cast<long>(pc));
+}
+
+TEST(Bubble, LayerKernelsAddUpToTheLayer) {
+  const auto run = test::load("vit22b-gpt175b-3072gpu.yaml");
+  const cost::CostModel cost(run);
+  for (int tp : {1, 2, 8}) {
+    const int vit = run.model.index_of("vit");
+    const auto& layer = cost.module(vit, tp, 2).layer;
+    double f = 0, b = 0, comm = 0;
+    for (const auto& k : cost.layer_kernels(vit, tp, 2)) {
+      f += k.cost.forward_s + k.cost.comm_forward_s;
+      b += k.cost.backward_s + k.cost.recompute_s + k.cost.comm_backward_s;
+      comm += k.communication ? k.cost.comm_forward_s : 0;
+    }
+    EXPECT_NEAR(f, layer.forward_time(), 1e-12 * f) << tp;
+    EXPECT_NEAR(b, layer.backward_time(), 1e-12 * b) << tp;
+    EXPECT_NEAR(comm, layer.comm_forward_s, 1e-15) << tp;
+  }
+}
+
+TEST(Bubble, EveryScheduleOfTheBundledRunsPassesTheChecker) {
+  for (const char* run : {"vit22b-gpt175b-1536gpu.yaml", "mllm-72b-1024gpu.yaml", "llava-13b-256gpu.yaml"}) {
+    SCOPED_TRACE(run);
+    auto c = optimus_case(run);
+    const auto s = bubble::schedule(*c.cost, c.plan);
+    for (const auto& name : bubble::schedule_names()) {
+      SCOPED_TRACE(name);
+      EXPECT_NO_THROW(bubble::check(s.layout, bubble::program_named(s, name)));
+    }
+    EXPECT_LE(s.report.coarse_step_s, s.report.plain_step_s * (1 + 1e-12));
+    EXPECT_LE(s.report.fine_step_s, s.report.coarse_step_s * (1 + 1e-12));
+    EXPECT_GE(s.report.recovered_fine, s.report.recovered_coarse - 1e-12);
+    EXPECT_NEAR(sim::simulate(s.fine).step_time_s, s.report.fine_step_s, 1e-9 * s.report.fine_step_s);
+  }
+}
+
+// Enough encoder work in short microbatches (ViT-22B on 2 stages at TP 8): both
+// passes find real bubble time, the fine one at least as much.
+TEST(Bubble, FinePassRecoversAtLeastAsMuchAsCoarseAndBothBeatEncoderFirst) {
+  auto c = optimus_case("vit22b-gpt175b-3072gpu.yaml", 8, 2);
+  const auto s = bubble::schedule(*c.cost, c.plan);
+  const auto& r = s.report;
+  EXPECT_LT(r.coarse_step_s, r.plain_step_s);
+  EXPECT_LT(r.fine_step_s, r.coarse_step_s);
+  EXPECT_GT(r.recovered_coarse, 0);
+  EXPECT_GE(r.recovered_fine, r.recovered_coarse);
+  EXPECT_GT(r.tp_bubble_tasks, 0);
+  for (const auto& name : bubble::schedule_names())
+    EXPECT_NO_THROW(bubble::check(s.layout, bubble::program_named(s, name)));
+}
+
+class BrokenSchedule : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    c_ = optimus_case("vit22b-gpt175b-3072gpu.yaml", 8, 2);
+    s_ = std::make_unique<bubble::Schedules>(bubble::schedule(*c_.cost, c_.plan));
+  }
+  void expect_rejected(const Program& p, const std::string& part) {
+    test::expect_error([&] { bubble::check(s_->layout, p); }, Status::invalid_argument, {part});
+  }
+  Case c_;
+  std::unique_ptr<bubble::Schedules> s_;
+};
+
+TEST_F(BrokenSchedule, ForwardAfterTheLlmForwardThatNeedsIt) {
+  // Drop every ordering message that holds the llm's first stage until its inputs are encoded.
+  Program p = s_->fine;
+  const auto sync = [](Op op) {
+    return [op](const Instruction& i) {
+      return i.op == op && i.peer >= 0 && (i.flags & pipeline::kSyncOnly) && i.microbatch < bubble::kEncoderTag;
+    };
+  };
+  std::vector<int> feeders;
+  for (const auto& i : p.stages[0].instructions)
+    if (sync(Op::recv_activation)(i)) feeders.push_back(i.peer);
+  ASSERT_FALSE(feeders.empty());
+  std::erase_if(p.stages[0].instructions, sync(Op::recv_activation));
+  for (int f : feeders) {
+    std::erase_if(p.stages[static_cast<std::size_t>(f)].instructions,
+                  [&](const Instruction& i) { return sync(Op::send_activation)(i) && i.peer == 0; });
+  }
+  expect_rejected(p, "that needs it starts");
+}
+
+TEST_F(BrokenSchedule, BackwardBeforeTheLlmBackwardThatFeedsIt) {
+  Program p = s_->plain;
+  const int last = static_cast<int>(p.stages.size()) - 1;
+  auto& st = p.stages[static_cast<std::size_t>(last)];
+  std::erase_if(st.instructions, [](const Instruction& i) {
+    return i.op == Op::recv_grad && i.peer == 0 && (i.flags & pipeline::kSyncOnly);
+  });
+  std::erase_if(p.stages[0].instructions, [&](const Instruction& i) {
+    return i.op == Op::send_grad && i.peer == last && (i.flags & pipeline::kSyncOnly);
+  });
+  expect_rejected(p, "that feeds it ends");
+}
+
+TEST_F(BrokenSchedule, TasksOutOfTheEncodersOrder) {
+  Program p = s_->fine;
+  auto& ins = p.stages[1].instructions;
+  const std::size_t a = find_op(p.stages[1], [](const Instruction& i) { return i.op == Op::encoder_task; });
+  std::size_t b = a + 1;
+  while (ins[b].op != Op::encoder_task) ++b;
+  std::swap(ins[a], ins[b]);
+  expect_rejected(p, "out of the encoder's order");
+}
+
+TEST_F(BrokenSchedule, MissingTask) {
+  Program p = s_->coarse;
+  auto& ins = p.stages[2].instructions;
+  std::size_t last = ins.size() - 1;
+  while (ins[last].op != Op::encoder_task) --last;
+  erase_at(p, 2, last);
+  expect_rejected(p, "exactly once");
+}
+
+TEST_F(BrokenSchedule, CommunicationInsideATpBubble) {
+  // An encoder collective or transfer that directly follows an llm forward/backward,
+  // marked as running inside that instruction's TP waits.
+  Program p = s_->fine;
+  bool done = false;
+  for (auto& st : p.stages) {
+    Op last = Op::load_microbatch;
+    for (auto& i : st.instructions) {
+      if (i.op == Op::encoder_task && st.units[static_cast<std::size_t>(i.unit)].communication &&
+          (last == Op::forward || last == Op::backward) && !(i.flags & pipeline::kInTpBubble)) {
+        i.flags |= pipeline::kInTpBubble;
+        done = true;
+        break;
+      }
+      if (i.op != Op::send_activation && i.op != Op::send_grad) last = i.op;
+    }
+    if (done) break;
+  }
+  ASSERT_TRUE(done);
+  expect_rejected(p, "communication placed inside a TP collective's wait");
+}
+
+TEST(BubblePipelinedEncoder, StageStartingBeforeThePreviousOneIsRejected) {
+  auto c = optimus_case("vit22b-gpt175b-3072gpu.yaml");  // the encoder runs 12 pipeline stages
+  const auto s = bubble::schedule(*c.cost, c.plan);
+  ASSERT_GT(s.layout.encoders[0].stages, 1);
+  EXPECT_NO_THROW(bubble::check(s.layout, s.fine));
+  Program p = s.plain;
+  const int tag = bubble::encoder_tag(0, 0);
+  erase_at(p, 1, find_op(p.stages[1], [&](const Instruction& i) {
+             return i.op == Op::recv_activation && i.microbatch == tag;
+           }));
+  erase_at(p, 0, find_op(p.stages[0], [&](const Instruction& i) {
+             return i.op == Op::send_activation && i.microbatch == tag;
+           }));
+  test::expect_error([&] { bubble::check(s.layout, p); }, Status::invalid_argument,
+                     {"before the previous encoder stage has finished"});
+}
+
+}  // namespace
+}  // namespace braid
