@@ -78,8 +78,13 @@ BRAID_API braid_status braid_reorder_create(const braid_plan* plan, const braid_
     BRAID_REQUIRE(options->version >= 1, "options->version must be BRAID_REORDER_OPTIONS_VERSION");
     std::memcpy(&opts, options, options->struct_size < sizeof opts ? options->struct_size : sizeof opts);
   }
-  BRAID_REQUIRE(opts.reordering >= BRAID_REORDER_NONE && opts.reordering <= BRAID_REORDER_INTRA_INTER,
-                "options->reordering is " + std::to_string(static_cast<int>(opts.reordering)) +
+  // Read the enum as an int: a C caller may store any value in it, and loading an out-of-range
+  // enumerator through the enum type is undefined behaviour.
+  static_assert(sizeof(braid_reordering) == sizeof(int), "C enums are int-sized");
+  int reordering = 0;
+  std::memcpy(&reordering, &opts.reordering, sizeof reordering);
+  BRAID_REQUIRE(reordering >= BRAID_REORDER_NONE && reordering <= BRAID_REORDER_INTRA_INTER,
+                "options->reordering is " + std::to_string(reordering) +
                     "; use BRAID_REORDER_NONE, _INTRA or _INTRA_INTER");
   BRAID_REQUIRE(opts.max_evaluations >= 0, "options->max_evaluations must be 0 (default) or more");
   BRAID_REQUIRE(b.samples > 0, "batch->samples is 0");
@@ -103,7 +108,7 @@ BRAID_API braid_status braid_reorder_create(const braid_plan* plan, const braid_
   braid::data::OrderOptions search;
   if (opts.max_evaluations > 0) search.max_evaluations = opts.max_evaluations;
   r->arrangement = braid::data::arrange(r->layout, program, costs, reference,
-                                        static_cast<braid::data::Reordering>(opts.reordering), search);
+                                        static_cast<braid::data::Reordering>(reordering), search);
   std::vector<double> total(b.samples, 0);
   const std::size_t M = static_cast<std::size_t>(r->layout.modules);
   for (std::size_t i = 0; i < b.samples; ++i)

@@ -1,6 +1,9 @@
 // Strategy `optimus`: every device holds the llm and the encoders. Fix the llm's
 // 3D grid, enumerate encoder grids with TP dividing the llm's TP and PP dividing
-// its PP, and score each with the colocated bubble-filling estimate.
+// its PP, and score each with the colocated closed form (encoder work before and
+// after the llm). The closed form ranks the whole space; the bubble scheduler then
+// re-scores a shortlist (plan::make_plan), as it is too slow to run on every grid.
+#include <algorithm>
 #include <functional>
 
 #include "core/plan/evaluate.hpp"
@@ -30,8 +33,20 @@ std::vector<ModulePlacement> colocated_encoder_grids(const cost::CostModel& cost
   return out;
 }
 
+namespace {
+
+// Inserts `plan` into `list` (best first) when it is among the kOptimusShortlist best.
+void keep_best(std::vector<Plan>& list, const Plan& plan) {
+  auto at = std::find_if(list.begin(), list.end(), [&](const Plan& p) { return better(plan, p); });
+  if (at == list.end() && list.size() >= kOptimusShortlist) return;
+  list.insert(at, plan);
+  if (list.size() > kOptimusShortlist) list.pop_back();
+}
+
+}  // namespace
+
 std::optional<Plan> search_optimus(const cost::CostModel& cost, const Constraints& c, SearchStats* stats,
-                                   std::string* why) {
+                                   std::string* why, std::vector<Plan>* shortlist) {
   const auto& run = cost.run();
   if (!strategy_applies(run.model, Strategy::optimus, why)) return std::nullopt;
   const int n = run.devices();
@@ -60,6 +75,7 @@ std::optional<Plan> search_optimus(const cost::CostModel& cost, const Constraint
             return;
           }
           if (!best || better(plan, *best)) best = plan;
+          if (shortlist) keep_best(*shortlist, plan);
           return;
         }
         for (const auto& g : grids[k]) {

@@ -65,17 +65,6 @@ ordered_json estimate_json(const Estimate& e) {
                         {"reserved", e.memory.reserved / kGiB}}}};
 }
 
-// Notes every report of a plan carries: how it was made and how far to trust it.
-std::vector<std::string> notes_of(const Plan& plan) {
-  std::vector<std::string> notes = plan.notes;
-  if (plan.layout == Layout::colocated) {
-    notes.push_back(
-        "optimus estimate is coarse: encoder work is assumed to hide in the llm's pipeline and DP bubbles except "
-        "one microbatch before and after; the kernel-level bubble scheduler is not in this release yet");
-  }
-  return notes;
-}
-
 std::string join(const std::vector<int>& v) {
   std::string out;
   for (std::size_t i = 0; i < v.size(); ++i) {
@@ -109,7 +98,7 @@ std::string to_json(const PlanReport& r) {
   j["estimate"] = estimate_json(plan.estimate);
   if (r.simulated_step_s > 0) j["estimate"]["simulated_iteration_time_s"] = r.simulated_step_s;
   if (!r.simulation_error.empty()) j["estimate"]["simulation_error"] = r.simulation_error;
-  j["notes"] = notes_of(plan);
+  j["notes"] = plan.notes;
   if (!r.result->alternatives.empty()) {
     ordered_json alts = ordered_json::array();
     for (const auto& a : r.result->alternatives) {
@@ -163,7 +152,7 @@ std::string to_yaml(const PlanReport& r) {
   out << YAML::Key << "peak_memory_gib" << YAML::Value << e.peak_memory_gib;
   out << YAML::Key << "bubble_fraction" << YAML::Value << e.bubble_fraction;
   out << YAML::EndMap;
-  if (auto notes = notes_of(plan); !notes.empty()) out << YAML::Key << "notes" << YAML::Value << notes;
+  if (!plan.notes.empty()) out << YAML::Key << "notes" << YAML::Value << plan.notes;
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }
@@ -218,9 +207,9 @@ std::string to_table(const PlanReport& r) {
         << pad(a.feasible ? seconds(a.iteration_time_s) : "-", 12, true) << "  " << a.reason << "\n";
     }
   }
-  if (auto notes = notes_of(plan); !notes.empty()) {
+  if (!plan.notes.empty()) {
     s << "\nnotes\n";
-    for (const auto& n : notes) s << "  - " << n << "\n";
+    for (const auto& n : plan.notes) s << "  - " << n << "\n";
   }
   return s.str();
 }

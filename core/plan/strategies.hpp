@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/cost/cost_model.hpp"
 #include "core/plan/plan.hpp"
@@ -30,8 +31,12 @@ std::optional<Plan> search_distmm(const cost::CostModel& cost, const Constraints
                                   std::string* why);
 std::optional<Plan> search_disttrain(const cost::CostModel& cost, const Constraints& c, SearchStats* stats,
                                      std::string* why);
+// Optimus' closed form scores encoder-first execution; `shortlist`, when given,
+// receives the best kOptimusShortlist candidates by it (best first) for the bubble
+// scheduler to re-score (plan::make_plan does).
+inline constexpr std::size_t kOptimusShortlist = 4;
 std::optional<Plan> search_optimus(const cost::CostModel& cost, const Constraints& c, SearchStats* stats,
-                                   std::string* why);
+                                   std::string* why, std::vector<Plan>* shortlist = nullptr);
 
 // The Megatron plan for one (tp, pp, dp): encoders and projectors in the first
 // stage, the llm split evenly, generators in the last stage; models without an

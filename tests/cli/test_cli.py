@@ -26,6 +26,11 @@ ALTERNATIVE_KEYS = {"strategy", "feasible", "iteration_time_s", "reason"}
 CLIP = "configs/runs/clip-vit-l14-64gpu.yaml"
 LLAVA = "configs/runs/llava-13b-256gpu.yaml"
 VIT22B = "configs/runs/vit22b-gpt175b-3072gpu.yaml"
+MLLM = "configs/runs/mllm-72b-1024gpu.yaml"
+REORDERINGS = {"none", "intra", "intra_inter"}
+DATA_REPORT_KEYS = {"heterogeneous", "seed", "samples_per_step", "steps", "dp_cells", "pipeline_groups",
+                    "microbatches", "inter_ordered", "nominal_step_time_s", "mean", "per_step",
+                    "search_evaluations", "cost_models", "report_s", "notes"}
 SCHEDULES = ["gpipe", "1f1b", "interleaved", "batch-sync", "distmm-pipe", "two-phase"]
 BUBBLE_CAUSES = {"dp_start", "dp_end", "dp_shard", "pp_warmup", "pp_cooldown", "pp_other", "tp", "batch_sync",
                  "imbalance"}
@@ -291,6 +296,56 @@ class SimulateTest(CliTestCase):
                 self.assertExit(result, 2)
                 self.assertEqual(result.stdout, "")
                 self.assertIn(fragment, result.stderr)
+
+
+class SimulateDataTest(CliTestCase):
+    """`braid simulate --data`: data reordering over the run's sample-size distributions."""
+
+    def test_json_report_on_skewed_data(self):
+        result = simulate(MLLM, "--strategy", "disttrain", "--data", "--format", "json")
+        self.assertExit(result, 0)
+        doc = json.loads(result.stdout)
+        report = doc["data_report"]
+        self.assertEqual(set(report), DATA_REPORT_KEYS)
+        self.assertTrue(report["heterogeneous"])
+        self.assertTrue(report["inter_ordered"])
+        self.assertEqual(report["steps"], 8)  # data.steps of the run file
+        self.assertEqual(len(report["per_step"]), 8)
+        self.assertEqual(report["samples_per_step"], 1024)
+        self.assertEqual(report["dp_cells"] * report["microbatches"], 1024)  # microbatch size 1
+        for entry in report["per_step"] + [report["mean"]]:
+            times, stragglers = entry["step_time_s"], entry["straggler"]
+            self.assertEqual(set(times), REORDERINGS)
+            self.assertEqual(set(stragglers), REORDERINGS)
+            self.assertLessEqual(times["intra_inter"], times["none"])
+            self.assertLessEqual(stragglers["intra"]["ratio"], stragglers["none"]["ratio"])
+            for s in stragglers.values():
+                self.assertGreaterEqual(s["ratio"], 1)
+                self.assertGreaterEqual(s["time_s"], 0)
+        self.assertIn("stage", report["per_step"][0]["straggler"]["none"])
+        self.assertEqual([s["step"] for s in report["per_step"]], list(range(8)))
+        self.assertLess(report["mean"]["step_time_s"]["intra_inter"], report["mean"]["step_time_s"]["none"])
+
+    def test_table_without_a_distribution_is_all_equal(self):
+        result = simulate(LLAVA, "--strategy", "megatron", "--data")
+        self.assertExit(result, 0)
+        self.assertIn("data reordering:", result.stdout)
+        self.assertIn("no size distribution", result.stdout)
+        mean = [line for line in result.stdout.splitlines() if line.strip().startswith("mean")]
+        self.assertEqual(len(mean), 1, result.stdout)
+        self.assertIn("1.00x", mean[0])
+        doc = json.loads(simulate(LLAVA, "--strategy", "megatron", "--data", "--format", "json").stdout)
+        report = doc["data_report"]
+        self.assertFalse(report["heterogeneous"])
+        times = report["mean"]["step_time_s"]
+        for v in times.values():
+            self.assertAlmostEqual(v, report["nominal_step_time_s"], delta=1e-9 * v)
+        self.assertAlmostEqual(doc["step_time_s"], report["nominal_step_time_s"], delta=1e-9 * doc["step_time_s"])
+
+    def test_contrastive_batch_sync_is_not_supported_yet(self):
+        result = simulate(CLIP, "--strategy", "distmm", "--data")
+        self.assertExit(result, 2)
+        self.assertIn("contrastive batch-sync", result.stderr)
 
 
 if __name__ == "__main__":

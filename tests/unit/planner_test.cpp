@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "core/bubble/scheduler.hpp"
 #include "core/plan/brute_force.hpp"
 #include "core/plan/evaluate.hpp"
 #include "core/plan/plan_io.hpp"
@@ -186,7 +187,32 @@ TEST(Planner, MultimodalLayoutsBeatMegatronOnTheViT22bRun) {
   auto optimus = plan::make_plan(cost, plan::PlanRequest{Strategy::optimus, {}, {}});
   EXPECT_LT(optimus.best.estimate.iteration_time_s, megatron.best.estimate.iteration_time_s);
   std::string table = plan::to_table({&optimus, Strategy::optimus, &cost});
-  EXPECT_NE(table.find("optimus estimate is coarse"), std::string::npos) << table;
+  EXPECT_NE(table.find("bubble scheduler's fine schedule"), std::string::npos) << table;
+}
+
+TEST(Planner, OptimusScoresItsShortlistWithTheBubbleScheduler) {
+  auto run = test::load("vit22b-gpt175b-1536gpu.yaml");
+  cost::CostModel cost(run);
+  std::vector<plan::Plan> shortlist;
+  auto closed = plan::search_optimus(cost, plan::Constraints{}, nullptr, nullptr, &shortlist);
+  ASSERT_TRUE(closed.has_value());
+  ASSERT_FALSE(shortlist.empty());
+  ASSERT_LE(shortlist.size(), plan::kOptimusShortlist);
+  EXPECT_EQ(shortlist.front().estimate.iteration_time_s, closed->estimate.iteration_time_s);
+  for (std::size_t i = 1; i < shortlist.size(); ++i) {
+    EXPECT_FALSE(plan::better(shortlist[i], shortlist[i - 1]));
+  }
+  // The chosen plan's step time is its fine schedule's, the best of the shortlist's.
+  auto chosen = plan::make_plan(cost, plan::PlanRequest{Strategy::optimus, {}, {}}).best;
+  double best_fine = 0;
+  for (const auto& candidate : shortlist) {
+    const double fine = bubble::schedule(cost, candidate).report.fine_step_s;
+    if (best_fine == 0 || fine < best_fine) best_fine = fine;
+  }
+  EXPECT_NEAR(chosen.estimate.iteration_time_s / best_fine, 1.0, 1e-9);
+  EXPECT_LE(chosen.estimate.iteration_time_s, closed->estimate.iteration_time_s * (1 + 1e-9));
+  const auto fine = bubble::schedule(cost, chosen);
+  EXPECT_NEAR(fine.report.fine_step_s / chosen.estimate.iteration_time_s, 1.0, 1e-9);
 }
 
 TEST(Planner, MegatronHonoursConstraints) {
