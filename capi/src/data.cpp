@@ -83,9 +83,9 @@ BRAID_API braid_status braid_reorder_create(const braid_plan* plan, const braid_
   static_assert(sizeof(braid_reordering) == sizeof(int), "C enums are int-sized");
   int reordering = 0;
   std::memcpy(&reordering, &opts.reordering, sizeof reordering);
-  BRAID_REQUIRE(reordering >= BRAID_REORDER_NONE && reordering <= BRAID_REORDER_INTRA_INTER,
-                "options->reordering is " + std::to_string(reordering) +
-                    "; use BRAID_REORDER_NONE, _INTRA or _INTRA_INTER");
+  BRAID_REQUIRE(
+      reordering >= BRAID_REORDER_NONE && reordering <= BRAID_REORDER_INTRA_INTER,
+      "options->reordering is " + std::to_string(reordering) + "; use BRAID_REORDER_NONE, _INTRA or _INTRA_INTER");
   BRAID_REQUIRE(opts.max_evaluations >= 0, "options->max_evaluations must be 0 (default) or more");
   BRAID_REQUIRE(b.samples > 0, "batch->samples is 0");
 
