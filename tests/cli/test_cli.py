@@ -298,6 +298,57 @@ class SimulateTest(CliTestCase):
                 self.assertIn(fragment, result.stderr)
 
 
+class SimulateBubbleTest(CliTestCase):
+    """Colocated (optimus) plans: the bubble scheduler's three schedules and its report."""
+
+    SHALLOW = "configs/plans/vit22b-gpt175b-3072gpu-shallow-encoder.yaml"
+
+    def report(self, *args):
+        result = simulate(VIT22B, "--format", "json", *args)
+        self.assertExit(result, 0)
+        return json.loads(result.stdout)
+
+    def test_json_report(self):
+        doc = self.report("--plan", self.SHALLOW)
+        self.assertEqual(doc["schedule"], "optimus-fine")
+        r = doc["bubble_report"]
+        self.assertEqual(set(r["step_time_s"]), {"colocated", "coarse", "fine"})
+        self.assertEqual(set(r["recovered_fraction"]), {"coarse", "fine"})
+        self.assertEqual(set(r["bubbles_before"]), BUBBLE_CAUSES)
+        self.assertEqual(set(r["bubbles_after"]), BUBBLE_CAUSES)
+        t = r["step_time_s"]
+        # A shallow encoder pipeline leaves work to move: each pass gains, neither loses.
+        self.assertLess(t["coarse"], t["colocated"])
+        self.assertLess(t["fine"], t["coarse"])
+        self.assertAlmostEqual(doc["step_time_s"], t["fine"], delta=1e-9 * t["fine"])
+        self.assertTrue(0 < r["recovered_fraction"]["coarse"] <= r["recovered_fraction"]["fine"] < 1)
+        self.assertLess(sum(r["bubbles_after"].values()), sum(r["bubbles_before"].values()))
+        self.assertGreater(r["tp_bubble_tasks"], 0)
+        self.assertGreater(r["encoder_tasks_per_device"], 0)
+        self.assertGreaterEqual(r["scheduler_time_s"], 0)
+        # The planner's own plan is scored by its fine schedule.
+        chosen = self.report("--strategy", "optimus")
+        self.assertAlmostEqual(chosen["estimate_iteration_time_s"], chosen["bubble_report"]["step_time_s"]["fine"],
+                               delta=1e-9 * chosen["estimate_iteration_time_s"])
+
+    def test_each_schedule_and_the_table(self):
+        steps = {}
+        for schedule in ("encoder-first", "optimus-coarse", "optimus-fine"):
+            doc = self.report("--plan", self.SHALLOW, "--schedule", schedule)
+            self.assertEqual(doc["schedule"], schedule)
+            steps[schedule] = doc["step_time_s"]
+        t = doc["bubble_report"]["step_time_s"]
+        self.assertAlmostEqual(steps["encoder-first"], t["colocated"], delta=1e-9 * t["colocated"])
+        self.assertAlmostEqual(steps["optimus-coarse"], t["coarse"], delta=1e-9 * t["coarse"])
+        result = simulate(VIT22B, "--plan", self.SHALLOW)
+        self.assertExit(result, 0)
+        self.assertIn("bubble scheduler (optimus)", result.stdout)
+        self.assertIn("tasks inside TP waits", result.stdout)
+        result = simulate(VIT22B, "--plan", self.SHALLOW, "--schedule", "1f1b")
+        self.assertExit(result, 2)
+        self.assertIn("optimus-fine", result.stderr)
+
+
 class SimulateDataTest(CliTestCase):
     """`braid simulate --data`: data reordering over the run's sample-size distributions."""
 
