@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/quick_flag.hpp"
 #include "core/bubble/checker.hpp"
 #include "core/bubble/scheduler.hpp"
 #include "core/plan/evaluate.hpp"
@@ -52,15 +53,7 @@ std::vector<std::pair<std::string, plan::Plan>> variants(const cost::CostModel& 
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--quick") {
-      quick = true;
-    } else {
-      std::fprintf(stderr, "usage: bubble_bench [--quick]\n");
-      return 2;
-    }
-  }
+  const bool quick = bench::quick_flag(argc, argv, "bubble_bench");
   std::vector<std::string> runs = {"configs/runs/vit22b-gpt175b-1536gpu.yaml"};
   if (!quick) {
     runs.push_back("configs/runs/vit22b-gpt175b-2048gpu.yaml");

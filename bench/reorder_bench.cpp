@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/quick_flag.hpp"
 #include "core/data/dataset.hpp"
 #include "core/data/reorder.hpp"
 #include "core/data/sample_cost.hpp"
@@ -89,15 +90,7 @@ void disttrain_figures(const spec::RunSpec& run, bool quick) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--quick") {
-      quick = true;
-    } else {
-      std::fprintf(stderr, "usage: reorder_bench [--quick]\n");
-      return 2;
-    }
-  }
+  const bool quick = bench::quick_flag(argc, argv, "reorder_bench");
   try {
     const spec::RunSpec run = spec::load_run("configs/runs/mllm-72b-1024gpu.yaml");
     std::printf("braid data-reordering benchmark (configs/runs/mllm-72b-1024gpu.yaml sizes)\n\n");
