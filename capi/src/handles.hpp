@@ -1,4 +1,4 @@
-// What the opaque handles of braid.h (and braid/pipeline.h, braid/data.h) hold.
+// What the opaque handles of braid.h (and braid/pipeline.h, braid/data.h, braid/bubble.h) hold.
 #pragma once
 
 #include <map>
@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bubble/scheduler.hpp"
 #include "core/cost/cost_model.hpp"
 #include "core/data/arrangement.hpp"
 #include "core/pipeline/program.hpp"
@@ -46,4 +47,11 @@ struct braid_reorder {
   braid::data::Arrangement arrangement;
   std::vector<int> module_dp;  // per plan module: its DP width on the grid, 0 when off it
   double straggler_before = 1, straggler_after = 1;
+};
+
+struct braid_bubble_scheduler {
+  const braid_config* config;                           // must outlive the scheduler
+  braid::plan::Plan plan;                               // a copy: the braid_plan may go first
+  mutable std::mutex mutex;                             // run() may race with itself and with readers
+  std::unique_ptr<braid::bubble::Schedules> schedules;  // set by a successful run
 };

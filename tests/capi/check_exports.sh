@@ -9,9 +9,11 @@ if [ -n "$leaked" ]; then
   echo "$leaked" | head -20 >&2
   exit 1
 fi
-# Every entry point of braid/data.h.
+# Every entry point of braid/data.h and braid/bubble.h.
 for sym in braid_reorder_create braid_reorder_destroy braid_reorder_info_get braid_reorder_ranks \
-  braid_reorder_cells braid_reorder_microbatches braid_reorder_order; do
+  braid_reorder_cells braid_reorder_microbatches braid_reorder_order \
+  braid_bubble_scheduler_create braid_bubble_scheduler_destroy braid_bubble_scheduler_run \
+  braid_bubble_scheduler_report braid_bubble_scheduler_program; do
   if ! grep -qx "$sym" <<<"$exported"; then
     echo "libbraid.so does not export $sym" >&2
     exit 1
@@ -19,4 +21,4 @@ for sym in braid_reorder_create braid_reorder_destroy braid_reorder_info_get bra
 done
 count=$(echo "$exported" | grep -c '^braid_')
 echo "libbraid.so exports $count braid_ symbols and nothing else"
-[ "$count" -ge 37 ]
+[ "$count" -ge 42 ]

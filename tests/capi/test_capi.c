@@ -1,9 +1,11 @@
 /* The C ABI from C: dlopen libbraid.so, resolve every entry point, plan the CLIP run,
  * check the result, build and simulate pipeline programs (LLaVA 1F1B, CLIP DistMM-Pipe),
  * reorder a LLaVA batch for its disttrain plan (ranks with equal counts, whole
- * microbatches, deterministic), and misuse the API (NULLs, wrong struct sizes, bad YAML,
- * indices out of range, batches that do not split): each
- * misuse returns a status and a message, never a crash.
+ * microbatches, deterministic), bubble-schedule the MLLM-72B optimus plan (a report
+ * that adds up, programs whose ENCODER_TASKs are the report's), and misuse the API
+ * (NULLs, wrong struct sizes, bad YAML, indices out of range, batches that do not
+ * split, plans that are not colocated): each misuse returns a status and a message,
+ * never a crash.
  * Compiled as C99 with -Wall -Wextra -Wpedantic -Werror.
  * usage: test_capi LIBBRAID_SO SOURCE_DIR */
 #include <dlfcn.h>
@@ -64,6 +66,11 @@ static struct {
   braid_status (*reorder_cells)(const braid_reorder*, int32_t*, size_t);
   braid_status (*reorder_microbatches)(const braid_reorder*, int32_t*, size_t);
   braid_status (*reorder_order)(const braid_reorder*, size_t, int32_t*, size_t);
+  braid_status (*bubble_scheduler_create)(const braid_plan*, braid_bubble_scheduler**);
+  braid_status (*bubble_scheduler_destroy)(braid_bubble_scheduler*);
+  braid_status (*bubble_scheduler_run)(braid_bubble_scheduler*);
+  braid_status (*bubble_scheduler_report)(const braid_bubble_scheduler*, braid_bubble_report*);
+  braid_status (*bubble_scheduler_program)(const braid_bubble_scheduler*, const char*, braid_program**);
 } api;
 
 static void* resolve(void* lib, const char* name) {
@@ -818,6 +825,217 @@ static void test_reorder_llava(const char* source_dir) {
   api.config_destroy(config);
 }
 
+/* The Optimus bubble scheduler on the colocated plan of MLLM-72B (1024 devices, 2 llm
+ * stages, a few hundredths of a second to schedule). */
+static braid_config* load_mllm(const char* source_dir) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/configs/runs/mllm-72b-1024gpu.yaml", source_dir);
+  braid_config* config = NULL;
+  CHECK(api.config_load_file(path, &config) == BRAID_OK);
+  if (!config) fprintf(stderr, "config_load_file(mllm): %s\n", api.last_error());
+  return config;
+}
+
+static double sum_bubbles(const double* b) {
+  double t = 0;
+  for (int c = 0; c < BRAID_BUBBLE_COUNT; ++c) t += b[c];
+  return t;
+}
+
+/* ENCODER_TASK instructions of the stage that has the most (and whether any is a backward task). */
+static int64_t most_encoder_tasks(const braid_program* program, int* backward_tasks) {
+  size_t stages = 0;
+  CHECK(api.program_stage_count(program, &stages) == BRAID_OK && stages > 0);
+  int64_t most = 0;
+  for (size_t s = 0; s < stages; ++s) {
+    braid_stage_info info = BRAID_STAGE_INFO_INIT;
+    CHECK(api.program_stage(program, s, &info) == BRAID_OK);
+    int64_t tasks = 0;
+    for (size_t i = 0; i < info.instruction_count; ++i) {
+      braid_instruction ins = instruction_at(program, s, i);
+      if (ins.opcode != BRAID_OP_ENCODER_TASK) continue;
+      ++tasks;
+      CHECK(ins.microbatch >= 0);
+      if (ins.flags & BRAID_FLAG_BACKWARD_TASK) ++*backward_tasks;
+    }
+    if (tasks > most) most = tasks;
+  }
+  return most;
+}
+
+/* Two programs with the same stages and instructions. */
+static int same_program(const braid_program* a, const braid_program* b) {
+  size_t na = 0, nb = 0;
+  if (api.program_stage_count(a, &na) != BRAID_OK || api.program_stage_count(b, &nb) != BRAID_OK || na != nb) return 0;
+  for (size_t s = 0; s < na; ++s) {
+    braid_stage_info ia = BRAID_STAGE_INFO_INIT, ib = BRAID_STAGE_INFO_INIT;
+    if (api.program_stage(a, s, &ia) != BRAID_OK || api.program_stage(b, s, &ib) != BRAID_OK) return 0;
+    if (ia.instruction_count != ib.instruction_count || ia.replicas != ib.replicas) return 0;
+    for (size_t i = 0; i < ia.instruction_count; ++i) {
+      braid_instruction x = instruction_at(a, s, i), y = instruction_at(b, s, i);
+      if (x.opcode != y.opcode || x.microbatch != y.microbatch || x.unit != y.unit || x.peer != y.peer ||
+          x.flags != y.flags)
+        return 0;
+    }
+  }
+  return 1;
+}
+
+static void test_bubble_mllm(const char* source_dir) {
+  braid_config* config = load_mllm(source_dir);
+  if (!config) return;
+  braid_plan_options options = BRAID_PLAN_OPTIONS_INIT;
+  options.strategy = BRAID_STRATEGY_OPTIMUS;
+  braid_plan* plan = NULL;
+  CHECK(api.plan_create(config, &options, &plan) == BRAID_OK);
+  if (!plan) {
+    fprintf(stderr, "plan_create(mllm optimus): %s\n", api.last_error());
+    api.config_destroy(config);
+    return;
+  }
+  braid_bubble_scheduler* scheduler = NULL;
+  CHECK(api.bubble_scheduler_create(plan, &scheduler) == BRAID_OK);
+  braid_program* reference = NULL; /* what braid_program_create builds for the plan */
+  CHECK(api.program_create(plan, "optimus-fine", &reference) == BRAID_OK);
+  api.plan_destroy(plan); /* the scheduler keeps its own copy of the layout */
+  if (!scheduler) {
+    fprintf(stderr, "bubble_scheduler_create: %s\n", api.last_error());
+    api.program_destroy(reference);
+    api.config_destroy(config);
+    return;
+  }
+
+  /* Nothing to read before it has run. */
+  braid_bubble_report report = BRAID_BUBBLE_REPORT_INIT;
+  braid_program* program = NULL;
+  CHECK(api.bubble_scheduler_report(scheduler, &report) == BRAID_ERR_INVALID_ARGUMENT);
+  CHECK(contains(api.last_error(), "has not run yet"));
+  CHECK(api.bubble_scheduler_program(scheduler, NULL, &program) == BRAID_ERR_INVALID_ARGUMENT && program == NULL);
+  CHECK(contains(api.last_error(), "braid_bubble_scheduler_run"));
+
+  CHECK(api.bubble_scheduler_run(scheduler) == BRAID_OK);
+  CHECK(api.bubble_scheduler_report(scheduler, &report) == BRAID_OK);
+  CHECK(report.struct_size == sizeof report);
+  CHECK(report.plain_step_s > 0);
+  CHECK(report.fine_step_s <= report.coarse_step_s && report.coarse_step_s <= report.plain_step_s);
+  CHECK(report.recovered_coarse >= 0 && report.recovered_coarse <= 1);
+  CHECK(report.recovered_fine >= report.recovered_coarse && report.recovered_fine <= 1);
+  for (int c = 0; c < BRAID_BUBBLE_COUNT; ++c) CHECK(report.bubbles_before_s[c] >= 0 && report.bubbles_after_s[c] >= 0);
+  CHECK(report.bubbles_before_s[BRAID_BUBBLE_PP_WARMUP] > 0 && report.bubbles_before_s[BRAID_BUBBLE_BATCH_SYNC] == 0);
+  /* The recovered share is the idle time the fine schedule took from encoder-first. */
+  const double before = sum_bubbles(report.bubbles_before_s), after = sum_bubbles(report.bubbles_after_s);
+  CHECK(before > 0 && after <= before);
+  CHECK(report.recovered_fine * before - (before - after) < 1e-9 * before &&
+        (before - after) - report.recovered_fine * before < 1e-9 * before);
+  CHECK(report.scheduler_time_s > 0 && report.placements >= 3);
+  CHECK(report.encoder_tasks > 0 && report.tp_bubble_tasks >= 0);
+
+  /* Idempotent: a second run changes nothing. */
+  braid_bubble_report again = BRAID_BUBBLE_REPORT_INIT;
+  CHECK(api.bubble_scheduler_run(scheduler) == BRAID_OK);
+  CHECK(api.bubble_scheduler_report(scheduler, &again) == BRAID_OK && memcmp(&again, &report, sizeof report) == 0);
+
+  /* The programs: every stage runs each encoder task once per microbatch, so the
+   * busiest stage holds the report's encoder_tasks. NULL and "" name the fine one. */
+  const char* names[] = {NULL, "", "optimus-fine", "optimus-coarse", "encoder-first"};
+  const char* expected[] = {"optimus-fine", "optimus-fine", "optimus-fine", "optimus-coarse", "encoder-first"};
+  for (size_t k = 0; k < sizeof names / sizeof names[0]; ++k) {
+    program = NULL;
+    CHECK(api.bubble_scheduler_program(scheduler, names[k], &program) == BRAID_OK);
+    if (!program) continue;
+    const char* schedule = NULL;
+    CHECK(api.program_schedule(program, &schedule) == BRAID_OK && strcmp(schedule, expected[k]) == 0);
+    int backward_tasks = 0;
+    CHECK(most_encoder_tasks(program, &backward_tasks) == report.encoder_tasks);
+    CHECK(backward_tasks > 0);
+    api.program_destroy(program);
+  }
+
+  /* The fine program is the plan's own optimus-fine program and simulates to the
+   * report's step time; it outlives the scheduler and the config. */
+  program = NULL;
+  CHECK(api.bubble_scheduler_program(scheduler, "optimus-fine", &program) == BRAID_OK);
+  api.bubble_scheduler_destroy(scheduler);
+  api.config_destroy(config);
+  if (program && reference) CHECK(same_program(program, reference));
+  braid_simulation* sim = NULL;
+  if (program) CHECK(api.simulate(program, NULL, &sim) == BRAID_OK);
+  if (sim) {
+    braid_simulation_result result = BRAID_SIMULATION_RESULT_INIT;
+    CHECK(api.simulation_result_get(sim, &result) == BRAID_OK);
+    CHECK(result.step_time_s - report.fine_step_s < 1e-9 * report.fine_step_s &&
+          report.fine_step_s - result.step_time_s < 1e-9 * report.fine_step_s);
+    api.simulation_destroy(sim);
+  }
+  api.program_destroy(program);
+  api.program_destroy(reference);
+}
+
+static void test_bubble_misuse(const char* source_dir) {
+  braid_bubble_scheduler* scheduler = NULL;
+  braid_bubble_report report = BRAID_BUBBLE_REPORT_INIT;
+  braid_program* program = NULL;
+  /* NULL handles and pointers. */
+  CHECK(api.bubble_scheduler_create(NULL, &scheduler) == BRAID_ERR_INVALID_ARGUMENT && scheduler == NULL);
+  CHECK(contains(api.last_error(), "plan is NULL"));
+  CHECK(api.bubble_scheduler_run(NULL) == BRAID_ERR_INVALID_ARGUMENT);
+  CHECK(contains(api.last_error(), "scheduler is NULL"));
+  CHECK(api.bubble_scheduler_report(NULL, &report) == BRAID_ERR_INVALID_ARGUMENT);
+  CHECK(api.bubble_scheduler_program(NULL, NULL, &program) == BRAID_ERR_INVALID_ARGUMENT && program == NULL);
+  CHECK(api.bubble_scheduler_destroy(NULL) == BRAID_OK);
+
+  /* A plan that is not colocated: unsupported, naming its layout. */
+  braid_config* config = load_llava(source_dir);
+  if (!config) return;
+  braid_plan* plan = plan_llava_megatron(config);
+  if (plan) {
+    CHECK(api.bubble_scheduler_create(plan, NULL) == BRAID_ERR_INVALID_ARGUMENT);
+    CHECK(contains(api.last_error(), "out is NULL"));
+    scheduler = NULL;
+    CHECK(api.bubble_scheduler_create(plan, &scheduler) == BRAID_ERR_UNSUPPORTED && scheduler == NULL);
+    CHECK(contains(api.last_error(), "colocated") && contains(api.last_error(), "monolithic") &&
+          contains(api.last_error(), "megatron"));
+    api.plan_destroy(plan);
+  }
+  api.config_destroy(config);
+
+  /* On a scheduler that has run: bad schedule names and output structs. */
+  config = load_mllm(source_dir);
+  if (!config) return;
+  braid_plan_options options = BRAID_PLAN_OPTIONS_INIT;
+  options.strategy = BRAID_STRATEGY_OPTIMUS;
+  plan = NULL;
+  CHECK(api.plan_create(config, &options, &plan) == BRAID_OK);
+  scheduler = NULL;
+  if (plan) CHECK(api.bubble_scheduler_create(plan, &scheduler) == BRAID_OK);
+  if (scheduler && api.bubble_scheduler_run(scheduler) == BRAID_OK) {
+    CHECK(api.bubble_scheduler_program(scheduler, "1f1b", &program) == BRAID_ERR_INVALID_ARGUMENT && program == NULL);
+    CHECK(contains(api.last_error(), "'1f1b'") && contains(api.last_error(), "optimus-coarse") &&
+          contains(api.last_error(), "encoder-first"));
+    CHECK(api.bubble_scheduler_program(scheduler, NULL, NULL) == BRAID_ERR_INVALID_ARGUMENT);
+    CHECK(api.bubble_scheduler_report(scheduler, NULL) == BRAID_ERR_INVALID_ARGUMENT);
+    report.struct_size = sizeof(size_t);
+    CHECK(api.bubble_scheduler_report(scheduler, &report) == BRAID_ERR_INVALID_ARGUMENT &&
+          contains(api.last_error(), "struct_size"));
+    struct {
+      braid_bubble_report v1;
+      double future_field;
+    } bigger;
+    memset(&bigger, 0xff, sizeof bigger);
+    bigger.v1.struct_size = sizeof bigger;
+    CHECK(api.bubble_scheduler_report(scheduler, &bigger.v1) == BRAID_OK);
+    CHECK(bigger.v1.struct_size == sizeof bigger && bigger.v1.fine_step_s > 0 && bigger.future_field == 0.0);
+    /* A successful call clears the last error. */
+    CHECK(strcmp(api.last_error(), "") == 0);
+  } else {
+    fprintf(stderr, "bubble scheduler on mllm: %s\n", api.last_error());
+    CHECK(0);
+  }
+  api.bubble_scheduler_destroy(scheduler);
+  api.plan_destroy(plan);
+  api.config_destroy(config);
+}
+
 int main(int argc, char** argv) {
   if (argc != 3) {
     fprintf(stderr, "usage: %s LIBBRAID_SO SOURCE_DIR\n", argv[0]);
@@ -865,6 +1083,11 @@ int main(int argc, char** argv) {
   RESOLVE(reorder_cells, "braid_reorder_cells");
   RESOLVE(reorder_microbatches, "braid_reorder_microbatches");
   RESOLVE(reorder_order, "braid_reorder_order");
+  RESOLVE(bubble_scheduler_create, "braid_bubble_scheduler_create");
+  RESOLVE(bubble_scheduler_destroy, "braid_bubble_scheduler_destroy");
+  RESOLVE(bubble_scheduler_run, "braid_bubble_scheduler_run");
+  RESOLVE(bubble_scheduler_report, "braid_bubble_scheduler_report");
+  RESOLVE(bubble_scheduler_program, "braid_bubble_scheduler_program");
 
   test_versions();
   test_plan_clip(argv[2]);
@@ -872,6 +1095,8 @@ int main(int argc, char** argv) {
   test_program_llava(argv[2]);
   test_program_misuse(argv[2]);
   test_reorder_llava(argv[2]);
+  test_bubble_mllm(argv[2]);
+  test_bubble_misuse(argv[2]);
   dlclose(lib);
   if (failures) {
     fprintf(stderr, "%d check(s) failed\n", failures);

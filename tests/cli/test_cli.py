@@ -399,5 +399,144 @@ class SimulateDataTest(CliTestCase):
         self.assertIn("contrastive batch-sync", result.stderr)
 
 
+
+class DataTest(CliTestCase):
+    """`braid data`: samples of the generated image-caption dataset."""
+
+    def test_json_samples_follow_the_run(self):
+        result = braid("data", "--config", MLLM, "--show", "6", "--first", "3", "--format", "json")
+        self.assertExit(result, 0)
+        doc = json.loads(result.stdout)
+        self.assertEqual(doc["seed"], 7)  # data.seed of the run file
+        self.assertEqual(doc["sides"], "lognormal")
+        self.assertEqual(doc["vocab_size"], 28)
+        self.assertEqual([s["index"] for s in doc["samples"]], list(range(3, 9)))
+        for s in doc["samples"]:
+            self.assertEqual(s["side"] % 4, 0)
+            self.assertTrue(16 <= s["side"] <= 64)
+            self.assertEqual(s["tokens"][0], 1)  # <bos>
+            self.assertEqual(s["tokens"][-1], 2)  # <eos>
+            self.assertEqual(len(s["tokens"]), len(s["caption"].split()) + 2)
+        again = json.loads(braid("data", "--config", MLLM, "--show", "1", "--first", "5", "--format", "json").stdout)
+        self.assertEqual(again["samples"][0], doc["samples"][2])  # sample 5 whatever the range read
+
+    def test_table_shows_captions_and_thumbnails(self):
+        result = braid("data", "--show", "2", "--columns", "8", "--split", "heldout")
+        self.assertExit(result, 0)
+        self.assertIn("heldout split", result.stdout)
+        self.assertEqual(len(re.findall(r"^sample \d+: 64 x 64 px", result.stdout, re.M)), 2, result.stdout)
+        rows = [line for line in result.stdout.splitlines() if line.startswith("  |")]
+        self.assertEqual(len(rows), 16)
+        self.assertTrue(all(re.fullmatch(r"  \|[.rgbypcw]{8}\|", row) for row in rows), rows)
+        self.assertTrue(any(set(row) - set(" |.") for row in rows), rows)  # some object shows
+
+    def test_bad_options(self):
+        for args, fragment in [(["--split", "test"], "--split must be train or heldout"),
+                               (["--patch", "0"], "patch 0 must be >= 1"),
+                               (["--patch", "80"], "no multiple of the patch 80 in [16, 64]")]:
+            with self.subTest(args=args):
+                result = braid("data", *args)
+                self.assertExit(result, 2)
+                self.assertIn(fragment, result.stderr)
+
+class GroupsTest(CliTestCase):
+    """`braid groups`: the process groups of a plan on N ranks."""
+
+    KEYS = {"strategy", "layout", "world_size", "modules", "stages", "ranks", "groups", "links", "batch_sync"}
+
+    def groups_json(self, config, ranks, *args):
+        result = braid("groups", "--config", config, "--ranks", str(ranks), "--format", "json", *args)
+        self.assertExit(result, 0)
+        return json.loads(result.stdout)  # the whole output: exactly one JSON document
+
+    def assertPartitions(self, doc):
+        """Every rank of a module is in exactly one group per axis, and holds that module."""
+        for module in doc["modules"]:
+            ranks = set(range(module["first_rank"], module["first_rank"] + module["ranks"]))
+            for axis in ("tp", "dp", "pp"):
+                members = [r for g in doc["groups"] if g["module"] == module["name"] and g["axis"] == axis
+                           for r in g["ranks"]]
+                self.assertEqual(sorted(members), sorted(ranks), f"{module['name']}.{axis}")
+            for r in ranks:
+                self.assertIn(module["name"], [h["module"] for h in doc["ranks"][r]["holds"]])
+
+    def test_help(self):
+        result = braid("groups", "--help")
+        self.assertExit(result, 0)
+        for option in ("--config", "--ranks", "--strategy", "--plan", "--format", "--all", "fan"):
+            self.assertIn(option, result.stdout)
+        self.assertIn("groups", braid("--help").stdout)
+
+    def test_json_distmm_batch_sync(self):
+        doc = self.groups_json(CLIP, 64, "--strategy", "distmm")
+        self.assertLessEqual(self.KEYS, set(doc))
+        self.assertEqual((doc["strategy"], doc["layout"], doc["world_size"]), ("distmm", "branches", 64))
+        self.assertEqual([r["rank"] for r in doc["ranks"]], list(range(64)))
+        self.assertTrue(all(r["holds"] for r in doc["ranks"]))
+        self.assertPartitions(doc)
+        self.assertEqual(doc["links"], [])
+        (sync,) = doc["batch_sync"]
+        self.assertEqual(sync["name"], "contrastive_loss.batch_sync")
+        self.assertEqual(sorted(sync["ranks"]), list(range(64)))
+        towers = [m["module"] for m in sync["members"]]
+        self.assertEqual(towers, sorted(towers, key=["image_encoder", "text_encoder"].index))  # by tower, then replica
+        dp = {m["name"]: m["dp"] for m in doc["modules"]}
+        self.assertEqual(len(sync["members"]), dp["image_encoder"] + dp["text_encoder"])
+
+    def test_json_disttrain_links_fan_in(self):
+        plan = self.plan_json(LLAVA, "--strategy", "disttrain")
+        doc = self.groups_json(LLAVA, plan["devices"], "--strategy", "disttrain")
+        self.assertPartitions(doc)
+        dp = {m["name"]: m["dp"] for m in doc["modules"]}
+        self.assertEqual([(l["from"], l["to"]) for l in doc["links"]], [("vision", "projector"), ("projector", "llm")])
+        self.assertTrue(doc["links"][0]["local"])
+        link = doc["links"][1]
+        self.assertFalse(link["local"])
+        a, b = dp["projector"], dp["llm"]
+        self.assertGreater(a, b)
+        self.assertEqual(len(link["pairs"]), a)
+        for pair in link["pairs"]:
+            self.assertEqual(pair["to_replica"], pair["from_replica"] // (a // b))  # fan-in, as pipeline.h says
+        # Stages sit on the devices the plan gives each module.
+        for module in plan["modules"]:
+            (ours,) = [m for m in doc["modules"] if m["name"] == module["name"]]
+            self.assertEqual(ours["first_rank"], module["first_device"])
+            self.assertEqual(ours["ranks"], module["devices"])
+
+    def test_text_summary_and_all(self):
+        result = braid("groups", "--config", "configs/runs/pipeline-demo.yaml", "--strategy", "megatron",
+                       "--tp", "2", "--pp", "4", "--ranks", "8")
+        self.assertExit(result, 0)
+        self.assertRegex(result.stdout, r"gpt\.pp\[dp=0,tp=1\] +1,3,5,7\n")
+        self.assertRegex(result.stdout, r"gpt\.tp\[pp=2,dp=0\] +4-5\n")
+        self.assertIn("gpt stage 3 tp 1 dp 0", result.stdout)  # rank 7
+        big = braid("groups", "--config", LLAVA, "--strategy", "megatron", "--ranks", "256")
+        self.assertExit(big, 0)
+        self.assertRegex(big.stdout, r"\.\.\. \(\d+ more\)")
+        self.assertLess(len(big.stdout.splitlines()), 120)
+        every = braid("groups", "--config", LLAVA, "--strategy", "megatron", "--ranks", "256", "--all")
+        self.assertExit(every, 0)
+        self.assertNotIn("more)", every.stdout)
+        self.assertIn("\n  255    ", every.stdout)
+
+    def test_wrong_ranks(self):
+        result = braid("groups", "--config", CLIP, "--strategy", "distmm", "--ranks", "32")
+        self.assertExit(result, 2)
+        self.assertEqual(result.stdout, "")
+        self.assertIn("64 devices", result.stderr)
+        self.assertIn("32 ranks", result.stderr)
+
+    def test_bad_options(self):
+        for args, fragment in ((["--config", CLIP], "--ranks"),
+                               (["--config", CLIP, "--ranks", "0"], "--ranks must be at least 1"),
+                               (["--config", CLIP, "--ranks", "64", "--format", "yaml"], "--format"),
+                               (["--ranks", "64"], "--config")):
+            with self.subTest(args=args):
+                result = braid("groups", *args)
+                self.assertExit(result, 2)
+                self.assertEqual(result.stdout, "")
+                self.assertIn(fragment, result.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -23,6 +23,7 @@ except ImportError:  # not on PYTHONPATH: use the package of this checkout
 
 CLIP = os.path.join(SOURCE_DIR, "configs", "runs", "clip-vit-l14-64gpu.yaml")
 VIT22B = os.path.join(SOURCE_DIR, "configs", "runs", "vit22b-gpt175b-3072gpu.yaml")
+MLLM = os.path.join(SOURCE_DIR, "configs", "runs", "mllm-72b-1024gpu.yaml")
 
 GPT175B_ON_ONE_NODE = """\
 name: gpt-175b-one-node
@@ -596,6 +597,98 @@ class ReorderTest(unittest.TestCase):
             with self.assertRaises(braid.InvalidArgumentError) as e:
                 p.reorder(text_tokens=[0] * 32)
             self.assertIn("text_tokens of sample 0 is 0", str(e.exception))
+
+
+def most_encoder_tasks(program):
+    return max(len(ops(stage, "ENCODER_TASK")) for stage in program.stages)
+
+
+class BubbleSchedulerTest(unittest.TestCase):
+    """The Optimus bubble scheduler on the colocated plan of MLLM-72B (1024 devices)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.config = braid.Config.from_file(MLLM)
+        cls.plan = braid.plan(cls.config, "optimus")
+        cls.scheduler = cls.plan.bubble_scheduler()
+        cls.report = cls.scheduler.run()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.scheduler.close()
+        cls.plan.close()
+        cls.config.close()
+
+    def test_report(self):
+        r = self.report
+        self.assertEqual(set(r), {"plain_step_s", "coarse_step_s", "fine_step_s", "recovered_coarse", "recovered_fine",
+                                  "bubbles_before", "bubbles_after", "scheduler_time_s", "placements", "encoder_tasks",
+                                  "tp_bubble_tasks"})
+        self.assertGreater(r["plain_step_s"], 0)
+        self.assertLessEqual(r["fine_step_s"], r["coarse_step_s"])
+        self.assertLessEqual(r["coarse_step_s"], r["plain_step_s"])
+        self.assertTrue(0 <= r["recovered_coarse"] <= r["recovered_fine"] <= 1, r)
+        for key in ("bubbles_before", "bubbles_after"):
+            self.assertEqual(tuple(r[key]), braid.BUBBLE_CAUSES)
+            self.assertTrue(all(v >= 0 for v in r[key].values()))
+        # The recovered share is the idle time the fine schedule took from encoder-first.
+        before, after = sum(r["bubbles_before"].values()), sum(r["bubbles_after"].values())
+        self.assertAlmostEqual(r["recovered_fine"], (before - after) / before, delta=1e-9)
+        self.assertGreater(r["encoder_tasks"], 0)
+        self.assertGreaterEqual(r["placements"], 3)
+        self.assertEqual(self.scheduler.run(), r)  # idempotent
+        self.assertEqual(self.scheduler.report, r)
+
+    def test_programs(self):
+        for name in braid.BUBBLE_SCHEDULES + (None, ""):
+            with self.subTest(schedule=name), self.scheduler.program(name) as program:
+                self.assertEqual(program.schedule, name or "optimus-fine")
+                # Each encoder task once per microbatch: the busiest stage holds the report's count.
+                self.assertEqual(most_encoder_tasks(program), self.report["encoder_tasks"])
+
+    def test_fine_program_is_the_plans_and_simulates_to_the_report(self):
+        with self.scheduler.program() as fine, self.plan.program("optimus-fine") as reference:
+            self.assertEqual(fine.stages, reference.stages)
+            with fine.simulate() as sim:
+                step = sim.result["step_time_s"]
+        self.assertAlmostEqual(step, self.report["fine_step_s"], delta=1e-9 * step)
+
+    def test_bad_schedule(self):
+        with self.assertRaises(braid.InvalidArgumentError) as e:
+            self.scheduler.program("1f1b")
+        self.assertIn("'1f1b'", str(e.exception))
+        self.assertIn("optimus-coarse", str(e.exception))
+        with self.assertRaises(braid.InvalidArgumentError):
+            self.scheduler.program(3)
+
+    def test_nothing_to_read_before_run(self):
+        with self.plan.bubble_scheduler() as scheduler:
+            with self.assertRaises(braid.InvalidArgumentError) as e:
+                scheduler.report
+            self.assertIn("has not run yet", str(e.exception))
+            with self.assertRaises(braid.InvalidArgumentError):
+                scheduler.program()
+        with self.assertRaises(braid.InvalidArgumentError):
+            scheduler.run()  # closed
+
+    def test_plan_that_is_not_colocated(self):
+        with llava_config() as config, braid.plan(config, "megatron", tp=8, pp=4) as p:
+            with self.assertRaises(braid.UnsupportedError) as e:
+                p.bubble_scheduler()
+            self.assertIn("colocated", str(e.exception))
+            self.assertIn("monolithic", str(e.exception))
+            self.assertEqual(p.config._dependents, 1)  # only the plan: the failed call let go
+
+    def test_scheduler_outlives_plan_and_keeps_config(self):
+        config = braid.Config.from_file(MLLM)
+        p = braid.plan(config, "optimus")
+        scheduler = p.bubble_scheduler()
+        p.close()
+        config.close()  # deferred: the scheduler uses its cost model
+        self.assertTrue(config._handle)
+        self.assertEqual(scheduler.run()["fine_step_s"], self.report["fine_step_s"])
+        scheduler.close()
+        self.assertFalse(config._handle)  # freed with the scheduler
 
 
 if __name__ == "__main__":

@@ -37,7 +37,9 @@ const char* kUsage =
     "commands:\n"
     "  plan      choose a parallel plan for a run file and predict step time, MFU and memory\n"
     "  simulate  simulate a plan's pipeline programs: step time, idle time by cause, traces\n"
+    "  groups    the process groups of a plan on N ranks: grids, tp/dp/pp groups, links\n"
     "  info      version, ABI, build options, devices\n"
+    "  data      show samples of the generated image-caption dataset (captions, thumbnails)\n"
     "\n"
     "Run 'braid <command> --help' for a command's options. Exit status: 0 success,\n"
     "2 bad input, 3 infeasible (nothing fits), 1 internal error.\n";
@@ -65,6 +67,8 @@ int main(int argc, char** argv) {
     if (command == "plan") return run_plan(args);
     if (command == "info") return run_info(args);
     if (command == "simulate") return run_simulate(args);
+    if (command == "data") return run_data(args);
+    if (command == "groups") return run_groups(args);
   } catch (const braid::Error& e) {
     return report_error(static_cast<int>(e.status()), e.what());
   } catch (const std::exception& e) {

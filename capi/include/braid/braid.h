@@ -186,5 +186,7 @@ BRAID_API braid_status braid_plan_alternative(const braid_plan* plan, size_t ind
 #include "braid/pipeline.h"
 /* Data reordering for host data loaders. */
 #include "braid/data.h"
+/* The Optimus bubble scheduler of colocated plans. */
+#include "braid/bubble.h"
 
 #endif /* BRAID_BRAID_H */

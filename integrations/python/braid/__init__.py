@@ -12,6 +12,11 @@ A thin shim: every call goes to ``libbraid.so``; no planning happens in Python.
             # A data loader: where each sample of a global batch goes (DistTrain reordering).
             batch = p.reorder(text_tokens=[...], image_resolution=[...])
             print(batch["ranks"]["llm"], batch["microbatches"])
+        # A colocated plan: encoder work scheduled into the llm's bubbles (Optimus).
+        with braid.plan(config, strategy="optimus") as p, p.bubble_scheduler() as s:
+            print(s.run()["fine_step_s"])
+            with s.program("optimus-fine") as program:
+                print(program.stages[0]["instructions"][:4])
 
 The library is looked up, once per process, in this order:
 
@@ -56,6 +61,8 @@ __all__ = [
     "Plan",
     "Program",
     "Simulation",
+    "BubbleScheduler",
+    "BUBBLE_SCHEDULES",
     "plan",
     "version",
     "abi_version",
@@ -83,6 +90,10 @@ BUBBLE_CAUSES = ("dp_start", "dp_end", "dp_shard", "pp_warmup", "pp_cooldown", "
 
 #: The braid_reordering names; the index is the C enum value.
 REORDERINGS = ("none", "intra", "intra_inter")
+
+#: The programs of the bubble scheduler (braid_bubble_scheduler_program), the first
+#: being the default.
+BUBBLE_SCHEDULES = ("optimus-fine", "optimus-coarse", "encoder-first")
 
 # braid_instruction.flags bits.
 FLAG_NO_STORE = 1
@@ -246,11 +257,16 @@ class _ReorderStruct(ctypes.Structure):
     """Opaque braid_reorder."""
 
 
+class _BubbleSchedulerStruct(ctypes.Structure):
+    """Opaque braid_bubble_scheduler."""
+
+
 _ConfigPtr = ctypes.POINTER(_ConfigStruct)
 _PlanPtr = ctypes.POINTER(_PlanStruct)
 _ProgramPtr = ctypes.POINTER(_ProgramStruct)
 _SimulationPtr = ctypes.POINTER(_SimulationStruct)
 _ReorderPtr = ctypes.POINTER(_ReorderStruct)
+_BubbleSchedulerPtr = ctypes.POINTER(_BubbleSchedulerStruct)
 _status_t = ctypes.c_int  # braid_status (a C enum)
 _strategy_t = ctypes.c_int  # braid_strategy (a C enum)
 _opcode_t = ctypes.c_int  # braid_opcode (a C enum)
@@ -409,6 +425,23 @@ class braid_stage_result(ctypes.Structure):
     ]
 
 
+class braid_bubble_report(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("plain_step_s", ctypes.c_double),
+        ("coarse_step_s", ctypes.c_double),
+        ("fine_step_s", ctypes.c_double),
+        ("recovered_coarse", ctypes.c_double),
+        ("recovered_fine", ctypes.c_double),
+        ("bubbles_before_s", ctypes.c_double * _BUBBLE_COUNT),
+        ("bubbles_after_s", ctypes.c_double * _BUBBLE_COUNT),
+        ("scheduler_time_s", ctypes.c_double),
+        ("placements", ctypes.c_int32),
+        ("encoder_tasks", ctypes.c_int64),
+        ("tp_bubble_tasks", ctypes.c_int64),
+    ]
+
+
 _P = ctypes.POINTER
 # name: (restype, argtypes), one entry per function of braid.h.
 _SIGNATURES = {
@@ -449,6 +482,11 @@ _SIGNATURES = {
     "braid_reorder_cells": (_status_t, [_ReorderPtr, _P(ctypes.c_int32), ctypes.c_size_t]),
     "braid_reorder_microbatches": (_status_t, [_ReorderPtr, _P(ctypes.c_int32), ctypes.c_size_t]),
     "braid_reorder_order": (_status_t, [_ReorderPtr, ctypes.c_size_t, _P(ctypes.c_int32), ctypes.c_size_t]),
+    "braid_bubble_scheduler_create": (_status_t, [_PlanPtr, _P(_BubbleSchedulerPtr)]),
+    "braid_bubble_scheduler_destroy": (_status_t, [_BubbleSchedulerPtr]),
+    "braid_bubble_scheduler_run": (_status_t, [_BubbleSchedulerPtr]),
+    "braid_bubble_scheduler_report": (_status_t, [_BubbleSchedulerPtr, _P(braid_bubble_report)]),
+    "braid_bubble_scheduler_program": (_status_t, [_BubbleSchedulerPtr, ctypes.c_char_p, _P(_ProgramPtr)]),
 }
 
 # ---- loading the library ------------------------------------------------------------------
@@ -846,6 +884,22 @@ class Plan(_OwnedHandle):
         _check(self._lib, self._lib.braid_program_create(self._ptr(), name, ctypes.byref(out)))
         return Program(out, self)
 
+    def bubble_scheduler(self) -> "BubbleScheduler":
+        """The Optimus bubble scheduler of this plan, which must be colocated (strategy
+        optimus, or an auto plan that optimus won); call :meth:`BubbleScheduler.run`.
+        Raises :class:`UnsupportedError` for any other plan."""
+        ptr = self._ptr()
+        config = self._config
+        with config._lock:  # the C scheduler uses the config's cost model: keep it alive, even once closed
+            config._dependents += 1
+        out = _BubbleSchedulerPtr()
+        try:
+            _check(self._lib, self._lib.braid_bubble_scheduler_create(ptr, ctypes.byref(out)))
+        except BaseException:
+            config._release()
+            raise
+        return BubbleScheduler(out, self)
+
     def reorder(self, image_resolution: Optional[Sequence[int]] = None, text_tokens: Optional[Sequence[int]] = None,
                 audio_tokens: Optional[Sequence[int]] = None,
                 generated_image_resolution: Optional[Sequence[int]] = None,
@@ -962,7 +1016,8 @@ def _bubbles(values: Any) -> Dict[str, float]:
 
 class Program(_SharedHandle):
     """A pipeline program (braid_program): per stage, the ordered instructions its
-    devices execute in one training step. Made by :meth:`Plan.program`.
+    devices execute in one training step. Made by :meth:`Plan.program` and
+    :meth:`BubbleScheduler.program`.
 
     The C program is self-contained; this object also keeps its :class:`Plan` (and so
     its :class:`Config`) alive. ``close()`` (or leaving a ``with`` block) frees it once
@@ -1067,6 +1122,78 @@ class Program(_SharedHandle):
         if self.closed:
             return "<braid.Program (closed)>"
         return f"<braid.Program {self.schedule}, {self._stage_count()} stages>"
+
+
+class BubbleScheduler(_OwnedHandle):
+    """The Optimus bubble scheduler (braid_bubble_scheduler) of a colocated plan: the
+    encoders' work, cut into kernel-sized tasks, placed into the llm pipeline's bubbles.
+    Made by :meth:`Plan.bubble_scheduler`. Keeps the plan's :class:`Config` alive (the
+    plan itself may be closed first). ``close()`` (or leaving a ``with`` block) frees it."""
+
+    def __init__(self, handle: "_BubbleSchedulerPtr", plan: Plan) -> None:
+        self._lib = plan._lib
+        self._handle = handle
+        self._plan = plan
+        self._owner = plan._config  # retained by Plan.bubble_scheduler
+
+    def _free(self, handle: "_BubbleSchedulerPtr") -> None:
+        self._lib.braid_bubble_scheduler_destroy(handle)
+
+    @property
+    def plan(self) -> Plan:
+        return self._plan
+
+    def run(self) -> Dict[str, Any]:
+        """Schedules the plan (once: later calls return at once) and returns :attr:`report`.
+        Raises :class:`BadConfigError` when the plan cannot run as a colocated program."""
+        _check(self._lib, self._lib.braid_bubble_scheduler_run(self._ptr()))
+        return self.report
+
+    @property
+    def report(self) -> Dict[str, Any]:
+        """plain_step_s, coarse_step_s, fine_step_s (simulated step of "encoder-first",
+        "optimus-coarse", "optimus-fine"), recovered_coarse and recovered_fine (share of
+        encoder-first's idle time each pass turned into work), bubbles_before and
+        bubbles_after (idle seconds per device by cause, keyed by :data:`BUBBLE_CAUSES`, of
+        encoder-first and optimus-fine), scheduler_time_s, placements (placements
+        simulated), encoder_tasks (per step on the busiest device) and tp_bubble_tasks
+        (optimus-fine's tasks inside TP collective waits). Raises
+        :class:`InvalidArgumentError` before :meth:`run`."""
+        r = braid_bubble_report()
+        r.struct_size = ctypes.sizeof(braid_bubble_report)
+        _check(self._lib, self._lib.braid_bubble_scheduler_report(self._ptr(), ctypes.byref(r)))
+        return {
+            "plain_step_s": r.plain_step_s,
+            "coarse_step_s": r.coarse_step_s,
+            "fine_step_s": r.fine_step_s,
+            "recovered_coarse": r.recovered_coarse,
+            "recovered_fine": r.recovered_fine,
+            "bubbles_before": _bubbles(r.bubbles_before_s),
+            "bubbles_after": _bubbles(r.bubbles_after_s),
+            "scheduler_time_s": r.scheduler_time_s,
+            "placements": r.placements,
+            "encoder_tasks": r.encoder_tasks,
+            "tp_bubble_tasks": r.tp_bubble_tasks,
+        }
+
+    def program(self, schedule: Optional[str] = None) -> Program:
+        """The scheduled step as a :class:`Program`: ``schedule`` is one of
+        :data:`BUBBLE_SCHEDULES` (None or "": "optimus-fine"). Its ENCODER_TASK
+        instructions say which encoder work runs where. Needs :meth:`run` first."""
+        if schedule is not None and not isinstance(schedule, (str, bytes)):
+            raise InvalidArgumentError(
+                ERR_INVALID_ARGUMENT,
+                f"schedule must be a name ({', '.join(BUBBLE_SCHEDULES)}), not {type(schedule).__name__}",
+            )
+        name = None if schedule is None else (schedule.encode("utf-8") if isinstance(schedule, str) else schedule)
+        out = _ProgramPtr()
+        _check(self._lib, self._lib.braid_bubble_scheduler_program(self._ptr(), name, ctypes.byref(out)))
+        return Program(out, self._plan)
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<braid.BubbleScheduler (closed)>"
+        return f"<braid.BubbleScheduler of {self._plan!r}>"
 
 
 class Simulation(_OwnedHandle):

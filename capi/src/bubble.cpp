@@ -1,0 +1,113 @@
+// braid_bubble_scheduler_*: the Optimus bubble scheduler of a colocated plan, its
+// report, and its scheduled programs as braid_program handles.
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "capi/src/guard.hpp"
+#include "capi/src/handles.hpp"
+
+namespace {
+
+std::string schedule_choices() {
+  std::string out;
+  for (const auto& name : braid::bubble::schedule_names()) out += (out.empty() ? "'" : ", '") + name + "'";
+  return out;
+}
+
+void copy_bubbles(const std::array<double, braid::sim::kCauseCount>& from, double (&to)[BRAID_BUBBLE_COUNT]) {
+  static_assert(BRAID_BUBBLE_COUNT == braid::sim::kCauseCount);  // same order: checked in pipeline.cpp
+  for (std::size_t c = 0; c < from.size(); ++c) to[c] = from[c];
+}
+
+}  // namespace
+
+extern "C" {
+
+BRAID_API braid_status braid_bubble_scheduler_create(const braid_plan* plan, braid_bubble_scheduler** out) {
+  BRAID_API_BEGIN
+  BRAID_REQUIRE(out, "out is NULL");
+  *out = nullptr;
+  BRAID_REQUIRE(plan, "plan is NULL");
+  const auto& chosen = plan->result.best;
+  if (chosen.layout != braid::plan::Layout::colocated) {
+    throw braid::Error(braid::Status::unsupported,
+                       std::string("the bubble scheduler takes a colocated plan (strategy optimus); this plan is ") +
+                           braid::plan::layout_name(chosen.layout) + " (strategy " +
+                           braid::plan::strategy_name(chosen.strategy) + ")");
+  }
+  auto scheduler = std::make_unique<braid_bubble_scheduler>();
+  scheduler->config = plan->config;
+  scheduler->plan = chosen;
+  *out = scheduler.release();
+  return BRAID_OK;
+  BRAID_API_END
+}
+
+BRAID_API braid_status braid_bubble_scheduler_destroy(braid_bubble_scheduler* scheduler) {
+  delete scheduler;
+  return BRAID_OK;
+}
+
+BRAID_API braid_status braid_bubble_scheduler_run(braid_bubble_scheduler* scheduler) {
+  BRAID_API_BEGIN
+  BRAID_REQUIRE(scheduler, "scheduler is NULL");
+  std::lock_guard<std::mutex> lock(scheduler->mutex);
+  if (scheduler->schedules) return BRAID_OK;
+  scheduler->schedules =
+      std::make_unique<braid::bubble::Schedules>(braid::bubble::schedule(*scheduler->config->cost, scheduler->plan));
+  return BRAID_OK;
+  BRAID_API_END
+}
+
+BRAID_API braid_status braid_bubble_scheduler_report(const braid_bubble_scheduler* scheduler,
+                                                     braid_bubble_report* report) {
+  BRAID_API_BEGIN
+  BRAID_REQUIRE(scheduler, "scheduler is NULL");
+  BRAID_REQUIRE_STRUCT(report, braid_bubble_report, offsetof(braid_bubble_report, plain_step_s) + sizeof(double));
+  std::lock_guard<std::mutex> lock(scheduler->mutex);
+  BRAID_REQUIRE(scheduler->schedules, "the scheduler has not run yet; call braid_bubble_scheduler_run first");
+  const auto& r = scheduler->schedules->report;
+  braid_bubble_report v = BRAID_BUBBLE_REPORT_INIT;
+  v.plain_step_s = r.plain_step_s;
+  v.coarse_step_s = r.coarse_step_s;
+  v.fine_step_s = r.fine_step_s;
+  v.recovered_coarse = r.recovered_coarse;
+  v.recovered_fine = r.recovered_fine;
+  copy_bubbles(r.bubbles_before, v.bubbles_before_s);
+  copy_bubbles(r.bubbles_after, v.bubbles_after_s);
+  v.scheduler_time_s = r.scheduler_time_s;
+  v.placements = r.rounds;
+  v.encoder_tasks = r.encoder_tasks;
+  v.tp_bubble_tasks = r.tp_bubble_tasks;
+  braid::capi::copy_out(v, report);
+  return BRAID_OK;
+  BRAID_API_END
+}
+
+BRAID_API braid_status braid_bubble_scheduler_program(const braid_bubble_scheduler* scheduler, const char* schedule,
+                                                      braid_program** out) {
+  BRAID_API_BEGIN
+  BRAID_REQUIRE(out, "out is NULL");
+  *out = nullptr;
+  BRAID_REQUIRE(scheduler, "scheduler is NULL");
+  const auto names = braid::bubble::schedule_names();
+  const std::string name = schedule && *schedule ? schedule : names.front();
+  BRAID_REQUIRE(std::find(names.begin(), names.end(), name) != names.end(),
+                "schedule '" + name + "' is not one of the bubble scheduler's: " + schedule_choices());
+  std::lock_guard<std::mutex> lock(scheduler->mutex);
+  BRAID_REQUIRE(scheduler->schedules, "the scheduler has not run yet; call braid_bubble_scheduler_run first");
+  auto program = std::make_unique<braid_program>();
+  program->program = braid::bubble::program_named(*scheduler->schedules, name);
+  for (const auto& st : program->program.stages) {
+    program->prev.emplace_back(st.prev.begin(), st.prev.end());
+    program->next.emplace_back(st.next.begin(), st.next.end());
+  }
+  *out = program.release();
+  return BRAID_OK;
+  BRAID_API_END
+}
+
+}  // extern "C"
