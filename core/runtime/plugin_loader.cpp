@@ -65,7 +65,8 @@ std::vector<std::string> plugin_search_path() {
   return dirs;
 }
 
-std::unique_ptr<DevicePlugin> load_device_plugin(const std::string& name) {
+PluginLibrary open_plugin(const std::string& name, const char* symbol, const char* kind,
+                          const std::function<std::string(const void*)>& check) {
   const std::string file = "libbraid-" + name + ".so";
   std::string tried;
   for (const auto& dir : plugin_search_path()) {
@@ -80,28 +81,38 @@ std::unique_ptr<DevicePlugin> load_device_plugin(const std::string& name) {
       tried += "\n  " + path + ": cannot load: " + (e ? e : "unknown dlopen error");
       continue;
     }
-    auto* api = static_cast<const braid_device_plugin_v1*>(dlsym(handle, BRAID_DEVICE_PLUGIN_SYMBOL_V1));
+    const void* api = dlsym(handle, symbol);
     if (!api) {
       dlclose(handle);
-      tried += "\n  " + path +
-               ": does not export " BRAID_DEVICE_PLUGIN_SYMBOL_V1 " (not a braid device plugin, or another version)";
+      tried += "\n  " + path + ": does not export " + symbol + " (not a braid " + kind + " plugin, or another version)";
       continue;
     }
-    if (api->interface_version != 1 || !api->init || !api->device_count || !api->device_properties || !api->self_test) {
+    if (std::string why = check(api); !why.empty()) {
       dlclose(handle);
-      tried += "\n  " + path + ": incompatible: interface version " + std::to_string(api->interface_version) +
-               " or missing functions (this braid reads version 1)";
+      tried += "\n  " + path + ": incompatible: " + why;
       continue;
     }
-    std::unique_ptr<DevicePlugin> plugin(new DevicePlugin());
-    plugin->handle_ = handle;
-    plugin->api_ = api;
-    plugin->path_ = path;
-    char error[512] = "";
-    if (api->init(error, sizeof error) != 0) plugin->unavailable_ = error[0] ? error : "initialisation failed";
-    return plugin;
+    return {handle, api, path};
   }
   throw Error(Status::plugin, "no usable " + file + " (set BRAID_PLUGIN_PATH to the folder that holds it):" + tried);
+}
+
+std::unique_ptr<DevicePlugin> load_device_plugin(const std::string& name) {
+  PluginLibrary lib = open_plugin(name, BRAID_DEVICE_PLUGIN_SYMBOL_V1, "device", [](const void* p) -> std::string {
+    auto* api = static_cast<const braid_device_plugin_v1*>(p);
+    if (api->interface_version != 1 || !api->init || !api->device_count || !api->device_properties || !api->self_test) {
+      return "interface version " + std::to_string(api->interface_version) +
+             " or missing functions (this braid reads version 1)";
+    }
+    return "";
+  });
+  std::unique_ptr<DevicePlugin> plugin(new DevicePlugin());
+  plugin->handle_ = lib.handle;
+  plugin->api_ = static_cast<const braid_device_plugin_v1*>(lib.api);
+  plugin->path_ = lib.path;
+  char error[512] = "";
+  if (plugin->api_->init(error, sizeof error) != 0) plugin->unavailable_ = error[0] ? error : "initialisation failed";
+  return plugin;
 }
 
 }  // namespace braid::runtime

@@ -4,6 +4,7 @@
 // and why each candidate failed.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,18 @@ class DevicePlugin {
 
 // Folders searched for plugins, in order.
 std::vector<std::string> plugin_search_path();
+
+// A plugin library opened with dlopen and the interface struct it exports.
+struct PluginLibrary {
+  void* handle = nullptr;
+  const void* api = nullptr;
+  std::string path;
+};
+// Opens the first libbraid-<name>.so on the search path that exports `symbol` and whose
+// struct `check` accepts (it returns "" or why not: "interface version 2, ..."). Throws
+// Error(Status::plugin) naming every file tried and why it was not used.
+PluginLibrary open_plugin(const std::string& name, const char* symbol, const char* kind,
+                          const std::function<std::string(const void* api)>& check);
 // Loads libbraid-<name>.so; throws Error(Status::plugin) naming every file tried and why.
 std::unique_ptr<DevicePlugin> load_device_plugin(const std::string& name);
 

@@ -1,0 +1,271 @@
+// The MPI communication plugin in real processes: run by ctest as `mpiexec -n 2` and
+// `-n 4`, and plainly as a singleton. argv[1] is the process count to expect. This
+// program does not link MPI: the plugin brings it, as it does in libbraid.so hosts.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/mpi/checks.hpp"
+
+namespace braid {
+namespace {
+
+using runtime::Communicator;
+using runtime::ReduceOp;
+using runtime::Request;
+using runtime::World;
+
+template <class T>
+std::span<const std::byte> bytes_of(const std::vector<T>& v) {
+  return std::as_bytes(std::span<const T>(v));
+}
+template <class T>
+std::span<std::byte> bytes_of(std::vector<T>& v) {
+  return std::as_writable_bytes(std::span<T>(v));
+}
+
+void world_shape(World& world, int expected_size, test::Checks& check) {
+  check(world.size() == expected_size,
+        "world size " + std::to_string(world.size()) + ", launched with " + std::to_string(expected_size));
+  check(world.rank() >= 0 && world.rank() < world.size(), "rank " + std::to_string(world.rank()) + " out of range");
+  // ctest starts every process on this machine.
+  check(world.local_size() == world.size(), "local size " + std::to_string(world.local_size()));
+  check(world.local_rank() == world.rank(), "local rank " + std::to_string(world.local_rank()));
+  check(world.bootstrap().find("mpi plugin") == 0 && world.bootstrap().find("libbraid-mpi.so") != std::string::npos,
+        "bootstrap: " + world.bootstrap());
+  Communicator& comm = world.communicator();
+  check(comm.rank() == world.rank() && comm.size() == world.size(), "world communicator rank/size");
+  // Every rank sees the same world: the sum of ranks is the closed form.
+  std::vector<std::int64_t> sum = {world.rank(), 1};
+  comm.allreduce(std::span<std::int64_t>(sum));
+  const std::int64_t n = world.size();
+  check(sum[0] == n * (n - 1) / 2 && sum[1] == n, "sum of ranks " + std::to_string(sum[0]));
+  check.passed("world");
+}
+
+void ring(World& world, test::Checks& check) {
+  Communicator& comm = world.communicator();
+  const int n = comm.size(), r = comm.rank();
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  std::vector<double> out(1000), in(1000, -1);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = r * 1e4 + double(i);
+  // Receive first, then send: non-blocking on both sides, any order completes.
+  Request recv = comm.irecv(bytes_of(in), prev, 7);
+  Request send = comm.isend(bytes_of(out), next, 7);
+  send.wait();
+  recv.wait();
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    if (in[i] != prev * 1e4 + double(i))
+      check(false,
+            "ring: element " + std::to_string(i) + " from " + std::to_string(prev) + " is " + std::to_string(in[i]));
+  }
+  check(true, "ring");
+  check.passed("send/recv ring");
+}
+
+void allreduce(World& world, test::Checks& check) {
+  Communicator& comm = world.communicator();
+  const int n = comm.size(), r = comm.rank();
+  // x_r[i] = r + i: integers, exact in float; sum over ranks = n(n-1)/2 + n*i.
+  const std::size_t count = 4099;
+  std::vector<float> xf(count), sf(count, -1);
+  std::vector<double> xd(count);
+  for (std::size_t i = 0; i < count; ++i) xf[i] = float(r) + float(i), xd[i] = 0.5 * r - double(i);
+  comm.iallreduce<float>(xf, sf).wait();
+  Request in_place = comm.iallreduce(std::span<double>(xd));
+  in_place.wait();
+  for (std::size_t i = 0; i < count; ++i) {
+    const double want_f = n * (n - 1) / 2.0 + double(n) * double(i);
+    const double want_d = 0.25 * n * (n - 1) - double(n) * double(i);
+    if (sf[i] != float(want_f)) check(false, "float sum[" + std::to_string(i) + "] = " + std::to_string(sf[i]));
+    if (xd[i] != want_d) check(false, "double sum[" + std::to_string(i) + "] = " + std::to_string(xd[i]));
+  }
+  std::vector<float> mx = {float(r), -float(r)};
+  comm.allreduce(std::span<float>(mx), ReduceOp::max);
+  check(mx[0] == float(n - 1) && mx[1] == 0.f, "max: " + std::to_string(mx[0]) + ", " + std::to_string(mx[1]));
+  std::vector<std::int32_t> mn = {r + 5};
+  comm.allreduce(std::span<std::int32_t>(mn), ReduceOp::min);
+  check(mn[0] == 5, "min: " + std::to_string(mn[0]));
+  check.passed("all-reduce (float32, float64 in place, max, min)");
+}
+
+void allgather_and_broadcast(World& world, test::Checks& check) {
+  Communicator& comm = world.communicator();
+  const int n = comm.size(), r = comm.rank();
+  std::vector<std::int32_t> mine = {r, r * r, -r}, all(3 * n, 99);
+  Request gather = comm.iallgather(bytes_of(mine), bytes_of(all));
+  // Poll with test(): a request finished that way blocked for no time.
+  while (!gather.test()) std::this_thread::yield();
+  check(!gather.pending() && gather.waited_seconds() == 0, "test() completes without recorded waiting");
+  for (int q = 0; q < n; ++q) {
+    check(all[3 * q] == q && all[3 * q + 1] == q * q && all[3 * q + 2] == -q,
+          "all-gather block " + std::to_string(q) + ": " + std::to_string(all[3 * q]));
+  }
+  std::vector<char> text(32, '\0');
+  const int root = n - 1;
+  if (r == root) std::snprintf(text.data(), text.size(), "from rank %d", root);
+  comm.broadcast(bytes_of(text), root);
+  check(std::string(text.data()) == "from rank " + std::to_string(root), "broadcast: " + std::string(text.data()));
+  check.passed("all-gather, broadcast");
+}
+
+void groups(World& world, test::Checks& check) {
+  const int n = world.size(), r = world.rank();
+  // Even and odd world ranks: each process creates only the group it belongs to.
+  std::vector<int> members;
+  for (int q = r % 2; q < n; q += 2) members.push_back(q);
+  Communicator parity = world.group(members);
+  const int k = int(members.size());
+  check(parity.size() == k, "parity group size " + std::to_string(parity.size()) + ", expected " + std::to_string(k));
+  check(parity.world_ranks()[parity.rank()] == r, "parity group rank " + std::to_string(parity.rank()));
+  std::vector<double> v = {double(r), 1.0};
+  parity.allreduce(std::span<double>(v));
+  // Sum of p, p+2, ..., p+2(k-1) for parity p.
+  const double want = k * (r % 2) + 2.0 * k * (k - 1) / 2;
+  check(v[0] == want && v[1] == k, "parity group sum " + std::to_string(v[0]) + ", expected " + std::to_string(want));
+
+  // Overlapping groups {q, q+1 mod n}, created by their members in increasing q.
+  if (n >= 2) {
+    for (int q = 0; q < n; ++q) {
+      const int a = q, b = (q + 1) % n;
+      if (r != a && r != b) continue;
+      Communicator pair = world.group({a, b});
+      check(pair.size() == 2 && pair.rank() == (r == a ? 0 : 1),
+            "pair group {" + std::to_string(a) + "," + std::to_string(b) + "} rank " + std::to_string(pair.rank()));
+      std::vector<std::int64_t> s = {r};
+      pair.allreduce(std::span<std::int64_t>(s));
+      check(s[0] == a + b, "pair group sum " + std::to_string(s[0]));
+    }
+  }
+  // A process may only create a group it belongs to.
+  if (n >= 2) {
+    check.error([&] { world.group({(r + 1) % n}); }, Status::plugin, "is not among the 1 listed ranks");
+  }
+  check.error([&] { world.group({r, r}); }, Status::plugin, "listed twice");
+  check.error([&] { world.group({r, n}); }, Status::plugin, "is not a rank of the " + std::to_string(n));
+  check.passed("groups from rank lists (even/odd, overlapping pairs)");
+}
+
+void waiting_is_measured(World& world, test::Checks& check) {
+  Communicator& comm = world.communicator();
+  const int n = comm.size(), r = comm.rank();
+  if (n < 2) {
+    if (r == 0) std::printf("skip waiting time (needs 2 processes)\n");
+    return;
+  }
+  using Clock = std::chrono::steady_clock;
+  constexpr double delay = 0.3;
+  std::vector<std::int32_t> token(4, r);
+  const auto entered = Clock::now();
+  comm.barrier();
+  if (r == n - 1) {
+    // The sender leaves the barrier only after rank 0 entered it, then sleeps: rank 0's
+    // receive cannot complete before entered + delay.
+    std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+    comm.send(bytes_of(token), 0, 3);
+  } else if (r == 0) {
+    Request recv = comm.irecv(bytes_of(token), n - 1, 3);
+    const auto before = Clock::now();
+    const double waited = recv.wait();
+    const double owed = delay - std::chrono::duration<double>(before - entered).count();
+    check(waited == recv.waited_seconds(), "wait() returns what waited_seconds() records");
+    // Half the causal minimum: the clock reads around wait() are not the plugin's.
+    check(waited > 0 && (owed <= 0 || waited >= 0.5 * owed), "waited " + std::to_string(waited) +
+                                                                 " s, but the message could not arrive for another " +
+                                                                 std::to_string(owed) + " s");
+    check(token[0] == n - 1, "token from rank " + std::to_string(token[0]));
+  }
+  comm.barrier();
+  check.passed("waiting time recorded");
+}
+
+void errors_come_back(World& world, test::Checks& check) {
+  Communicator& comm = world.communicator();
+  const int n = comm.size(), r = comm.rank();
+  check.error([&] { comm.isend({}, n, 0); }, Status::invalid_argument, "peer " + std::to_string(n) + " is not a rank");
+  std::vector<float> a(3), b(4);
+  check.error([&] { comm.iallreduce<float>(a, b); }, Status::invalid_argument, "send has 3 elements, recv 4");
+  // The plugin itself refuses bad arguments with a message, without aborting.
+  braid_comm_v1* handle = nullptr;
+  auto plugin = runtime::load_comm_plugin("mpi");  // the same library, already initialised by `world`
+  const auto& api = plugin->api();
+  check(api.comm_world(&handle) == 0, "comm_world");
+  braid_comm_request_v1* request = nullptr;
+  check(api.irecv(handle, a.data(), 4, n + 3, 0, &request) != 0 && request == nullptr, "bad peer is refused");
+  check(std::string(api.last_error()).find("is not a rank of this " + std::to_string(n) + "-rank") != std::string::npos,
+        std::string("last_error: ") + api.last_error());
+  check(api.iallreduce(handle, a.data(), a.data(), 3, 17, BRAID_COMM_SUM, &request) != 0, "unknown dtype refused");
+  check(std::string(api.last_error()).find("unknown dtype 17") != std::string::npos, api.last_error());
+  if (n >= 2) {
+    // Messages of the wrong length fail the receive with MPI's message; the job goes on.
+    std::vector<std::int32_t> two(2, 1), four(4, 0);
+    if (r == 0) {
+      comm.send(bytes_of(two), 1, 11);   // shorter than the receive
+      comm.send(bytes_of(four), 1, 12);  // longer than the receive
+    } else if (r == 1) {
+      Request shorter = comm.irecv(bytes_of(four), 0, 11);
+      check.error([&] { shorter.wait(); }, Status::plugin, "received 8 bytes, expected 16");
+      check(!shorter.pending(), "a failed request is released");
+      Request longer = comm.irecv(bytes_of(two), 0, 12);
+      check.error([&] { longer.wait(); }, Status::plugin, "irecv of 8 bytes from rank 0 (tag 12) failed");
+      check(!longer.pending(), "a failed request is released");
+    }
+    comm.barrier();
+  }
+  check.passed("errors come back as messages");
+}
+
+}  // namespace
+}  // namespace braid
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s EXPECTED_PROCESS_COUNT (run it under mpiexec -n N, or alone with 1)\n", argv[0]);
+    return 2;
+  }
+  const int expected = std::atoi(argv[1]);
+  std::optional<braid::runtime::World> world;
+  try {
+    world.emplace(braid::runtime::World::from_plugin("mpi"));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  braid::test::Checks check(*world);
+  try {
+    if (world->rank() == 0) std::printf("%s\n", world->bootstrap().c_str());
+    braid::world_shape(*world, expected, check);
+    braid::ring(*world, check);
+    braid::allreduce(*world, check);
+    braid::allgather_and_broadcast(*world, check);
+    braid::groups(*world, check);
+    braid::waiting_is_measured(*world, check);
+    braid::errors_come_back(*world, check);
+    world->communicator().barrier();
+  } catch (const std::exception& e) {
+    check(false, std::string("unexpected error: ") + e.what());
+  }
+  const bool first = world->rank() == 0;
+  if (first) std::printf("all %d checks passed on rank 0\n", check.count());
+  world.reset();  // the plugin started MPI, so this ends it
+  try {
+    braid::runtime::World::from_plugin("mpi");
+    std::fprintf(stderr, "FAILED: MPI started again after MPI_Finalize\n");
+    return 1;
+  } catch (const braid::Error& e) {
+    if (std::string(e.what()).find("MPI was already finalized in this process and cannot start again") ==
+        std::string::npos) {
+      std::fprintf(stderr, "FAILED: a second start after MPI_Finalize: %s\n", e.what());
+      return 1;
+    }
+  }
+  if (first) std::printf("ok a second start after MPI_Finalize is refused\n");
+  return 0;
+}
