@@ -26,6 +26,8 @@ class HostOps final : public Ops {
   void l2_normalize_forward(const Tensor& x, Tensor& y) override;
   void l2_normalize_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override;
 
+  void add(Tensor& y, const Tensor& x) override;
+
   void gelu_forward(const Tensor& x, Tensor& y) override;
   void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override;
 

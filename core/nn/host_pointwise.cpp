@@ -1,4 +1,4 @@
-// Row-wise and element-wise ops: layer norm, L2 normalisation, GELU.
+// Row-wise and element-wise ops: layer norm, L2 normalisation, addition, GELU.
 #include <algorithm>
 #include <cmath>
 
@@ -126,6 +126,13 @@ void HostOps::l2_normalize_backward(const Tensor& x, const Tensor& dy, Tensor& d
     const auto inv = static_cast<float>(1.0 / norm), proj = static_cast<float>(dot / sq);
     for (int64_t i = 0; i < f; ++i) dxr[i] = (dyr[i] - xr[i] * proj) * inv;
   }
+}
+
+void HostOps::add(Tensor& y, const Tensor& x) {
+  expect_shape(x, y.shape, "add", "x");
+  float* out = y.ptr();
+  const float* in = x.ptr();
+  for (int64_t i = 0; i < y.numel(); ++i) out[i] += in[i];
 }
 
 void HostOps::gelu_forward(const Tensor& x, Tensor& y) {

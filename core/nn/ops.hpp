@@ -36,7 +36,8 @@ struct AttentionSaved {
 
 // Gradients of the distributed contrastive loss (all overwritten). The caller adds
 // `all_image`/`all_text` rows back to the ranks that own them (a reduce-scatter of sums),
-// then adds its own rows to `local_image`/`local_text`.
+// then adds its own rows to `local_image`/`local_text`. Only that sum is defined: with one
+// rank (n = N) an implementation may put the whole gradient in local_* and zeros in all_*.
 struct ContrastiveGrads {
   Tensor local_image;              // (n, E)
   Tensor local_text;               // (n, E)
@@ -81,6 +82,10 @@ class Ops {
   // Over the last axis: y = x / max(|x|, 1e-12), as torch.nn.functional.normalize.
   virtual void l2_normalize_forward(const Tensor& x, Tensor& y) = 0;
   virtual void l2_normalize_backward(const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+
+  // y += x, element-wise, same shapes: residual connections, and gradients that flow into
+  // one tensor along several paths.
+  virtual void add(Tensor& y, const Tensor& x) = 0;
 
   // GELU, tanh approximation (GPT-2; PyTorch approximate="tanh"):
   // y = x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))).

@@ -1,4 +1,5 @@
-// Softmax cross-entropy of one row of logits, shared by the token and contrastive losses.
+// Softmax cross-entropy of one row of logits, for the token loss (the contrastive loss has
+// its own vectorised passes in host_contrastive.cpp).
 #pragma once
 
 #include <algorithm>

@@ -108,6 +108,7 @@ void read_transformer(const Node& n, ModuleSpec& m) {
 ModuleSpec parse_module(const Node& n) {
   ModuleSpec m;
   m.where = n.where();
+  m.path = n.path();
   n.expect_keys({"name",
                  "role",
                  "modality",
@@ -125,6 +126,8 @@ ModuleSpec parse_module(const Node& n) {
                  "embed_dim",
                  "downsample",
                  "latent_downsample",
+                 "max_positions",
+                 "max_image_size",
                  "frozen",
                  "loss",
                  "inputs"});
@@ -151,10 +154,21 @@ ModuleSpec parse_module(const Node& n) {
       if (m.modality == Modality::image) {
         m.patch_size = static_cast<int>(n.at("patch_size").as_int_at_least(1));
         if (auto c = n.find("channels")) m.channels = static_cast<int>(c->as_int_at_least(1));
-        require_absent({"vocab"});
-      } else if (m.modality == Modality::text) {
-        m.vocab = positive_int(n, "vocab");
-        require_absent({"patch_size", "channels"});
+        if (auto s = n.find("max_image_size")) {
+          m.max_image_size = static_cast<int>(s->as_int_at_least(1));
+          if (m.max_image_size < m.patch_size) {
+            s->fail("must be at least the patch size " + std::to_string(m.patch_size) + " (got " +
+                    std::to_string(m.max_image_size) + ")");
+          }
+        }
+        require_absent({"vocab", "max_positions"});
+      } else {
+        if (m.modality == Modality::text) {
+          m.vocab = positive_int(n, "vocab");
+          require_absent({"patch_size", "channels"});
+        }
+        if (auto p = n.find("max_positions")) m.max_positions = static_cast<int>(p->as_int_at_least(1));
+        require_absent({"max_image_size"});
       }
       if (auto e = n.find("embed_dim")) m.embed_dim = static_cast<int>(e->as_int_at_least(1));
       require_absent({"downsample", "latent_downsample", "loss"});
@@ -166,7 +180,8 @@ ModuleSpec parse_module(const Node& n) {
       m.ffn = n.has("ffn") ? static_cast<int>(n.at("ffn").as_int_at_least(1)) : m.hidden;
       if (auto d = n.find("downsample")) m.downsample = static_cast<int>(d->as_int_at_least(1));
       if (m.inputs.size() != 1) n.at("inputs").fail("a projector takes exactly one input module");
-      require_absent({"heads", "kv_groups", "vocab", "patch_size", "embed_dim", "causal", "loss"});
+      require_absent({"heads", "kv_groups", "vocab", "patch_size", "embed_dim", "causal", "loss", "max_positions",
+                      "max_image_size"});
       break;
     }
     case Role::llm: {
@@ -174,7 +189,9 @@ ModuleSpec parse_module(const Node& n) {
       m.vocab = positive_int(n, "vocab");
       m.causal = n.has("causal") ? n.at("causal").as_bool() : true;
       m.modality = Modality::text;
-      require_absent({"patch_size", "embed_dim", "downsample", "latent_downsample", "loss", "modality"});
+      if (auto p = n.find("max_positions")) m.max_positions = static_cast<int>(p->as_int_at_least(1));
+      require_absent(
+          {"patch_size", "embed_dim", "downsample", "latent_downsample", "loss", "modality", "max_image_size"});
       break;
     }
     case Role::generator: {
@@ -185,14 +202,15 @@ ModuleSpec parse_module(const Node& n) {
       m.channels = n.has("channels") ? static_cast<int>(n.at("channels").as_int_at_least(1)) : 4;
       if (auto d = n.find("latent_downsample")) m.latent_downsample = static_cast<int>(d->as_int_at_least(1));
       if (m.inputs.size() != 1) n.at("inputs").fail("a generator takes exactly one input module (the llm)");
-      require_absent({"vocab", "embed_dim", "downsample", "loss", "causal"});
+      require_absent({"vocab", "embed_dim", "downsample", "loss", "causal", "max_positions", "max_image_size"});
       break;
     }
     case Role::loss: {
       m.loss = n.at("loss").as_choice({"contrastive"});
       if (m.inputs.size() < 2) n.at("inputs").fail("a contrastive loss joins at least two encoders");
       require_absent({"layers", "hidden", "ffn", "heads", "kv_groups", "vocab", "patch_size", "embed_dim", "downsample",
-                      "latent_downsample", "modality", "mlp", "causal", "dropout", "frozen"});
+                      "latent_downsample", "modality", "mlp", "causal", "dropout", "frozen", "max_positions",
+                      "max_image_size"});
       break;
     }
   }
@@ -346,6 +364,10 @@ double module_parameters(const ModelSpec& model, const ModuleSpec& m) {
   if (m.patch_size > 0) p += double(m.patch_size) * m.patch_size * m.channels * m.hidden + m.hidden;
   if (m.role == Role::generator) p += double(m.patch_size) * m.patch_size * m.channels * m.hidden;  // unpatchify
   if (m.embed_dim > 0) p += double(m.hidden) * m.embed_dim;
+  // Learned position tables, when the model file sizes them: one row per position; an
+  // image encoder has one table for patch rows and one for patch columns (core/nn).
+  p += double(m.max_positions) * m.hidden;
+  if (m.max_image_size > 0) p += 2.0 * (m.max_image_size / m.patch_size) * m.hidden;
   return p;
 }
 

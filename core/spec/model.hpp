@@ -37,16 +37,22 @@ struct ModuleSpec {
   Mlp mlp = Mlp::gelu;
   bool causal = false;
   double dropout = 0.0;
-  int vocab = 0;              // text embedding / LM head size
-  int patch_size = 0;         // image encoders and generators
-  int channels = 3;           // image channels (generators: latent channels)
-  int embed_dim = 0;          // contrastive embedding width (output projection)
-  int downsample = 1;         // projector: input tokens per output token
+  int vocab = 0;       // text embedding / LM head size
+  int patch_size = 0;  // image encoders and generators
+  int channels = 3;    // image channels (generators: latent channels)
+  int embed_dim = 0;   // contrastive embedding width (output projection)
+  int downsample = 1;  // projector: input tokens per output token
+  // Sizes of learned position tables, needed only by the reference models (core/nn):
+  // 0 when not given. Text encoders and the llm: positions per sequence (for the llm,
+  // image tokens + text tokens); image encoders: the largest image side in pixels.
+  int max_positions = 0;
+  int max_image_size = 0;
   int latent_downsample = 8;  // generator: VAE spatial reduction
   bool frozen = false;
   std::string loss;  // role loss: "contrastive"
   std::vector<std::string> inputs;
   std::string where;  // "file:line:col" of the module entry, for messages raised later
+  std::string path;   // its field path, e.g. "model.modules[0]", for the same messages
 };
 
 struct ModelSpec {

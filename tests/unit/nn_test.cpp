@@ -503,6 +503,113 @@ TEST(NnContrastive, RankPiecesSumToTheSingleRankLoss) {
   }
 }
 
+// CLIP's loss and gradients in double straight from the formula: L = s I T^T, row and
+// column softmaxes P and Q, dL = (P + Q - 2 I) / 2N.
+struct ClipReference {
+  double loss = 0.0, dt = 0.0;
+  Tensor dimage, dtext;
+};
+
+ClipReference reference_clip_gradients(const Tensor& image, const Tensor& text, double t) {
+  const int64_t n = image.dim(0), e = image.dim(1);
+  const bool capped = t > std::log(100.0);
+  const double s = std::exp(capped ? std::log(100.0) : t);
+  std::vector<double> logits(static_cast<std::size_t>(n * n)), dl(logits.size());
+  auto at = [n](int64_t i, int64_t j) { return static_cast<std::size_t>(i * n + j); };
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double l = 0.0;
+      for (int64_t c = 0; c < e; ++c) l += static_cast<double>(image.data[i * e + c]) * text.data[j * e + c];
+      logits[at(i, j)] = s * l;
+    }
+  ClipReference r;
+  for (int direction = 0; direction < 2; ++direction)
+    for (int64_t i = 0; i < n; ++i) {  // row i of L, or column i
+      auto x = [&](int64_t j) { return direction == 0 ? logits[at(i, j)] : logits[at(j, i)]; };
+      double top = x(0), sum = 0.0;
+      for (int64_t j = 1; j < n; ++j) top = std::max(top, x(j));
+      for (int64_t j = 0; j < n; ++j) sum += std::exp(x(j) - top);
+      r.loss += top + std::log(sum) - x(i);
+      for (int64_t j = 0; j < n; ++j)
+        dl[direction == 0 ? at(i, j) : at(j, i)] += (std::exp(x(j) - top) / sum - (j == i ? 1.0 : 0.0)) / (2.0 * n);
+    }
+  r.loss /= 2.0 * n;
+  r.dimage = Tensor({n, e});
+  r.dtext = Tensor({n, e});
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < e; ++c) {
+      double di = 0.0, dx = 0.0;
+      for (int64_t j = 0; j < n; ++j) {
+        di += dl[at(i, j)] * text.data[j * e + c];
+        dx += dl[at(j, i)] * image.data[j * e + c];
+      }
+      r.dimage.data[i * e + c] = static_cast<float>(s * di);
+      r.dtext.data[i * e + c] = static_cast<float>(s * dx);
+    }
+  if (!capped)
+    for (std::size_t k = 0; k < dl.size(); ++k) r.dt += dl[k] * logits[k];
+  return r;
+}
+
+TEST(NnContrastive, LargeBatchAgainstTheFormulaOnAnyThreadCount) {
+  // 1030 rows: the single-rank op's tiles (1024 columns, groups of 1024 rows), its 4-wide
+  // loops and the 2 x 515 local rows all end ragged. Two regimes of its one-exp shortcut:
+  // scale 14.3 on random embeddings takes it everywhere; scale 100 on images clustered around
+  // one direction with text row 0 opposite to it spreads the logits over +-100, so tiles and
+  // rows fall back to one exp per softmax.
+  std::mt19937 rng(17);
+  const int64_t batch = 1030, e = 8, half = batch / 2;
+  const Tensor image = normalized({batch, e}, rng), text = normalized({batch, e}, rng);
+  Tensor clustered = random_tensor({batch, e}, rng), opposed = text;
+  for (int64_t i = 0; i < batch; ++i) clustered.data[i * e] += 3.0f;
+  for (int64_t c = 0; c < e; ++c) opposed.data[c] = c == 0 ? -1.0f : 0.0f;
+  Tensor clustered_image;
+  nn::HostOps(1).l2_normalize_forward(clustered, clustered_image);
+  struct Case {
+    const Tensor& image;
+    const Tensor& text;
+    float t;
+  };
+  nn::HostOps one(1), three(3);
+  for (const Case& c : {Case{image, text, std::log(1.0f / 0.07f)}, Case{clustered_image, opposed, 6.0f}}) {
+    SCOPED_TRACE("t = " + std::to_string(c.t));
+    const ClipReference ref = reference_clip_gradients(c.image, c.text, c.t);
+    nn::ContrastiveGrads a, b;
+    const float loss = one.contrastive_loss(c.image, c.text, c.image, c.text, 0, c.t, &a);
+    EXPECT_EQ(three.contrastive_loss(c.image, c.text, c.image, c.text, 0, c.t, &b), loss);
+    EXPECT_EQ(a.local_image.data, b.local_image.data);
+    EXPECT_EQ(a.local_text.data, b.local_text.data);
+    EXPECT_EQ(a.logit_scale_param, b.logit_scale_param);
+    EXPECT_NEAR(loss, ref.loss, 1e-5 * ref.loss);
+    EXPECT_NEAR(a.logit_scale_param, ref.dt, 1e-4 * std::abs(ref.dt));
+    Tensor dimage = a.local_image, dtext = a.local_text;
+    one.add(dimage, a.all_image);
+    one.add(dtext, a.all_text);
+    EXPECT_LT(relative_error(dimage, ref.dimage), 1e-4);
+    EXPECT_LT(relative_error(dtext, ref.dtext), 1e-4);
+
+    // The same from two ranks' local losses.
+    double pieces = 0.0, dt = 0.0;
+    Tensor dimage2({batch, e}), dtext2({batch, e});
+    for (int64_t r = 0; r < 2; ++r) {
+      nn::ContrastiveGrads g;
+      pieces += three.contrastive_loss(rows_of(c.image, r * half, half), rows_of(c.text, r * half, half), c.image,
+                                       c.text, r * half, c.t, &g);
+      dt += g.logit_scale_param;
+      three.add(dimage2, g.all_image);
+      three.add(dtext2, g.all_text);
+      for (int64_t i = 0; i < half * e; ++i) {
+        dimage2.data[r * half * e + i] += g.local_image.data[i];
+        dtext2.data[r * half * e + i] += g.local_text.data[i];
+      }
+    }
+    EXPECT_NEAR(pieces, ref.loss, 1e-5 * ref.loss);
+    EXPECT_NEAR(dt, ref.dt, 1e-4 * std::abs(ref.dt));
+    EXPECT_LT(relative_error(dimage2, ref.dimage), 1e-4);
+    EXPECT_LT(relative_error(dtext2, ref.dtext), 1e-4);
+  }
+}
+
 TEST(NnOptim, AdamWTwoStepsByHand) {
   nn::HostOps ops(1);
   nn::AdamWConfig config;

@@ -1,0 +1,102 @@
+#include "core/nn/modules/image_encoder.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "core/common/error.hpp"
+
+namespace braid::nn {
+
+ImageEncoder::ImageEncoder(ParameterStore& store, std::string name, const ImageEncoderShape& shape, bool frozen)
+    : Module(std::move(name), frozen),
+      shape_(shape),
+      patch_weight_(&param(store, "patch_embed.weight",
+                           {shape.transformer.hidden, shape.channels * shape.patch * shape.patch},
+                           Init::normal(kInitStd))),
+      patch_bias_(&param(store, "patch_embed.bias", {shape.transformer.hidden}, Init::constant(0.0f))),
+      row_table_(&param(store, "pos_embed.rows",
+                        {shape.max_image_size / std::max<int64_t>(shape.patch, 1), shape.transformer.hidden},
+                        Init::normal(kInitStd))),
+      col_table_(&param(store, "pos_embed.cols",
+                        {shape.max_image_size / std::max<int64_t>(shape.patch, 1), shape.transformer.hidden},
+                        Init::normal(kInitStd))),
+      transformer_(store, this->name(), shape.transformer, frozen) {
+  if (shape.patch < 1 || shape.max_image_size < shape.patch || shape.channels < 1)
+    throw Error(Status::invalid_argument, this->name() + ": patch " + std::to_string(shape.patch) + ", channels " +
+                                              std::to_string(shape.channels) + " and max_image_size " +
+                                              std::to_string(shape.max_image_size) + " do not make an image encoder");
+  adopt(transformer_);
+}
+
+EncoderOutput ImageEncoder::forward(Ops& ops, const Tensor& images, ImageEncoderCache& c) const {
+  const int64_t p = shape_.patch, hidden = shape_.transformer.hidden;
+  if (images.rank() != 4 || images.dim(0) < 1 || images.dim(1) != shape_.channels)
+    throw Error(Status::invalid_argument, name() + ": images must be (batch >= 1, " + std::to_string(shape_.channels) +
+                                              ", height, width), got " + shape_string(images.shape));
+  const int64_t height = images.dim(2), width = images.dim(3);
+  if (height < p || width < p || height % p != 0 || width % p != 0)
+    throw Error(Status::invalid_argument, name() + ": image sides " + std::to_string(height) + " x " +
+                                              std::to_string(width) + " are not multiples of the patch size " +
+                                              std::to_string(p));
+  if (height > shape_.max_image_size || width > shape_.max_image_size)
+    throw Error(Status::invalid_argument, name() + ": image sides " + std::to_string(height) + " x " +
+                                              std::to_string(width) + " exceed max_image_size " +
+                                              std::to_string(shape_.max_image_size));
+  const int64_t batch = images.dim(0), cols = width / p, patches = (height / p) * cols;
+  c.images = images;
+  c.batch = batch;
+  c.patches = patches;
+  c.grid_rows.resize(static_cast<std::size_t>(batch * patches));
+  c.grid_cols.resize(c.grid_rows.size());
+  c.samples.resize(c.grid_rows.size());
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t n = 0; n < patches; ++n) {
+      const auto i = static_cast<std::size_t>(b * patches + n);
+      c.grid_rows[i] = row_id(n / cols);
+      c.grid_cols[i] = row_id(n % cols);
+      c.samples[i] = row_id(b);
+    }
+
+  Tensor x;
+  ops.patch_embedding_forward(images, p, patch_weight_->value, &patch_bias_->value, x);
+  ops.add(x, reshaped(gather_rows(ops, row_table_->value, c.grid_rows), x.shape));
+  ops.add(x, reshaped(gather_rows(ops, col_table_->value, c.grid_cols), x.shape));
+
+  EncoderOutput out;
+  out.tokens = transformer_.forward(ops, x, c.transformer);
+  out.pooled = Tensor({batch, hidden});
+  scatter_add_rows(ops, c.samples, out.tokens, out.pooled);
+  ops.scale(out.pooled, 1.0f / static_cast<float>(patches));
+  return out;
+}
+
+Tensor ImageEncoder::backward(Ops& ops, const Tensor* d_tokens, const Tensor* d_pooled, const ImageEncoderCache& c,
+                              bool want_dimages) const {
+  const int64_t hidden = shape_.transformer.hidden;
+  const Shape token_shape{c.batch, c.patches, hidden};
+  if (!d_tokens && !d_pooled)
+    throw Error(Status::invalid_argument,
+                name() + ": backward needs the gradient of the tokens or of the pooled output");
+  Tensor d;
+  if (d_pooled) {  // the mean's gradient: each token gets its sample's row / N
+    expect_shape(*d_pooled, {c.batch, hidden}, "image encoder backward", "d_pooled");
+    d = reshaped(gather_rows(ops, *d_pooled, c.samples), token_shape);
+    ops.scale(d, 1.0f / static_cast<float>(c.patches));
+  }
+  if (d_tokens) {
+    expect_shape(*d_tokens, token_shape, "image encoder backward", "d_tokens");
+    if (d.data.empty())
+      d = *d_tokens;
+    else
+      ops.add(d, *d_tokens);
+  }
+  const Tensor dx = transformer_.backward(ops, d, c.transformer);
+  if (Tensor* g = row_table_->grad_or_null()) scatter_add_rows(ops, c.grid_rows, dx, *g);
+  if (Tensor* g = col_table_->grad_or_null()) scatter_add_rows(ops, c.grid_cols, dx, *g);
+  Tensor dimages;
+  ops.patch_embedding_backward(c.images, shape_.patch, patch_weight_->value, dx, want_dimages ? &dimages : nullptr,
+                               patch_weight_->grad_or_null(), patch_bias_->grad_or_null());
+  return dimages;
+}
+
+}  // namespace braid::nn
