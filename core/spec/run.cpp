@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <sstream>
 
 #include "core/common/error.hpp"
 #include "core/common/text.hpp"
@@ -251,8 +252,45 @@ DataSpec parse_data(const Node& n, const ModelSpec& model) {
   return d;
 }
 
+std::string short_number(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+TrainerSpec parse_trainer(const Node& n) {
+  n.expect_keys({"steps", "learning_rate", "warmup_steps", "min_lr_ratio", "weight_decay", "beta1", "beta2", "eps",
+                 "grad_clip", "eval_every", "eval_samples", "checkpoint_every", "keep_checkpoints", "threads"});
+  TrainerSpec t;
+  auto count = [&](const char* key, long long& v, long long min) {
+    if (auto f = n.find(key)) v = f->as_int_at_least(min);
+  };
+  auto real = [&](const char* key, double& v, double lo, double hi) {
+    if (auto f = n.find(key)) {
+      v = f->as_double();
+      if (!(v >= lo && v <= hi))
+        f->fail("must be in [" + short_number(lo) + ", " + short_number(hi) + "] (got " + short_number(v) + ")");
+    }
+  };
+  count("steps", t.steps, 1);
+  real("learning_rate", t.learning_rate, 0, 10);
+  count("warmup_steps", t.warmup_steps, 0);
+  real("min_lr_ratio", t.min_lr_ratio, 0, 1);
+  real("weight_decay", t.weight_decay, 0, 10);
+  real("beta1", t.beta1, 0, 0.999999);
+  real("beta2", t.beta2, 0, 0.999999);
+  real("eps", t.eps, 1e-12, 1);
+  real("grad_clip", t.grad_clip, 0, 1e9);
+  count("eval_every", t.eval_every, 0);
+  count("eval_samples", t.eval_samples, 2);
+  count("checkpoint_every", t.checkpoint_every, 0);
+  count("keep_checkpoints", t.keep_checkpoints, 0);
+  if (auto f = n.find("threads")) t.threads = static_cast<int>(f->as_int_at_least(0));
+  return t;
+}
+
 RunSpec parse_root(const Node& root, const std::string& base_dir) {
-  root.expect_keys({"name", "description", "model", "cluster", "nodes", "training", "data"});
+  root.expect_keys({"name", "description", "model", "cluster", "nodes", "training", "data", "trainer"});
   RunSpec run;
   run.source = root.source();
   run.model = parse_model(resolve_document(root.at("model"), base_dir));
@@ -270,6 +308,7 @@ RunSpec parse_root(const Node& root, const std::string& base_dir) {
     root.at("training").at("contrastive_batch").fail("only applies to models with a contrastive loss");
   }
   run.data = parse_data(root.at("data"), run.model);
+  if (auto t = root.find("trainer")) run.trainer = parse_trainer(*t);
   return run;
 }
 

@@ -62,12 +62,31 @@ struct DataSpec {
   bool heterogeneous() const;
 };
 
+// How `braid train` runs the reference models (the optional `trainer:` section of a run
+// file; the planner ignores it). AdamW with a linear warm-up then a cosine decay to
+// min_lr_ratio x learning_rate at the last step, global-norm gradient clipping.
+struct TrainerSpec {
+  long long steps = 200;
+  double learning_rate = 1e-3;
+  long long warmup_steps = 10;
+  double min_lr_ratio = 0.1;
+  double weight_decay = 0.1;                     // decoupled, on matrices only (Parameter::decay)
+  double beta1 = 0.9, beta2 = 0.98, eps = 1e-6;  // CLIP's AdamW (Radford et al. 2021)
+  double grad_clip = 1.0;                        // max global L2 norm; 0: no clipping
+  long long eval_every = 50;                     // steps between evaluations (and at the last step); 0: only at the end
+  long long eval_samples = 256;                  // held-out samples an evaluation uses
+  long long checkpoint_every = 0;  // steps between checkpoints when --checkpoint-dir is given; 0: only at the end
+  long long keep_checkpoints = 3;  // newest checkpoints kept; 0: all
+  int threads = 0;                 // host threads per process; 0: the node's cores / processes on it
+};
+
 struct RunSpec {
   std::string source;
   ModelSpec model;
   ClusterSpec cluster;  // with the run's node count applied
   TrainingSpec training;
   DataSpec data;
+  TrainerSpec trainer;
 
   int devices() const { return cluster.devices(); }
 };

@@ -1,0 +1,39 @@
+// Held-out evaluation of the reference models: top-1 retrieval for CLIP, caption loss and
+// token accuracy for an MLLM, on the held-out split of the generated dataset (scenes never
+// seen in training).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/data/shapes.hpp"
+#include "core/nn/modules/model.hpp"
+
+namespace braid::train {
+
+// Held-out samples 0 .. count-1.
+std::vector<data::Sample> heldout_samples(const data::ShapesDataset& dataset, std::int64_t count);
+
+struct Retrieval {
+  double image_to_text = 0, text_to_image = 0;
+};
+// Top-1 retrieval over unit-norm embeddings (N, E): image i retrieves argmax_j <img_i, txt_j>,
+// correct when scene_ids[j] == scene_ids[i] (two samples of one scene have one caption, so no
+// model can tell them apart); text to image likewise. Ties go to the lower index.
+Retrieval retrieval_top1(const nn::Tensor& image_embeddings, const nn::Tensor& text_embeddings,
+                         std::span<const std::int64_t> scene_ids);
+
+// CLIP embeddings of the samples, in sample order (the image tower per side group).
+nn::Tensor image_embeddings(nn::Ops& ops, const nn::ClipModel& clip, std::span<const data::Sample> samples);
+nn::Tensor text_embeddings(nn::Ops& ops, const nn::ClipModel& clip, std::span<const data::Sample> samples);
+
+struct CaptionMetrics {
+  double loss = 0;            // next-token cross-entropy, mean over counted text positions
+  double token_accuracy = 0;  // share of those positions whose argmax logit is the target
+  std::int64_t tokens = 0;    // counted positions
+};
+// The MLLM on the samples (per side group: image-token counts differ by side).
+CaptionMetrics caption_metrics(nn::Ops& ops, const nn::ChainModel& chain, std::span<const data::Sample> samples);
+
+}  // namespace braid::train

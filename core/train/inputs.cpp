@@ -1,0 +1,39 @@
+#include "core/train/inputs.hpp"
+
+#include <algorithm>
+
+namespace braid::train {
+
+std::vector<SideGroup> side_groups(std::span<const data::Sample> samples) {
+  std::vector<SideGroup> out;
+  for (auto& g : data::group_by_side(samples)) {
+    const auto n = static_cast<std::int64_t>(g.members.size());
+    out.push_back({g.side, std::move(g.members), nn::Tensor({n, 3, g.side, g.side}, std::move(g.pixels))});
+  }
+  return out;
+}
+
+nn::Tokens tokens_of(std::span<const data::Sample> samples, std::span<const std::size_t> members, std::int64_t pad_to) {
+  std::vector<data::Sample> picked;
+  picked.reserve(members.size());
+  for (std::size_t m : members) picked.push_back(samples[m]);
+  return tokens_of(picked, pad_to);
+}
+
+nn::Tokens tokens_of(std::span<const data::Sample> samples, std::int64_t pad_to) {
+  const data::TokenBatch b = data::pad_tokens(samples, pad_to);
+  nn::Tokens t;
+  t.batch = b.batch;
+  t.length = b.length;
+  t.ids = b.ids;
+  t.lengths = b.lengths;
+  return t;
+}
+
+std::int64_t counted_tokens(std::span<const data::Sample> samples) {
+  std::int64_t n = 0;
+  for (const auto& s : samples) n += std::max<std::int64_t>(0, static_cast<std::int64_t>(s.tokens.size()) - 1);
+  return n;
+}
+
+}  // namespace braid::train

@@ -1,0 +1,58 @@
+// What one rank runs of a reference model under a plan: for each module of the model
+// whether this rank holds it, as which data-parallel replica of how many, and the ranks
+// it reduces gradients with; for a contrastive model the batch-sync group. Derived from
+// the process groups of core/runtime (build_groups), so `braid groups` prints the layout
+// the trainer executes.
+//
+// What the CPU trainer executes: CLIP towers each whole on their ranks (tp = pp = 1),
+// on the same ranks (colocated DP) or on disjoint ones (DistMM); an MLLM's llm with any
+// tp x pp x dp grid, its encoder data parallel on its own ranks or on the llm's (DistTrain,
+// Optimus and Megatron layouts), the projector with the encoder or with the llm's first
+// stage. An encoder or projector grid with tp > 1 runs replicated on its tp ranks (the
+// reference modules shard the llm only). layout_for refuses anything else, naming the
+// module and the reason.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/plan/plan.hpp"
+#include "core/runtime/groups.hpp"
+#include "core/spec/model.hpp"
+
+namespace braid::train {
+
+struct ModuleRole {
+  std::string name;
+  spec::Role role = spec::Role::encoder;
+  bool held = false;
+  int replica = 0, replicas = 1;      // this rank's DP replica of the module's grid, and how many
+  int stage = 0, stages = 1;          // pipeline stage
+  int tp_rank = 0, tp = 1;            // tensor-parallel rank
+  std::vector<int> dp_ranks;          // the module's DP group holding this rank (gradients all-reduce here)
+  std::vector<int> tp_ranks;          // its TP group holding this rank
+  std::optional<runtime::Grid> grid;  // the module's rank grid (none for a loss)
+
+  // The rank holding (stage, tp rank, replica) of this module.
+  int rank_at(int stage, int tp_rank, int replica) const;
+};
+
+struct RankLayout {
+  int rank = 0, world = 1;
+  spec::Topology topology = spec::Topology::llm_only;
+  std::vector<ModuleRole> modules;  // in the model file's module order
+  // Contrastive models: the ranks of the batch-sync (every rank holding a tower), ascending.
+  std::vector<int> sync_ranks;
+  std::string summary;  // "rank 1: image_encoder dp 1/2; text_encoder dp 1/2"
+
+  const ModuleRole& module(const std::string& name) const;  // Error(invalid_argument) when absent
+  const ModuleRole* find(const std::string& name) const;
+};
+
+// Throws Error(Status::unsupported) naming the module when the plan places it in a way the
+// CPU trainer does not execute (tensor or pipeline parallel), Error(bad_config) when the
+// plan's modules do not cover the model's trainable ones.
+RankLayout layout_for(const spec::ModelSpec& model, const runtime::Topology& topology, int rank);
+
+}  // namespace braid::train

@@ -1,0 +1,38 @@
+// Which samples each data-parallel replica trains on at each step. Step s (from 1) takes
+// training samples [(s-1) G, s G) of the generated dataset, G the global batch; replica r
+// of R gets G / R of them: the contiguous rows [r G/R, (r+1) G/R) (Megatron's sampler), or
+// with reordering the DistTrain intra-step assignment of core/data/reorder (the code the C
+// ABI's braid_reorder runs): longest processing time first over each sample's image area
+// (the encoder's work grows with its patch count), equal counts per replica. A pure
+// function of (dataset, options, step, replica): the same on any number of processes.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/data/shapes.hpp"
+
+namespace braid::train {
+
+struct LoaderOptions {
+  std::int64_t global_batch = 0;
+  int replicas = 1;      // DP replicas the global batch is split over
+  bool reorder = false;  // DistTrain intra-step reordering over the replicas
+};
+
+class Loader {
+ public:
+  // Throws Error(invalid_argument) unless global_batch >= replicas >= 1 and replicas divides global_batch.
+  Loader(const data::ShapesDataset& dataset, LoaderOptions options);
+  // Sample indices of `step` (>= 1) for `replica`, ascending.
+  std::vector<std::int64_t> indices(std::int64_t step, int replica) const;
+  // Those samples, rendered, in indices() order.
+  std::vector<data::Sample> samples(std::int64_t step, int replica) const;
+  const LoaderOptions& options() const { return options_; }
+
+ private:
+  const data::ShapesDataset& dataset_;
+  LoaderOptions options_;
+};
+
+}  // namespace braid::train

@@ -1,0 +1,56 @@
+// The training loop of `braid train`: builds the reference model and the executor for this
+// rank, then per step the learning rate, the executor's step, the progress line and the
+// metrics file on rank 0, periodic held-out evaluation, and checkpoints (resumable,
+// bit-identical: the data of a step, the weights and the optimizer state are all that a
+// step depends on).
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/plan/plan.hpp"
+#include "core/runtime/world.hpp"
+#include "core/spec/run.hpp"
+#include "core/train/metrics.hpp"
+
+namespace braid::train {
+
+struct TrainOptions {
+  spec::RunSpec run;  // its cluster holds the world's devices (see fit_cluster_to_world)
+  plan::Plan plan;
+  std::int64_t steps = 0;             // 0: the run file's trainer.steps
+  std::optional<std::uint64_t> seed;  // weights and data; default: the run's data seed
+  std::string metrics_path;           // JSON lines; "" for none
+  std::string checkpoint_dir;         // "" for no checkpoints
+  bool resume = false;                // continue from the newest valid checkpoint in checkpoint_dir
+  std::string gradients_dir;          // tests: each step's reduced gradients, as checkpoint shards
+  bool reorder = true;                // DistTrain intra-step reordering over DP replicas
+  bool distmm_pipe = false;           // contrastive: DistMM-Pipe instead of plain batch-sync
+  int threads = 0;                    // host threads; 0: the run file's, else cores / local processes
+  bool progress = true;               // rank 0 prints a line per step
+};
+
+struct TrainReport {
+  RunSummary summary;
+  std::vector<StepMetrics> steps;
+  std::vector<EvalMetrics> evals;
+  double wait_seconds = 0;  // this rank's time blocked in collectives
+  std::string layout;       // this rank's part
+};
+
+// The learning rate of `step` (1-based): linear warm-up, then cosine to min_lr_ratio.
+double learning_rate(const spec::TrainerSpec& t, std::int64_t step, std::int64_t total_steps);
+
+// A copy of `run` whose cluster has exactly `world` devices (nodes of the run's node width,
+// or one node of `world` when fewer), so the planner lays out the processes there are.
+spec::RunSpec fit_cluster_to_world(const spec::RunSpec& run, int world);
+
+// Runs the training; `out` gets rank 0's progress, evaluation and summary lines, `log` the
+// notes every rank may print (resume decisions). Throws braid::Error on bad input or a
+// failed collective; checkpoints already committed stay intact.
+TrainReport train(const TrainOptions& options, runtime::World& world, std::ostream& out, std::ostream& log);
+
+}  // namespace braid::train

@@ -1,0 +1,345 @@
+"""braid train as users run it: one process and real MPI processes under mpiexec.
+
+- every layout reproduces the single-process losses and gradients for 3 steps (rel. error
+  <= 1e-4): CLIP data parallel on 2 and 4 ranks, DistMM (towers on disjoint ranks) on 2 and
+  3 ranks, DistMM-Pipe interleaving, the MLLM data parallel on 2 ranks;
+- resuming gives bit-identical losses, and a corrupted checkpoint is reported and skipped;
+- a killed rank ends the run within 30 s, naming the rank, and the last checkpoint resumes;
+- learning: tiny-clip's default run reaches >= 90% held-out retrieval, tiny-mllm's caption
+  loss falls by half (BRAID_TRAIN_LEARNING=0 skips these two).
+
+Environment: BRAID_CLI (the braid binary), BRAID_MPIEXEC (mpiexec with its flags, ';'-separated),
+BRAID_SOURCE_DIR (the repository).
+"""
+
+import json
+import math
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import tempfile
+import time
+import unittest
+
+SOURCE_DIR = os.path.abspath(
+    os.environ.get("BRAID_SOURCE_DIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+)
+CLI = os.environ.get("BRAID_CLI", "")
+MPIEXEC = [a for a in os.environ.get("BRAID_MPIEXEC", "").split(";") if a]
+CLIP = os.path.join(SOURCE_DIR, "configs/runs/tiny-clip.yaml")
+MLLM = os.path.join(SOURCE_DIR, "configs/runs/tiny-mllm.yaml")
+TOLERANCE = 1e-4
+# A DistMM plan the planner would not pick on 3 ranks: the image tower on rank 0, the text
+# tower data parallel on ranks 1-2.
+DISTMM_1_2 = """strategy: distmm
+layout: branches
+devices: 3
+schedule: batch-sync
+virtual_stages: 1
+modules:
+  - {name: image_encoder, role: encoder, tp: 1, pp: 1, dp: 1, first_device: 0, devices: 1, first_stage: 0,
+     microbatch_size: 8, layers_per_stage: [2]}
+  - {name: text_encoder, role: encoder, tp: 1, pp: 1, dp: 2, first_device: 1, devices: 2, first_stage: 0,
+     microbatch_size: 8, layers_per_stage: [2]}
+"""
+
+
+def setUpModule():
+    if not CLI or not MPIEXEC:
+        raise unittest.SkipTest("set BRAID_CLI and BRAID_MPIEXEC")
+
+
+def train(ranks, *args, timeout=600):
+    cmd = [CLI, "train", "--threads", "1", *args]
+    if ranks > 1:
+        cmd = [*MPIEXEC, "-n", str(ranks), *cmd]
+    return subprocess.run(cmd, cwd=SOURCE_DIR, capture_output=True, text=True, timeout=timeout)
+
+
+def check(test, result):
+    test.assertEqual(result.returncode, 0, "braid train failed:\n" + result.stdout + result.stderr)
+
+
+def variant(directory, base, name, **trainer):
+    """A copy of a run file with a `trainer:` section (and optional training overrides)."""
+    training = trainer.pop("training", {})
+    with open(base) as f:
+        text = f.read()
+    text = text.replace("model: ../", "model: " + os.path.join(SOURCE_DIR, "configs") + "/")
+    text = text.replace("cluster: ../", "cluster: " + os.path.join(SOURCE_DIR, "configs") + "/")
+    for key, value in training.items():
+        lines = text.splitlines()
+        lines = [l for l in lines if not l.strip().startswith(key + ":")]
+        at = lines.index("training:") + 1
+        lines.insert(at, f"  {key}: {value}")
+        text = "\n".join(lines) + "\n"
+    if trainer:
+        text += "trainer:\n" + "".join(f"  {k}: {v}\n" for k, v in trainer.items())
+    path = os.path.join(directory, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def losses(path):
+    return [m["loss"] for m in metrics(path) if not m.get("eval")]
+
+
+def read_checkpoint(path):
+    """Tensors of one braid checkpoint file (format of core/train/checkpoint.hpp)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"BRAIDCKP", path
+    at = 40
+    (meta_len,) = struct.unpack_from("<I", data, at)
+    at += 4 + meta_len
+    tensors, _blobs = struct.unpack_from("<II", data, at)
+    at += 8
+    out = {}
+    for _ in range(tensors):
+        (n,) = struct.unpack_from("<I", data, at)
+        name = data[at + 4 : at + 4 + n].decode()
+        at += 4 + n
+        (ndim,) = struct.unpack_from("<I", data, at)
+        dims = struct.unpack_from("<" + "q" * ndim, data, at + 4)
+        at += 4 + 8 * ndim
+        count = math.prod(dims)
+        out[name] = struct.unpack_from("<" + "f" * count, data, at)
+        at += 4 * count
+    return out
+
+
+def gradients(directory, step, world):
+    """Every parameter's reduced gradient at `step`, merged over the ranks' shards."""
+    if world == 1:
+        return read_checkpoint(os.path.join(directory, f"step-{step:06d}.braidckpt"))
+    merged = {}
+    for rank in range(world):
+        for name, values in read_checkpoint(os.path.join(directory, f"step-{step:06d}.rank-{rank:04d}.braidckpt")).items():
+            merged.setdefault(name, values)
+    return merged
+
+
+def norm(values):
+    return math.sqrt(sum(v * v for v in values))
+
+
+def relative_error(a, b, floor=1e-30):
+    """||a - b|| / ||b||, the norm floored at `floor`: a tensor whose gradient is zero in exact
+    arithmetic (attention's key bias: the softmax cancels it) holds only rounding noise."""
+    return norm([x - y for x, y in zip(a, b)]) / max(norm(b), floor)
+
+
+class LayoutEquivalence(unittest.TestCase):
+    """3 steps of each layout against one process: losses and every parameter's gradient."""
+
+    steps = 3
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.reference = {}
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def run_layout(self, config, ranks, name, *args):
+        d = os.path.join(self.tmp.name, name)
+        os.makedirs(d)
+        r = train(ranks, "--config", config, "--steps", str(self.steps), "--quiet", "--metrics", d + "/m.jsonl",
+                  "--dump-gradients", d + "/grads", *args)
+        check(self, r)
+        return d
+
+    def single(self, config, *args):
+        key = (config, args)
+        if key not in self.reference:
+            self.reference[key] = self.run_layout(config, 1, f"single{len(self.reference)}", *args)
+        return self.reference[key]
+
+    def assert_same(self, config, ranks, *args, reference_args=()):
+        ref = self.single(config, *reference_args)
+        got = self.run_layout(config, ranks, "-".join([os.path.basename(config), str(ranks), *args]).replace("/", "_"),
+                              *args)
+        ref_losses, got_losses = losses(ref + "/m.jsonl"), losses(got + "/m.jsonl")
+        self.assertEqual(len(got_losses), self.steps)
+        for step, (a, b) in enumerate(zip(got_losses, ref_losses), 1):
+            self.assertLessEqual(abs(a - b) / abs(b), TOLERANCE, f"step {step}: loss {a} vs {b}")
+        for step in range(1, self.steps + 1):
+            want = gradients(ref + "/grads", step, 1)
+            have = gradients(got + "/grads", step, ranks)
+            self.assertEqual(set(have), set(want), f"step {step}: the ranks together hold every parameter")
+            total = norm([v for values in want.values() for v in values])
+            for name in want:
+                self.assertLessEqual(relative_error(have[name], want[name], 1e-3 * total), TOLERANCE,
+                                     f"step {step}: {name}")
+
+    def test_clip_data_parallel_2(self):
+        self.assert_same(CLIP, 2)
+
+    def test_clip_data_parallel_4(self):
+        self.assert_same(CLIP, 4)
+
+    def test_clip_distmm_2(self):
+        self.assert_same(CLIP, 2, "--strategy", "distmm")
+
+    def test_clip_distmm_unequal_towers(self):
+        # One image rank, two text ranks: the towers split the batch differently (and only the
+        # text tower's two replicas are reordered), the batch-sync matches rows by sample.
+        plan = os.path.join(self.tmp.name, "distmm-1-2.yaml")
+        with open(plan, "w") as f:
+            f.write(DISTMM_1_2)
+        self.assert_same(CLIP, 3, "--plan", plan)
+
+    def test_clip_distmm_pipe_two_groups(self):
+        config = variant(self.tmp.name, CLIP, "clip-groups.yaml", training={"contrastive_batch": 32})
+        self.assert_same(config, 2, "--strategy", "distmm", "--schedule", "distmm-pipe")
+
+    def test_mllm_data_parallel_2(self):
+        self.assert_same(MLLM, 2)
+
+    def test_mllm_encoder_on_every_rank_llm_pipelined(self):
+        # Optimus's layout (a): the encoder data parallel over both ranks, the llm in 2 stages.
+        self.assert_same(MLLM, 2, "--strategy", "optimus", "--pp", "2")
+
+    def test_mllm_llm_tensor_parallel(self):
+        # Layout (c): the llm's blocks split over 2 tensor-parallel ranks.
+        self.assert_same(MLLM, 2, "--strategy", "megatron", "--tp", "2")
+
+    def test_mllm_megatron_pipeline(self):
+        self.assert_same(MLLM, 2, "--strategy", "megatron", "--pp", "2")
+
+    def test_mllm_disaggregated_encoder(self):
+        # DistTrain: encoder and projector on ranks of their own, the llm on the others.
+        self.assert_same(MLLM, 2, "--strategy", "disttrain")
+
+    def test_mllm_fan_in_pipeline_and_data_parallel(self):
+        # 4 ranks: 4 encoder replicas feed 2 llm replicas of 2 stages each.
+        self.assert_same(MLLM, 4, "--strategy", "optimus", "--pp", "2")
+
+
+class Checkpoints(unittest.TestCase):
+    def test_resume_is_bit_identical_and_skips_a_corrupted_checkpoint(self):
+        with tempfile.TemporaryDirectory() as d:
+            config = variant(d, CLIP, "clip.yaml", checkpoint_every=3, eval_every=0, eval_samples=32)
+            check(self, train(2, "--config", config, "--steps", "9", "--quiet", "--metrics", d + "/full.jsonl",
+                              "--checkpoint-dir", d + "/ckpt"))
+            # Corrupt the newest checkpoint (step 9): one flipped byte in a shard.
+            shard = os.path.join(d, "ckpt", "step-000009.rank-0001.braidckpt")
+            with open(shard, "r+b") as f:
+                f.seek(100)
+                byte = f.read(1)
+                f.seek(100)
+                f.write(bytes([byte[0] ^ 0xFF]))
+            shutil.copy(d + "/full.jsonl", d + "/resumed.jsonl")
+            r = train(2, "--config", config, "--steps", "9", "--quiet", "--metrics", d + "/resumed.jsonl",
+                      "--checkpoint-dir", d + "/ckpt", "--resume")
+            check(self, r)
+            self.assertIn("step-000009", r.stderr)
+            self.assertIn("checksum", r.stderr)
+            self.assertIn("resuming from step-000006", r.stderr)
+            full, resumed = losses(d + "/full.jsonl"), losses(d + "/resumed.jsonl")
+            self.assertEqual(len(resumed), 9)
+            self.assertEqual(full, resumed, "steps 7-9 after resuming equal the uninterrupted run bit for bit")
+
+    def test_resume_without_checkpoint_dir_is_refused(self):
+        r = train(1, "--config", CLIP, "--resume")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--resume needs --checkpoint-dir", r.stderr)
+
+    def test_pipeline_plan_is_refused_with_the_reason(self):
+        r = train(1, "--config", MLLM, "--steps", "1", "--pp", "2")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("pp", r.stderr)
+
+
+class KilledRank(unittest.TestCase):
+    def test_others_exit_within_30s_and_the_last_checkpoint_resumes(self):
+        with tempfile.TemporaryDirectory() as d:
+            config = variant(d, CLIP, "clip.yaml", checkpoint_every=2, eval_every=0, eval_samples=32, steps=100000)
+            proc = subprocess.Popen([*MPIEXEC, "-n", "2", CLI, "train", "--threads", "1", "--config", config,
+                                     "--quiet", "--checkpoint-dir", d + "/ckpt"],
+                                    cwd=SOURCE_DIR, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            try:
+                deadline = time.time() + 120
+                while not os.path.exists(os.path.join(d, "ckpt", "step-000004.braidckpt")):
+                    self.assertIsNone(proc.poll(), "the run ended before its second checkpoint")
+                    self.assertLess(time.time(), deadline, "no checkpoint within 120 s")
+                    time.sleep(0.1)
+                victim = rank_pid(proc.pid, 1)
+                os.kill(victim, signal.SIGKILL)
+                killed = time.time()
+                out, _ = proc.communicate(timeout=30)
+                self.assertLess(time.time() - killed, 30)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
+            self.assertNotEqual(proc.returncode, 0)
+            self.assertRegex(out, r"rank 1\b", "the message names the lost rank:\n" + out)
+            r = train(2, "--config", config, "--steps", "1", "--quiet", "--checkpoint-dir", d + "/ckpt", "--resume")
+            # The newest committed checkpoint is intact: the resumed run starts from it (its step is
+            # past --steps, so it trains nothing more and exits cleanly).
+            check(self, r)
+            self.assertRegex(r.stderr, r"resuming from step-0000\d\d")
+
+
+def rank_pid(launcher, rank):
+    """The pid of MPI rank `rank` among the launcher's descendants."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if b"train" in cmdline and env.get(b"OMPI_COMM_WORLD_RANK") == str(rank).encode() and \
+                is_descendant(int(pid), launcher):
+            return int(pid)
+    raise AssertionError(f"no process of rank {rank} under {launcher}")
+
+
+def is_descendant(pid, ancestor):
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return False
+    return False
+
+
+@unittest.skipIf(os.environ.get("BRAID_TRAIN_LEARNING") == "0", "BRAID_TRAIN_LEARNING=0")
+class Learning(unittest.TestCase):
+    def test_tiny_clip_retrieves_held_out_captions(self):
+        with tempfile.TemporaryDirectory() as d:
+            r = train(2, "--config", CLIP, "--quiet", "--metrics", d + "/m.jsonl")
+            check(self, r)
+            final = [m for m in metrics(d + "/m.jsonl") if m.get("eval")][-1]
+            self.assertGreaterEqual(final["retrieval_top1_i2t"], 0.9, r.stdout)
+            self.assertGreaterEqual(final["retrieval_top1_t2i"], 0.9, r.stdout)
+
+    def test_tiny_mllm_caption_loss_halves(self):
+        with tempfile.TemporaryDirectory() as d:
+            r = train(2, "--config", MLLM, "--quiet", "--metrics", d + "/m.jsonl")
+            check(self, r)
+            evals = [m for m in metrics(d + "/m.jsonl") if m.get("eval")]
+            first = losses(d + "/m.jsonl")[0]
+            self.assertLessEqual(evals[-1]["caption_loss"], first / 2, r.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
