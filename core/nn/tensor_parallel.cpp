@@ -50,4 +50,31 @@ Tensor row_parallel_shard(const Tensor& weight, int shard, int shards) {
   return out;
 }
 
+void add_column_parallel_shard(Tensor& full, const Tensor& shard_grad, int shard, int shards) {
+  if (full.rank() != 1 && full.rank() != 2)
+    throw Error(
+        Status::invalid_argument,
+        "add_column_parallel_shard: expected a weight (out, in) or a bias (out), got " + shape_string(full.shape));
+  const int64_t rows = shard_size(full.dim(0), shard, shards, "add_column_parallel_shard", full);
+  Shape shape = full.shape;
+  shape[0] = rows;
+  expect_shape(shard_grad, shape, "add_column_parallel_shard", "shard_grad");
+  float* to = full.ptr() + shard * shard_grad.numel();  // the rows are contiguous
+  for (int64_t i = 0; i < shard_grad.numel(); ++i) to[i] += shard_grad.data[static_cast<std::size_t>(i)];
+}
+
+void add_row_parallel_shard(Tensor& full, const Tensor& shard_grad, int shard, int shards) {
+  if (full.rank() != 2)
+    throw Error(Status::invalid_argument,
+                "add_row_parallel_shard: expected a weight (out, in), got " + shape_string(full.shape));
+  const int64_t out_features = full.dim(0), in = full.dim(1);
+  const int64_t cols = shard_size(in, shard, shards, "add_row_parallel_shard", full);
+  expect_shape(shard_grad, {out_features, cols}, "add_row_parallel_shard", "shard_grad");
+  for (int64_t r = 0; r < out_features; ++r) {
+    float* to = full.ptr() + r * in + shard * cols;
+    const float* from = shard_grad.ptr() + r * cols;
+    for (int64_t c = 0; c < cols; ++c) to[c] += from[c];
+  }
+}
+
 }  // namespace braid::nn

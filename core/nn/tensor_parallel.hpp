@@ -20,4 +20,9 @@ Tensor column_parallel_shard(const Tensor& weight_or_bias, int shard, int shards
 // Columns of a weight (out, in) for row-parallel shard `shard`.
 Tensor row_parallel_shard(const Tensor& weight, int shard, int shards);
 
+// The inverses for gradients: add a shard's gradient (the shape the functions above return)
+// into its slice of the full gradient; the other slices are untouched.
+void add_column_parallel_shard(Tensor& full, const Tensor& shard_grad, int shard, int shards);
+void add_row_parallel_shard(Tensor& full, const Tensor& shard_grad, int shard, int shards);
+
 }  // namespace braid::nn

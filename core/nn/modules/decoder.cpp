@@ -20,18 +20,67 @@ Decoder::Decoder(ParameterStore& store, std::string name, const DecoderShape& sh
   adopt(lm_head_);
 }
 
+std::vector<DecoderPart> split_decoder(int layers, int stages) {
+  if (stages < 1)
+    throw Error(Status::invalid_argument,
+                "split_decoder: needs at least one pipeline stage, got " + std::to_string(stages));
+  if (stages > layers)
+    throw Error(Status::invalid_argument, "split_decoder: " + std::to_string(stages) + " pipeline stages do not fit " +
+                                              std::to_string(layers) +
+                                              " decoder layers (each stage needs at least one block)");
+  std::vector<DecoderPart> parts;
+  int first = 0;
+  for (int stage = 0; stage < stages; ++stage) {
+    const int blocks = layers / stages + (stage < layers % stages ? 1 : 0);
+    parts.push_back({first, first + blocks});
+    first += blocks;
+  }
+  return parts;
+}
+
 Tensor Decoder::forward(Ops& ops, const Tensor* prefix, const Tokens& text, DecoderCache& c) const {
+  return forward_part(ops, whole(), prefix, text, c);
+}
+
+Tensor Decoder::backward(Ops& ops, const Tensor& dlogits, const DecoderCache& c) const {
+  return backward_part(ops, whole(), dlogits, c);
+}
+
+void Decoder::check_part(const DecoderPart& part) const {
+  if (part.first < 0 || part.first > part.last || part.last > layers())
+    throw Error(Status::invalid_argument, name() + ": part [" + std::to_string(part.first) + ", " +
+                                              std::to_string(part.last) + ") is not a range of its " +
+                                              std::to_string(layers()) + " blocks");
+}
+
+Tensor Decoder::forward_part(Ops& ops, const DecoderPart& part, const Tensor* input, const Tokens& text,
+                             DecoderCache& c) const {
+  check_part(part);
   text.check(name());
+  const bool first = part.first == 0, last = part.last == layers();
   const int64_t batch = text.batch, length = text.length, hidden = shape_.transformer.hidden;
   if (batch < 1) throw Error(Status::invalid_argument, name() + ": needs at least one sequence");
-  if (prefix && (prefix->rank() != 3 || prefix->dim(0) != batch || prefix->dim(2) != hidden))
-    throw Error(Status::invalid_argument, name() + ": the prefix must be (" + std::to_string(batch) + ", tokens, " +
-                                              std::to_string(hidden) + "), got " + shape_string(prefix->shape));
-  const int64_t p = prefix ? prefix->dim(1) : 0, s = p + length;
+  int64_t p = 0;
+  if (first) {
+    if (input && (input->rank() != 3 || input->dim(0) != batch || input->dim(2) != hidden))
+      throw Error(Status::invalid_argument, name() + ": the prefix must be (" + std::to_string(batch) + ", tokens, " +
+                                                std::to_string(hidden) + "), got " + shape_string(input->shape));
+    p = input ? input->dim(1) : 0;
+  } else {
+    if (!input || input->rank() != 3 || input->dim(0) != batch || input->dim(1) < length || input->dim(2) != hidden)
+      throw Error(Status::invalid_argument, name() + ": part [" + std::to_string(part.first) + ", " +
+                                                std::to_string(part.last) + ") takes the previous part's hidden (" +
+                                                std::to_string(batch) + ", prefix + " + std::to_string(length) +
+                                                " text tokens, " + std::to_string(hidden) + "), got " +
+                                                (input ? shape_string(input->shape) : std::string("none")));
+    p = input->dim(1) - length;
+  }
+  const int64_t s = p + length;
   if (s > shape_.max_positions)
     throw Error(Status::invalid_argument, name() + ": " + std::to_string(p) + " prefix + " + std::to_string(length) +
                                               " text tokens exceed max_positions " +
                                               std::to_string(shape_.max_positions));
+  c.part = part;
   c.text = text;
   c.prefix = p;
   c.sequence = s;
@@ -43,14 +92,24 @@ Tensor Decoder::forward(Ops& ops, const Tensor* prefix, const Tokens& text, Deco
     for (int64_t t = 0; t < length; ++t) c.text_rows[static_cast<std::size_t>(b * length + t)] = row_id(b * s + p + t);
     for (int64_t i = 0; i < s; ++i) c.positions[static_cast<std::size_t>(b * s + i)] = row_id(i);
   }
-  // [prefix ; text] as rows of one (B*S, hidden) table: scatters into a zero tensor.
-  Tensor x({batch * s, hidden});
-  if (p > 0) scatter_add_rows(ops, c.prefix_rows, *prefix, x);
-  scatter_add_rows(ops, c.text_rows, gather_rows(ops, token_table_->value, text.ids), x);
-  ops.add(x, gather_rows(ops, position_table_->value, c.positions));
-  x.reshape({batch, s, hidden});
+  c.text_hidden = Tensor();
+  c.transformer.last = Tensor();
 
-  Tensor h = transformer_.forward(ops, x, c.transformer);
+  Tensor h;
+  if (first) {
+    // [prefix ; text] as rows of one (B*S, hidden) table: scatters into a zero tensor.
+    Tensor x({batch * s, hidden});
+    if (p > 0) scatter_add_rows(ops, c.prefix_rows, *input, x);
+    scatter_add_rows(ops, c.text_rows, gather_rows(ops, token_table_->value, text.ids), x);
+    ops.add(x, gather_rows(ops, position_table_->value, c.positions));
+    x.reshape({batch, s, hidden});
+    h = transformer_.forward_blocks(ops, x, part.first, part.last, c.transformer, tp_);
+  } else {
+    h = transformer_.forward_blocks(ops, *input, part.first, part.last, c.transformer, tp_);
+  }
+  if (!last) return h;
+
+  h = transformer_.forward_final_norm(ops, std::move(h), c.transformer);
   h.reshape({batch * s, hidden});
   c.text_hidden = gather_rows(ops, h, c.text_rows);
   Tensor logits = lm_head_.forward(ops, c.text_hidden);
@@ -58,14 +117,30 @@ Tensor Decoder::forward(Ops& ops, const Tensor* prefix, const Tokens& text, Deco
   return logits;
 }
 
-Tensor Decoder::backward(Ops& ops, const Tensor& dlogits, const DecoderCache& c) const {
+Tensor Decoder::backward_part(Ops& ops, const DecoderPart& part, const Tensor& d_output, const DecoderCache& c) const {
+  check_part(part);
+  if (part.first != c.part.first || part.last != c.part.last)
+    throw Error(Status::invalid_argument, name() + ": the backward of part [" + std::to_string(part.first) + ", " +
+                                              std::to_string(part.last) + ") got the cache of part [" +
+                                              std::to_string(c.part.first) + ", " + std::to_string(c.part.last) + ")");
+  const bool first = part.first == 0, last = part.last == layers();
   const int64_t batch = c.text.batch, length = c.text.length, hidden = shape_.transformer.hidden;
-  expect_shape(dlogits, {batch, length, shape_.vocab}, "decoder backward", "dlogits");
-  const Tensor d_text_hidden = lm_head_.backward(ops, c.text_hidden, reshaped(dlogits, {batch * length, shape_.vocab}));
-  Tensor dh({batch * c.sequence, hidden});
-  scatter_add_rows(ops, c.text_rows, d_text_hidden, dh);
-  dh.reshape({batch, c.sequence, hidden});
-  Tensor dx = transformer_.backward(ops, dh, c.transformer);
+  Tensor dx;
+  if (last) {
+    expect_shape(d_output, {batch, length, shape_.vocab}, "decoder backward", "dlogits");
+    const Tensor d_text_hidden =
+        lm_head_.backward(ops, c.text_hidden, reshaped(d_output, {batch * length, shape_.vocab}));
+    Tensor dh({batch * c.sequence, hidden});
+    scatter_add_rows(ops, c.text_rows, d_text_hidden, dh);
+    dh.reshape({batch, c.sequence, hidden});
+    dx =
+        transformer_.backward_blocks(ops, transformer_.backward_final_norm(ops, dh, c.transformer), c.transformer, tp_);
+  } else {
+    expect_shape(d_output, {batch, c.sequence, hidden}, "decoder backward", "d hidden");
+    dx = transformer_.backward_blocks(ops, d_output, c.transformer, tp_);
+  }
+  if (!first) return dx;
+
   dx.reshape({batch * c.sequence, hidden});
   if (Tensor* g = position_table_->grad_or_null()) scatter_add_rows(ops, c.positions, dx, *g);
   if (Tensor* g = token_table_->grad_or_null())
@@ -74,6 +149,40 @@ Tensor Decoder::backward(Ops& ops, const Tensor& dlogits, const DecoderCache& c)
   Tensor dprefix = gather_rows(ops, dx, c.prefix_rows);
   dprefix.reshape({batch, c.prefix, hidden});
   return dprefix;
+}
+
+std::vector<Parameter*> Decoder::part_parameters(const DecoderPart& part) const {
+  check_part(part);
+  std::vector<Parameter*> owned;
+  auto take = [&](const Module& m) { owned.insert(owned.end(), m.parameters().begin(), m.parameters().end()); };
+  if (part.first == 0) {
+    owned.push_back(token_table_);
+    owned.push_back(position_table_);
+  }
+  for (int l = part.first; l < part.last; ++l) take(transformer_.block(l));
+  if (part.last == layers()) {
+    take(transformer_.final_norm());
+    take(lm_head_);
+  }
+  return owned;
+}
+
+void Decoder::set_tensor_parallel(TensorParallel tp) {
+  check_tensor_parallel(tp, name());
+  for (int l = 0; l < layers(); ++l) transformer_.block(l).check_tensor_parallel(tp);
+  tp_ = std::move(tp);
+}
+
+std::vector<Parameter*> Decoder::tp_sharded_parameters() const { return tp_sharded_parameters(whole()); }
+
+std::vector<Parameter*> Decoder::tp_sharded_parameters(const DecoderPart& part) const {
+  check_part(part);
+  std::vector<Parameter*> sharded;
+  for (int l = part.first; l < part.last; ++l) {
+    const std::vector<Parameter*> block = transformer_.block(l).tp_sharded_parameters();
+    sharded.insert(sharded.end(), block.begin(), block.end());
+  }
+  return sharded;
 }
 
 std::vector<int32_t> next_token_targets(const Tokens& text) {

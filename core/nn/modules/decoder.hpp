@@ -23,21 +23,38 @@ struct DecoderShape {
   int64_t max_positions = 0;  // prefix + text
 };
 
+// Which part of the decoder a pipeline stage runs: blocks [first, last). The part with
+// first == 0 also embeds (token + position tables, and takes the prefix); the part with
+// last == layers also applies the final norm and the LM head.
+struct DecoderPart {
+  int first = 0, last = 0;
+};
+
+// The parts of an even split into `stages` (earlier stages get the extra block); throws
+// Error(invalid_argument) when stages < 1 or > layers.
+std::vector<DecoderPart> split_decoder(int layers, int stages);
+
+// What a part's backward needs from its forward. Every part fills the row tables from the
+// text, so the last part knows the prefix length and the text rows without the first's cache.
 struct DecoderCache {
+  DecoderPart part;  // the part whose forward filled this cache
   Tokens text;
   int64_t prefix = 0, sequence = 0;  // P and S = P + T
   std::vector<int32_t> prefix_rows;  // row b*S + p of each prefix token
   std::vector<int32_t> text_rows;    // row b*S + P + t of each text token
   std::vector<int32_t> positions;    // per sequence row: its position
-  TransformerCache transformer;
-  Tensor text_hidden;  // (B*T, hidden): the LM head's input
+  TransformerCache transformer;      // the part's blocks (and the final norm for the last part)
+  Tensor text_hidden;                // (B*T, hidden): the LM head's input (last part only)
 };
 
 class Decoder : public Module {
  public:
   Decoder(ParameterStore& store, std::string name, const DecoderShape& shape, bool frozen);
   const DecoderShape& shape() const { return shape_; }
+  int layers() const { return transformer_.layers(); }
+  DecoderPart whole() const { return {0, layers()}; }
 
+  // The whole decoder, i.e. forward_part / backward_part of whole().
   // prefix (B, P, hidden) or null; text (B, T); P + T <= max_positions. Returns the logits
   // (B, T, vocab) of every text position.
   Tensor forward(Ops& ops, const Tensor* prefix, const Tokens& text, DecoderCache& cache) const;
@@ -45,12 +62,40 @@ class Decoder : public Module {
   // (B, P, hidden), empty without a prefix.
   Tensor backward(Ops& ops, const Tensor& dlogits, const DecoderCache& cache) const;
 
+  // First part: `input` = prefix (B,P,hidden) or null; others: `input` = the previous part's
+  // output hidden (B,S,hidden) (S = P + T). Returns hidden (B,S,hidden), or the logits
+  // (B,T,vocab) for the last part. `text` is needed by every part (lengths, positions).
+  // Throws Error(invalid_argument) unless 0 <= first <= last <= layers and the shapes agree.
+  Tensor forward_part(Ops& ops, const DecoderPart& part, const Tensor* input, const Tokens& text,
+                      DecoderCache& cache) const;
+  // d_output: d hidden, or d logits for the last part. Adds the part's parameter gradients;
+  // returns d input: d hidden (B,S,hidden) for a non-first part, d prefix (B,P,hidden) (empty
+  // without prefix) for the first.
+  Tensor backward_part(Ops& ops, const DecoderPart& part, const Tensor& d_output, const DecoderCache& cache) const;
+  // The parameters a part owns (embedding tables with the first, final norm + head with the
+  // last), in the store's order.
+  std::vector<Parameter*> part_parameters(const DecoderPart& part) const;
+
+  // Megatron tensor parallelism of the blocks for every later forward and backward (default:
+  // size 1, none). Throws Error(invalid_argument) naming the block when tp.size does not
+  // divide the heads or the ffn width, or the group is malformed. Embeddings, norms, the head
+  // and the row-parallel biases stay replicated: every rank computes them in full.
+  void set_tensor_parallel(TensorParallel tp);
+  const TensorParallel& tensor_parallel() const { return tp_; }
+  // The parameters whose gradient is split across TP ranks (each rank fills its slice): sum
+  // their .grad over the TP group before the optimizer. The same list for any TP size.
+  std::vector<Parameter*> tp_sharded_parameters() const;
+  std::vector<Parameter*> tp_sharded_parameters(const DecoderPart& part) const;  // those of the part's blocks
+
  private:
+  void check_part(const DecoderPart& part) const;
+
   DecoderShape shape_;
   Parameter* token_table_;
   Parameter* position_table_;
   Transformer transformer_;
   Linear lm_head_;
+  TensorParallel tp_;
 };
 
 // Next-token targets of a text batch, one per (b, t): token t + 1 of sample b while

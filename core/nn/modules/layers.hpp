@@ -51,6 +51,10 @@ class Linear : public Module {
   int64_t in() const { return weight_->value.dim(1); }
   int64_t out() const { return weight_->value.dim(0); }
   const Parameter& weight() const { return *weight_; }
+  // The parameters themselves, for the tensor-parallel forms (tensor_parallel_group.hpp); the
+  // bias is null without one.
+  Parameter* weight_param() const { return weight_; }
+  Parameter* bias_param() const { return bias_; }
 
   // x (..., in) -> (..., out).
   Tensor forward(Ops& ops, const Tensor& x) const;

@@ -51,44 +51,69 @@ TransformerBlock::TransformerBlock(ParameterStore& store, std::string name, cons
     adopt(*part);
 }
 
-Tensor TransformerBlock::forward(Ops& ops, const Tensor& x, BlockCache& c) const {
+Tensor TransformerBlock::forward(Ops& ops, const Tensor& x, BlockCache& c, const TensorParallel& tp) const {
   check_input(x, shape_.hidden, name());
-  const AttentionOptions options{shape_.heads, shape_.causal};
+  // Column-parallel by heads: this rank's q, k, v hold heads [rank, rank + 1) * heads / size.
+  const AttentionOptions options{shape_.heads / tp.size, shape_.causal};
   c.x = x;
   c.h1 = ln1_.forward(ops, x, c.ln1);
-  c.q = q_.forward(ops, c.h1);
-  c.k = k_.forward(ops, c.h1);
-  c.v = v_.forward(ops, c.h1);
+  c.q = column_parallel_forward(ops, q_, c.h1, tp);
+  c.k = column_parallel_forward(ops, k_, c.h1, tp);
+  c.v = column_parallel_forward(ops, v_, c.h1, tp);
   ops.attention_forward(c.q, c.k, c.v, options, c.attn, c.attention);
   c.x2 = x;
-  ops.add(c.x2, out_.forward(ops, c.attn));
+  ops.add(c.x2, row_parallel_forward(ops, out_, c.attn, tp));
   c.h2 = ln2_.forward(ops, c.x2, c.ln2);
-  c.f = fc1_.forward(ops, c.h2);
+  c.f = column_parallel_forward(ops, fc1_, c.h2, tp);
   ops.gelu_forward(c.f, c.g);
   Tensor y = c.x2;
-  ops.add(y, fc2_.forward(ops, c.g));
+  ops.add(y, row_parallel_forward(ops, fc2_, c.g, tp));
   return y;
 }
 
-Tensor TransformerBlock::backward(Ops& ops, const Tensor& dy, const BlockCache& c) const {
+Tensor TransformerBlock::backward(Ops& ops, const Tensor& dy, const BlockCache& c, const TensorParallel& tp) const {
   expect_shape(dy, c.x.shape, "transformer block backward", "dy");
-  const AttentionOptions options{shape_.heads, shape_.causal};
+  const AttentionOptions options{shape_.heads / tp.size, shape_.causal};
   // MLP branch; dy also flows straight down the residual.
-  Tensor dg = fc2_.backward(ops, c.g, dy);
+  Tensor dg = row_parallel_backward(ops, fc2_, c.g, dy, tp);
   Tensor df;
   ops.gelu_backward(c.f, dg, df);
-  Tensor dx2 = ln2_.backward(ops, c.x2, c.ln2, fc1_.backward(ops, c.h2, df));
+  Tensor dh2 = column_parallel_backward(ops, fc1_, c.h2, df, tp);
+  tp_allreduce(tp, dh2);  // each rank had the part through its ffn columns
+  Tensor dx2 = ln2_.backward(ops, c.x2, c.ln2, dh2);
   ops.add(dx2, dy);
   // Attention branch; dx2 flows down the residual too.
-  Tensor dattn = out_.backward(ops, c.attn, dx2);
+  Tensor dattn = row_parallel_backward(ops, out_, c.attn, dx2, tp);
   Tensor dq, dk, dv;
   ops.attention_backward(c.q, c.k, c.v, options, c.attention, dattn, dq, dk, dv);
-  Tensor dh1 = q_.backward(ops, c.h1, dq);
-  ops.add(dh1, k_.backward(ops, c.h1, dk));
-  ops.add(dh1, v_.backward(ops, c.h1, dv));
+  Tensor dh1 = column_parallel_backward(ops, q_, c.h1, dq, tp);
+  ops.add(dh1, column_parallel_backward(ops, k_, c.h1, dk, tp));
+  ops.add(dh1, column_parallel_backward(ops, v_, c.h1, dv, tp));
+  tp_allreduce(tp, dh1);  // each rank had the part through its heads
   Tensor dx = ln1_.backward(ops, c.x, c.ln1, dh1);
   ops.add(dx, dx2);
   return dx;
+}
+
+void TransformerBlock::check_tensor_parallel(const TensorParallel& tp) const {
+  nn::check_tensor_parallel(tp, name());
+  if (shape_.heads % tp.size != 0)
+    throw Error(Status::invalid_argument, name() + ": " + std::to_string(shape_.heads) + " heads do not split over " +
+                                              std::to_string(tp.size) + " tensor-parallel ranks");
+  if (shape_.ffn % tp.size != 0)
+    throw Error(Status::invalid_argument, name() + ": ffn width " + std::to_string(shape_.ffn) +
+                                              " does not split over " + std::to_string(tp.size) +
+                                              " tensor-parallel ranks");
+}
+
+std::vector<Parameter*> TransformerBlock::tp_sharded_parameters() const {
+  std::vector<Parameter*> sharded;
+  for (const Linear* column : {&q_, &k_, &v_, &fc1_}) {
+    sharded.push_back(column->weight_param());
+    if (column->bias_param()) sharded.push_back(column->bias_param());
+  }
+  for (const Linear* row : {&out_, &fc2_}) sharded.push_back(row->weight_param());  // their biases are replicated
+  return sharded;
 }
 
 Transformer::Transformer(ParameterStore& store, std::string name, const TransformerShape& shape, bool frozen)
@@ -101,20 +126,49 @@ Transformer::Transformer(ParameterStore& store, std::string name, const Transfor
 }
 
 Tensor Transformer::forward(Ops& ops, const Tensor& x, TransformerCache& cache) const {
-  check_input(x, shape_.hidden, name());
-  cache.blocks.resize(blocks_.size());
-  Tensor h = x;
-  for (std::size_t l = 0; l < blocks_.size(); ++l) h = blocks_[l].forward(ops, h, cache.blocks[l]);
-  cache.last = std::move(h);
-  return final_norm_.forward(ops, cache.last, cache.final_norm);
+  return forward_final_norm(ops, forward_blocks(ops, x, 0, layers(), cache), cache);
 }
 
 Tensor Transformer::backward(Ops& ops, const Tensor& dy, const TransformerCache& cache) const {
-  if (cache.blocks.size() != blocks_.size())
+  if (cache.first != 0 || cache.blocks.size() != blocks_.size())
     throw Error(Status::invalid_argument, name() + ": backward needs the cache of this module's forward");
-  Tensor d = final_norm_.backward(ops, cache.last, cache.final_norm, dy);
-  for (std::size_t l = blocks_.size(); l-- > 0;) d = blocks_[l].backward(ops, d, cache.blocks[l]);
+  return backward_blocks(ops, backward_final_norm(ops, dy, cache), cache);
+}
+
+Tensor Transformer::forward_blocks(Ops& ops, const Tensor& x, int first, int last, TransformerCache& cache,
+                                   const TensorParallel& tp) const {
+  if (first < 0 || first > last || last > layers())
+    throw Error(Status::invalid_argument, name() + ": blocks [" + std::to_string(first) + ", " + std::to_string(last) +
+                                              ") are not a range of its " + std::to_string(layers()) + " blocks");
+  check_input(x, shape_.hidden, name());
+  cache.first = first;
+  cache.blocks.resize(static_cast<std::size_t>(last - first));
+  Tensor h = x;
+  for (int l = first; l < last; ++l)
+    h = blocks_[static_cast<std::size_t>(l)].forward(ops, h, cache.blocks[static_cast<std::size_t>(l - first)], tp);
+  return h;
+}
+
+Tensor Transformer::backward_blocks(Ops& ops, const Tensor& dy, const TransformerCache& cache,
+                                    const TensorParallel& tp) const {
+  const int first = cache.first, last = first + static_cast<int>(cache.blocks.size());
+  if (first < 0 || last > layers())
+    throw Error(Status::invalid_argument, name() + ": backward needs the cache of this module's forward");
+  Tensor d = dy;
+  for (int l = last; l-- > first;)
+    d = blocks_[static_cast<std::size_t>(l)].backward(ops, d, cache.blocks[static_cast<std::size_t>(l - first)], tp);
   return d;
+}
+
+Tensor Transformer::forward_final_norm(Ops& ops, Tensor x, TransformerCache& cache) const {
+  check_input(x, shape_.hidden, name());
+  cache.last = std::move(x);
+  return final_norm_.forward(ops, cache.last, cache.final_norm);
+}
+
+Tensor Transformer::backward_final_norm(Ops& ops, const Tensor& dy, const TransformerCache& cache) const {
+  expect_shape(dy, cache.last.shape, "transformer final norm backward", "dy");
+  return final_norm_.backward(ops, cache.last, cache.final_norm, dy);
 }
 
 }  // namespace braid::nn

@@ -10,10 +10,12 @@
 #include <vector>
 
 #include "core/nn/modules/layers.hpp"
+#include "core/nn/modules/tensor_parallel_group.hpp"
 
 namespace braid::nn {
 
-// What a block's backward needs from its forward.
+// What a block's backward needs from its forward. Under tensor parallelism q, k, v, attn, f
+// and g hold this rank's shard of the features.
 struct BlockCache {
   Tensor x, h1, q, k, v, attn, x2, h2, f, g;  // inputs of each step, (B, S, ·)
   LayerNormSaved ln1, ln2;
@@ -27,10 +29,20 @@ class TransformerBlock : public Module {
   // scaling that keeps the residual's variance from growing with depth.
   TransformerBlock(ParameterStore& store, std::string name, const TransformerShape& shape, bool frozen);
 
-  // x (B, S, hidden) -> (B, S, hidden).
-  Tensor forward(Ops& ops, const Tensor& x, BlockCache& cache) const;
-  // dy (B, S, hidden) -> dx; adds the parameter gradients.
-  Tensor backward(Ops& ops, const Tensor& dy, const BlockCache& cache) const;
+  // x (B, S, hidden) -> (B, S, hidden). With tp.size > 1 (Megatron): q, k, v and fc1
+  // column-parallel (q, k, v by heads), out and fc2 row-parallel; one all-reduce after each
+  // row-parallel layer. tp.size == 1 is the plain block.
+  Tensor forward(Ops& ops, const Tensor& x, BlockCache& cache, const TensorParallel& tp = {}) const;
+  // dy (B, S, hidden) -> dx; adds the parameter gradients (sharded ones into this rank's
+  // slice). With tp.size > 1, one all-reduce of the MLP's and one of the attention's input
+  // gradient.
+  Tensor backward(Ops& ops, const Tensor& dy, const BlockCache& cache, const TensorParallel& tp = {}) const;
+
+  // Throws Error(invalid_argument) naming this block unless tp is a valid group whose size
+  // divides the heads and the ffn width.
+  void check_tensor_parallel(const TensorParallel& tp) const;
+  // q, k, v and fc1 (weight, bias), out and fc2 (weight): the gradients split over TP ranks.
+  std::vector<Parameter*> tp_sharded_parameters() const;
 
  private:
   TransformerShape shape_;
@@ -40,20 +52,38 @@ class TransformerBlock : public Module {
   Linear fc1_, fc2_;
 };
 
+// What a range of blocks (and the final norm, when it ran) saved.
 struct TransformerCache {
-  std::vector<BlockCache> blocks;
-  Tensor last;  // input of the final norm
+  int first = 0;                   // the first block that ran
+  std::vector<BlockCache> blocks;  // blocks first, first + 1, ...
+  Tensor last;                     // input of the final norm
   LayerNormSaved final_norm;
 };
 
-// `layers` blocks then the final layer norm.
+// `layers` blocks then the final layer norm. A pipeline stage runs a range of blocks, and the
+// last stage the final norm too.
 class Transformer : public Module {
  public:
   Transformer(ParameterStore& store, std::string name, const TransformerShape& shape, bool frozen);
   const TransformerShape& shape() const { return shape_; }
+  int layers() const { return static_cast<int>(blocks_.size()); }
+  const TransformerBlock& block(int layer) const { return blocks_.at(static_cast<std::size_t>(layer)); }
+  const LayerNorm& final_norm() const { return final_norm_; }
 
+  // Every block, then the final norm.
   Tensor forward(Ops& ops, const Tensor& x, TransformerCache& cache) const;
   Tensor backward(Ops& ops, const Tensor& dy, const TransformerCache& cache) const;
+
+  // Blocks [first, last) over x (B, S, hidden); the cache keeps their saved state (and
+  // cache.first = first). Throws Error(invalid_argument) unless 0 <= first <= last <= layers.
+  Tensor forward_blocks(Ops& ops, const Tensor& x, int first, int last, TransformerCache& cache,
+                        const TensorParallel& tp = {}) const;
+  // Back through the blocks the cache's forward_blocks ran; returns d x.
+  Tensor backward_blocks(Ops& ops, const Tensor& dy, const TransformerCache& cache,
+                         const TensorParallel& tp = {}) const;
+  // The final norm alone (its input saved in cache.last).
+  Tensor forward_final_norm(Ops& ops, Tensor x, TransformerCache& cache) const;
+  Tensor backward_final_norm(Ops& ops, const Tensor& dy, const TransformerCache& cache) const;
 
  private:
   TransformerShape shape_;
