@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/peer_support.hpp"
 #include "core/nn/host_ops.hpp"
 
 extern "C" void openblas_set_num_threads(int);  // braid_nn links OpenBLAS
@@ -41,6 +42,11 @@ extern "C" void openblas_set_num_threads(int);  // braid_nn links OpenBLAS
 #endif
 
 namespace {
+
+using braid::bench::find_torch_python;
+using braid::bench::quoted;
+using braid::bench::relative;
+using braid::bench::TempDir;
 
 using namespace braid;
 using nn::Tensor;
@@ -149,27 +155,6 @@ double median_seconds(int reps, int warmup, const std::function<StepResult()>& s
   return times.size() % 2 ? times[m] : (times[m - 1] + times[m]) / 2;
 }
 
-std::string quoted(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-// The first interpreter that imports torch (and numpy, for the files), or nothing.
-std::optional<std::string> find_torch_python() {
-  std::vector<std::string> candidates;
-  if (const char* env = std::getenv("BRAID_PYTHON"); env && *env) {
-    candidates.push_back(env);
-  } else {
-    if (std::string(BRAID_BENCH_PYTHON3).size()) candidates.push_back(BRAID_BENCH_PYTHON3);
-    candidates.push_back("python3");
-    candidates.push_back("/usr/bin/python3");
-  }
-  for (const auto& python : candidates)
-    if (std::system((quoted(python) + " -c 'import torch, numpy' >/dev/null 2>&1").c_str()) == 0) return python;
-  return std::nullopt;
-}
-
 void write_floats(const std::filesystem::path& path, const Tensor& t) {
   std::ofstream f(path, std::ios::binary);
   f.write(reinterpret_cast<const char*>(t.ptr()), static_cast<std::streamsize>(t.data.size() * sizeof(float)));
@@ -191,8 +176,6 @@ StepResult read_peer(const std::filesystem::path& path, const Tensor& like_image
   r.dt = head[1];
   return r;
 }
-
-double relative(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 
 double relative(const Tensor& a, const Tensor& b) {
   double diff = 0.0, scale = 0.0;
@@ -250,18 +233,6 @@ Peer run_peer(const std::string& python, const std::filesystem::path& dir, int64
 }
 
 // Removes the folder of the exchanged files however the run ends.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "braid-contrastive-XXXXXX").string();
-    if (!mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed for " + pattern);
-    path = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
 
 }  // namespace
 
@@ -292,11 +263,11 @@ int main(int argc, char** argv) {
     const double local_s = median_seconds(
         reps, warmup, [&] { return local_step(ops, local_image, local_text, all_image, all_text, offset, t); }, &local);
 
-    const auto python = find_torch_python();
+    const auto python = find_torch_python(BRAID_BENCH_PYTHON3);
     std::optional<Peer> peer;
     bool same = true;
     if (python) {
-      const TempDir dir;
+      const TempDir dir("braid-contrastive");
       write_floats(dir.path / "image.bin", image);
       write_floats(dir.path / "text.bin", text);
       peer = run_peer(*python, dir.path, N, D, ranks, rank, t, o.threads, reps, warmup);

@@ -8,16 +8,14 @@
 #include "core/pipeline/schedules.hpp"
 #include "core/train/executor.hpp"
 #include "core/train/inputs.hpp"
+#include "core/train/messages.hpp"
 
 namespace braid::train {
 namespace {
 
-// Tags (0..32767 on every backend): one range per kind of message, then the microbatch
-// and the image-side group inside it.
-constexpr int kMaxGroups = 16;
-constexpr int kMaxMicrobatches = 256;
-int tag(int kind, int microbatch, int group = 0) { return (kind * kMaxMicrobatches + microbatch) * kMaxGroups + group; }
-enum Kind { kTokens = 0, kTokenGrads = 1, kHidden = 2, kHiddenGrads = 3 };
+int tag(Message kind, int microbatch, int group = 0) { return message_tag(kind, microbatch, group); }
+constexpr Message kTokens = Message::encoder_tokens, kTokenGrads = Message::encoder_token_grads,
+                  kHidden = Message::llm_hidden, kHiddenGrads = Message::llm_hidden_grads;
 
 ModuleRole role_of(const RankLayout& layout, spec::Role role) {
   for (const auto& m : layout.modules)
@@ -165,16 +163,9 @@ std::vector<data::Sample> ChainPipeline::microbatch_samples(const std::vector<da
   return {first, first + static_cast<std::ptrdiff_t>(microbatch_)};
 }
 
-void ChainPipeline::isend(std::vector<float> data, int peer, int t) {
-  send_buffers_.push_back(std::make_unique<std::vector<float>>(std::move(data)));
-  sends_.push_back(comm_->isend(std::as_bytes(std::span<const float>(*send_buffers_.back())), peer, t));
-}
+void ChainPipeline::isend(std::vector<float> data, int peer, int t) { sends_.isend(*comm_, std::move(data), peer, t); }
 
-void ChainPipeline::wait_sends(StepResult& r) {
-  for (auto& s : sends_) r.wait_seconds += s.wait();
-  sends_.clear();
-  send_buffers_.clear();
-}
+void ChainPipeline::wait_sends(StepResult& r) { r.wait_seconds += sends_.wait_all(); }
 
 void ChainPipeline::begin_step(nn::Ops& ops, std::int64_t step, StepResult& r) {
   const auto& chain = *model_.chain;

@@ -34,6 +34,7 @@
 #include "core/spec/run.hpp"
 #include "core/train/layout.hpp"
 #include "core/train/loader.hpp"
+#include "core/train/messages.hpp"
 
 namespace braid::train {
 
@@ -97,8 +98,7 @@ class ChainPipeline {
   double loss_ = 0;
   std::vector<Slice> slices_;            // this rank's encoder work, by microbatch
   std::map<int, Microbatch> in_flight_;  // llm microbatches between forward and backward
-  std::vector<runtime::Request> sends_;
-  std::vector<std::unique_ptr<std::vector<float>>> send_buffers_;  // alive until their sends finish
+  PendingSends sends_;
   nn::TensorParallel tp_;
 };
 

@@ -59,48 +59,113 @@ void get(const std::byte* buf, std::size_t& at, void* dst, std::size_t n) {
 
 }  // namespace
 
-void clip_image_forward(nn::Ops& ops, const nn::ClipModel& clip, const std::vector<data::Sample>& samples,
-                        TowerMicrobatch& mb) {
+std::vector<nn::Shape> clip_image_hidden_shapes(const nn::ClipModel& clip, const std::vector<data::Sample>& samples,
+                                                TowerMicrobatch& mb) {
   mb.ids = ids_of(samples);
-  auto groups = side_groups(samples);
-  mb.image_caches.assign(groups.size(), {});
-  mb.image_head_caches.assign(groups.size(), {});
   mb.group_rows.clear();
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    const nn::EncoderOutput out = clip.image_encoder->forward(ops, groups[g].images, mb.image_caches[g]);
+  mb.group_sides.clear();
+  std::vector<nn::Shape> shapes;
+  const auto& shape = clip.image_encoder->shape();
+  for (auto& g : data::group_by_side(samples)) {
+    const std::int64_t grid = g.side / shape.patch;
+    shapes.push_back({static_cast<std::int64_t>(g.members.size()), grid * grid, shape.transformer.hidden});
+    mb.group_sides.push_back(g.side);
+    mb.group_rows.push_back(std::move(g.members));
+  }
+  return shapes;
+}
+
+std::vector<nn::Shape> clip_text_hidden_shapes(const nn::ClipModel& clip, const std::vector<data::Sample>& samples,
+                                               TowerMicrobatch& mb) {
+  mb.ids = ids_of(samples);
+  mb.text = tokens_of(samples);
+  return {{mb.text.batch, mb.text.length, clip.text_encoder->shape().transformer.hidden}};
+}
+
+void clip_image_forward(nn::Ops& ops, const nn::ClipModel& clip, const nn::EncoderPart& part,
+                        const std::vector<data::Sample>& samples, TowerMicrobatch& mb) {
+  const bool first = part.first == 0, last = part.last == clip.image_encoder->layers();
+  std::vector<SideGroup> groups;
+  if (first) {
+    groups = side_groups(samples);
+    mb.ids = ids_of(samples);
+    mb.group_rows.clear();
+    mb.group_sides.clear();
+    for (const auto& g : groups) {
+      mb.group_rows.push_back(g.members);
+      mb.group_sides.push_back(g.side);
+    }
+    mb.hidden.assign(groups.size(), {});
+  }
+  const std::size_t n_groups = mb.group_rows.size();
+  mb.image_caches.assign(n_groups, {});
+  mb.image_head_caches.assign(last ? n_groups : 0, {});
+  for (std::size_t g = 0; g < n_groups; ++g) {
+    const nn::EncoderOutput out = clip.image_encoder->forward_part(ops, part, first ? &groups[g].images : nullptr,
+                                                                   first ? nullptr : &mb.hidden[g], mb.image_caches[g]);
+    if (!last) {
+      mb.hidden[g] = out.tokens;
+      continue;
+    }
     const nn::Tensor emb = clip.image_head->forward(ops, out.pooled, mb.image_head_caches[g]);
     const std::int64_t width = emb.dim(1);
-    if (g == 0) nn::reset(mb.embeddings, {static_cast<std::int64_t>(samples.size()), width});
-    for (std::size_t i = 0; i < groups[g].members.size(); ++i)
-      copy_row(emb, i, mb.embeddings, groups[g].members[i], width);
-    mb.group_rows.push_back(groups[g].members);
+    if (g == 0) nn::reset(mb.embeddings, {static_cast<std::int64_t>(mb.ids.size()), width});
+    for (std::size_t i = 0; i < mb.group_rows[g].size(); ++i)
+      copy_row(emb, i, mb.embeddings, mb.group_rows[g][i], width);
   }
+  if (last) mb.hidden.clear();
 }
 
-void clip_text_forward(nn::Ops& ops, const nn::ClipModel& clip, const std::vector<data::Sample>& samples,
-                       TowerMicrobatch& mb) {
-  mb.ids = ids_of(samples);
-  const nn::Tokens tokens = tokens_of(samples);
-  const nn::EncoderOutput out = clip.text_encoder->forward(ops, tokens, mb.text_cache);
+void clip_text_forward(nn::Ops& ops, const nn::ClipModel& clip, const nn::EncoderPart& part,
+                       const std::vector<data::Sample>& samples, TowerMicrobatch& mb) {
+  const bool first = part.first == 0, last = part.last == clip.text_encoder->layers();
+  if (first) {
+    mb.ids = ids_of(samples);
+    mb.text = tokens_of(samples);
+    mb.hidden.assign(1, {});
+  }
+  const nn::EncoderOutput out =
+      clip.text_encoder->forward_part(ops, part, mb.text, first ? nullptr : &mb.hidden[0], mb.text_cache);
+  if (!last) {
+    mb.hidden[0] = out.tokens;
+    return;
+  }
   mb.embeddings = clip.text_head->forward(ops, out.pooled, mb.text_head_cache);
+  mb.hidden.clear();
 }
 
-void clip_image_backward(nn::Ops& ops, const nn::ClipModel& clip, const TowerMicrobatch& mb) {
+void clip_image_backward(nn::Ops& ops, const nn::ClipModel& clip, const nn::EncoderPart& part, TowerMicrobatch& mb) {
   if (clip.image_encoder->frozen()) return;
-  const std::int64_t width = mb.d_embeddings.dim(1);
-  for (std::size_t g = 0; g < mb.group_rows.size(); ++g) {
-    const auto& rows = mb.group_rows[g];
-    nn::Tensor d({static_cast<std::int64_t>(rows.size()), width});
-    for (std::size_t i = 0; i < rows.size(); ++i) copy_row(mb.d_embeddings, rows[i], d, i, width);
-    const nn::Tensor d_pooled = clip.image_head->backward(ops, d, mb.image_head_caches[g]);
-    clip.image_encoder->backward(ops, nullptr, &d_pooled, mb.image_caches[g]);
+  const bool first = part.first == 0, last = part.last == clip.image_encoder->layers();
+  const std::size_t n_groups = mb.group_rows.size();
+  std::vector<nn::Tensor> d_in(n_groups);
+  for (std::size_t g = 0; g < n_groups; ++g) {
+    if (last) {
+      const auto& rows = mb.group_rows[g];
+      const std::int64_t width = mb.d_embeddings.dim(1);
+      nn::Tensor d({static_cast<std::int64_t>(rows.size()), width});
+      for (std::size_t i = 0; i < rows.size(); ++i) copy_row(mb.d_embeddings, rows[i], d, i, width);
+      const nn::Tensor d_pooled = clip.image_head->backward(ops, d, mb.image_head_caches[g]);
+      d_in[g] = clip.image_encoder->backward_part(ops, part, nullptr, &d_pooled, mb.image_caches[g]);
+    } else {
+      d_in[g] = clip.image_encoder->backward_part(ops, part, &mb.d_hidden[g], nullptr, mb.image_caches[g]);
+    }
   }
+  mb.d_hidden = first ? std::vector<nn::Tensor>{} : std::move(d_in);
 }
 
-void clip_text_backward(nn::Ops& ops, const nn::ClipModel& clip, const TowerMicrobatch& mb) {
+void clip_text_backward(nn::Ops& ops, const nn::ClipModel& clip, const nn::EncoderPart& part, TowerMicrobatch& mb) {
   if (clip.text_encoder->frozen()) return;
-  const nn::Tensor d_pooled = clip.text_head->backward(ops, mb.d_embeddings, mb.text_head_cache);
-  clip.text_encoder->backward(ops, nullptr, &d_pooled, mb.text_cache);
+  const bool first = part.first == 0, last = part.last == clip.text_encoder->layers();
+  nn::Tensor d_in;
+  if (last) {
+    const nn::Tensor d_pooled = clip.text_head->backward(ops, mb.d_embeddings, mb.text_head_cache);
+    d_in = clip.text_encoder->backward_part(ops, part, nullptr, &d_pooled, mb.text_cache);
+  } else {
+    d_in = clip.text_encoder->backward_part(ops, part, &mb.d_hidden[0], nullptr, mb.text_cache);
+  }
+  mb.d_hidden.clear();
+  if (!first) mb.d_hidden.push_back(std::move(d_in));
 }
 
 BatchSyncResult batch_sync(nn::Ops& ops, const nn::ClipModel& clip, runtime::Communicator& group,

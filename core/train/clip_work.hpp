@@ -24,27 +24,44 @@
 
 namespace braid::train {
 
-// One microbatch of one tower on this rank, from forward to backward.
+// One microbatch of one tower on this rank, from forward to backward. A tower may be split
+// into pipeline parts (nn::EncoderPart): the first embeds, the last pools and projects; in
+// between, hidden states travel as one tensor per image side (the text tower: one).
 struct TowerMicrobatch {
-  std::vector<std::int64_t> ids;  // sample indices, in row order
-  nn::Tensor embeddings;          // (n, E), unit norm
-  nn::Tensor d_embeddings;        // (n, E), set by the batch-sync
+  std::vector<std::int64_t> ids;     // sample indices, in row order
+  nn::Tensor embeddings;             // (n, E), unit norm (last part)
+  nn::Tensor d_embeddings;           // (n, E), set by the batch-sync (last part)
+  std::vector<nn::Tensor> hidden;    // per group: the input from the previous part, then the output to the next
+  std::vector<nn::Tensor> d_hidden;  // per group: the gradient from the next part, then the one to the previous
   // Image tower: one cache per side group, and the rows each group's samples hold.
   std::vector<nn::ImageEncoderCache> image_caches;
   std::vector<nn::ClipHeadCache> image_head_caches;
   std::vector<std::vector<std::size_t>> group_rows;
+  std::vector<int> group_sides;
   // Text tower.
   nn::TextEncoderCache text_cache;
   nn::ClipHeadCache text_head_cache;
+  nn::Tokens text;
 };
 
-void clip_image_forward(nn::Ops& ops, const nn::ClipModel& clip, const std::vector<data::Sample>& samples,
-                        TowerMicrobatch& mb);
-void clip_text_forward(nn::Ops& ops, const nn::ClipModel& clip, const std::vector<data::Sample>& samples,
-                       TowerMicrobatch& mb);
-// Add the tower's parameter gradients from mb.d_embeddings (nothing when the tower is frozen).
-void clip_image_backward(nn::Ops& ops, const nn::ClipModel& clip, const TowerMicrobatch& mb);
-void clip_text_backward(nn::Ops& ops, const nn::ClipModel& clip, const TowerMicrobatch& mb);
+// The tensors a part receives: per group (batch, sequence) of its hidden input, before forward.
+// Sets ids, group_rows, group_sides (image) or text (text tower) from the samples.
+std::vector<nn::Shape> clip_image_hidden_shapes(const nn::ClipModel& clip, const std::vector<data::Sample>& samples,
+                                                TowerMicrobatch& mb);
+std::vector<nn::Shape> clip_text_hidden_shapes(const nn::ClipModel& clip, const std::vector<data::Sample>& samples,
+                                               TowerMicrobatch& mb);
+
+// Forward of `part`: the first part from the samples, the others from mb.hidden; leaves
+// mb.hidden = the outputs for the next part, or mb.embeddings on the last part.
+void clip_image_forward(nn::Ops& ops, const nn::ClipModel& clip, const nn::EncoderPart& part,
+                        const std::vector<data::Sample>& samples, TowerMicrobatch& mb);
+void clip_text_forward(nn::Ops& ops, const nn::ClipModel& clip, const nn::EncoderPart& part,
+                       const std::vector<data::Sample>& samples, TowerMicrobatch& mb);
+// Adds the part's parameter gradients from mb.d_embeddings (last part) or mb.d_hidden, and
+// leaves mb.d_hidden = the gradients for the previous part (none on the first). Nothing when
+// the tower is frozen.
+void clip_image_backward(nn::Ops& ops, const nn::ClipModel& clip, const nn::EncoderPart& part, TowerMicrobatch& mb);
+void clip_text_backward(nn::Ops& ops, const nn::ClipModel& clip, const nn::EncoderPart& part, TowerMicrobatch& mb);
 
 struct BatchSyncResult {
   double loss = 0;              // the group's contrastive loss (every rank gets it)

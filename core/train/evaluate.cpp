@@ -30,6 +30,8 @@ std::int64_t best_match(const nn::Tensor& query, std::int64_t i, const nn::Tenso
 }  // namespace
 
 std::vector<data::Sample> heldout_samples(const data::ShapesDataset& dataset, std::int64_t count) {
+  if (count < 0)
+    throw Error(Status::invalid_argument, "held-out samples: count is " + std::to_string(count) + "; use 0 or more");
   std::vector<data::Sample> out;
   out.reserve(static_cast<std::size_t>(count));
   for (std::int64_t i = 0; i < count; ++i) out.push_back(dataset.get(i, data::Split::heldout));
@@ -42,6 +44,7 @@ Retrieval retrieval_top1(const nn::Tensor& image, const nn::Tensor& text, std::s
                                               nn::shape_string(text.shape) + ", " + std::to_string(scene_ids.size()) +
                                               " scene ids");
   const std::int64_t n = image.dim(0);
+  if (n == 0) throw Error(Status::invalid_argument, "retrieval: no embeddings to rank");
   std::int64_t i2t = 0, t2i = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const auto id = scene_ids[static_cast<std::size_t>(i)];

@@ -12,7 +12,8 @@
 
 namespace braid::train {
 
-// Held-out samples 0 .. count-1.
+// Held-out samples 0 .. count-1 (Split::heldout), rendered. Throws Error(invalid_argument) for
+// a negative count.
 std::vector<data::Sample> heldout_samples(const data::ShapesDataset& dataset, std::int64_t count);
 
 struct Retrieval {
@@ -20,7 +21,8 @@ struct Retrieval {
 };
 // Top-1 retrieval over unit-norm embeddings (N, E): image i retrieves argmax_j <img_i, txt_j>,
 // correct when scene_ids[j] == scene_ids[i] (two samples of one scene have one caption, so no
-// model can tell them apart); text to image likewise. Ties go to the lower index.
+// model can tell them apart); text to image likewise. Ties go to the lower index. Throws
+// Error(invalid_argument) for no rows or shapes that disagree.
 Retrieval retrieval_top1(const nn::Tensor& image_embeddings, const nn::Tensor& text_embeddings,
                          std::span<const std::int64_t> scene_ids);
 

@@ -1,5 +1,6 @@
 #include "core/train/executor.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <string>
@@ -8,6 +9,7 @@
 #include "core/nn/optim.hpp"
 #include "core/pipeline/schedules.hpp"
 #include "core/train/inputs.hpp"
+#include "core/train/messages.hpp"
 
 namespace braid::train {
 namespace {
@@ -20,10 +22,12 @@ double now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
   throw Error(Status::bad_config, run.source + ": training: " + why);
 }
 
+void add_trainable(std::vector<nn::Parameter*>& to, nn::Parameter* p) {
+  if (p->trainable) to.push_back(p);
+}
+
 void append(std::vector<nn::Parameter*>& to, const nn::Module* m) {
-  if (!m) return;
-  for (auto* p : m->parameters())
-    if (p->trainable) to.push_back(p);
+  for (auto* p : m->parameters()) add_trainable(to, p);
 }
 
 }  // namespace
@@ -45,15 +49,23 @@ Executor::Executor(const spec::RunSpec& run, nn::Model& model, const data::Shape
     towers_.resize(2);
     const ModuleRole* roles[2] = {&layout_.module(image_name), &layout_.module(text_name)};
     tower_roles = {roles[0], roles[1]};
-    append(towers_[0].params, model.clip->image_encoder.get());
-    append(towers_[0].params, model.clip->image_head.get());
-    append(towers_[1].params, model.clip->text_encoder.get());
-    append(towers_[1].params, model.clip->text_head.get());
+    const int layers[2] = {model.clip->image_encoder->layers(), model.clip->text_encoder->layers()};
     for (int t = 0; t < 2; ++t) {
-      towers_[static_cast<std::size_t>(t)].held = roles[t]->held;
-      towers_[static_cast<std::size_t>(t)].replica = roles[t]->replica;
-      towers_[static_cast<std::size_t>(t)].replicas = roles[t]->replicas;
+      Tower& tower = towers_[static_cast<std::size_t>(t)];
+      const ModuleRole& role = *roles[t];
+      tower.held = role.held;
+      tower.replica = role.replica;
+      tower.replicas = role.replicas;
+      tower.stage = role.stage;
+      tower.stages = role.stages;
+      tower.role = &role;
+      tower.part = nn::split_encoder(layers[t], role.stages)[static_cast<std::size_t>(role.held ? role.stage : 0)];
     }
+    // The part's blocks, and the projection head with the last part.
+    for (auto* p : model.clip->image_encoder->part_parameters(towers_[0].part)) add_trainable(towers_[0].params, p);
+    for (auto* p : model.clip->text_encoder->part_parameters(towers_[1].part)) add_trainable(towers_[1].params, p);
+    if (towers_[0].stage + 1 == towers_[0].stages) append(towers_[0].params, model.clip->image_head.get());
+    if (towers_[1].stage + 1 == towers_[1].stages) append(towers_[1].params, model.clip->text_head.get());
     groups_ = static_cast<int>(global / run.training.contrastive_batch);
     const long long group_rows = run.training.contrastive_batch;
     rows_per_replica_ = group_rows / std::min(roles[0]->replicas, roles[1]->replicas);
@@ -69,14 +81,18 @@ Executor::Executor(const spec::RunSpec& run, nn::Model& model, const data::Shape
     return;
   }
 
-  // One replica count per rank: the program has one stage.
-  int replicas = 0;
+  // One program per rank: the towers it holds share their DP width and pipeline depth.
+  int replicas = 0, stages = 0, stage = 0;
   for (const auto& t : towers_) {
     if (!t.held) continue;
-    if (replicas && t.replicas != replicas)
-      throw Error(Status::unsupported, "the CPU trainer runs both CLIP towers of a rank with one DP width");
+    if (replicas && (t.replicas != replicas || t.stages != stages || t.stage != stage))
+      throw Error(Status::unsupported,
+                  "the CPU trainer runs both CLIP towers of a rank with one DP width and one pipeline stage");
     replicas = t.replicas;
+    stages = t.stages;
+    stage = t.stage;
   }
+  stage_ = stage;
   const long long rows = global / (replicas ? replicas : 1);
   const long long per_group = rows / groups_;
   microbatch_ = std::min<long long>(run.training.microbatch, per_group);
@@ -84,8 +100,9 @@ Executor::Executor(const spec::RunSpec& run, nn::Model& model, const data::Shape
     bad_split(run, "a replica's " + std::to_string(per_group) +
                        " samples per contrastive group do not split into microbatches of " +
                        std::to_string(microbatch_));
-  // Groups in rank order; every rank creates the same ones in the same order.
-  if (!layout_.sync_ranks.empty()) sync_.emplace(world.group(layout_.sync_ranks));
+  // Groups in one order on every rank; only their members create them.
+  const auto& sync = layout_.sync_ranks;
+  if (std::find(sync.begin(), sync.end(), layout_.rank) != sync.end()) sync_.emplace(world.group(sync));
   for (std::size_t t = 0; t < towers_.size(); ++t) {
     Tower& tower = towers_[t];
     if (!tower.held) continue;
@@ -94,9 +111,15 @@ Executor::Executor(const spec::RunSpec& run, nn::Model& model, const data::Shape
     if (tower.replicas > 1) tower.dp.emplace(world.group(tower_roles[t]->dp_ranks));
   }
 
-  // The step's program: one stage, this rank's microbatches.
-  program_.stages.resize(1);
-  program_.stages[0].name = layout_.summary;
+  // The step's program: the towers' stages in a line, the batch-sync after the last.
+  program_.stages.resize(static_cast<std::size_t>(std::max(stages, 1)));
+  for (int st = 0; st < stages; ++st) {
+    auto& ps = program_.stages[static_cast<std::size_t>(st)];
+    ps.name = "stage " + std::to_string(st);
+    ps.depth = st;
+    if (st > 0) ps.prev = {st - 1};
+    if (st + 1 < stages) ps.next = {st + 1};
+  }
   const int k = static_cast<int>(per_group / microbatch_);
   pipeline::batch_sync(program_, groups_, k,
                        options_.distmm_pipe ? pipeline::BatchSyncKind::distmm_pipe : pipeline::BatchSyncKind::plain);
@@ -108,7 +131,7 @@ Executor::Executor(const spec::RunSpec& run, nn::Model& model, const data::Shape
     for (auto* p : t.params) params_.push_back({p, {}, t.replica == 0});
   }
   if (logit_scale_ && sync_ && logit_scale_->trainable)
-    params_.push_back({logit_scale_, {}, layout_.rank == layout_.sync_ranks.front()});
+    params_.push_back({logit_scale_, {}, layout_.rank == sync.front()});
 }
 
 std::vector<data::Sample> Executor::slice(const Tower& t, int microbatch) const {
@@ -140,7 +163,7 @@ StepResult Executor::step(std::int64_t step, double lr) {
   text_mbs_.assign(towers_[1].held ? towers_[1].samples.size() / static_cast<std::size_t>(microbatch_) : 0, {});
   loss_ = 0;
   logit_grad_ = 0;
-  for (const auto& i : program_.stages[0].instructions) run_instruction(i, step, lr, r);
+  for (const auto& i : program_.stages[static_cast<std::size_t>(stage_)].instructions) run_instruction(i, step, lr, r);
   r.seconds = now() - start;
   return r;
 }
@@ -149,25 +172,29 @@ void Executor::run_instruction(const pipeline::Instruction& i, std::int64_t step
   switch (i.op) {
     case Op::load_microbatch:
       return;  // the step's samples are rendered up front (Loader::samples)
+    case Op::recv_activation:
+    case Op::recv_grad:
+      for (int t = 0; t < 2; ++t) receive(t, i, r);
+      return;
+    case Op::send_activation:
+    case Op::send_grad:
+      for (int t = 0; t < 2; ++t) send(t, i);
+      if (i.op == Op::send_grad) release(i.microbatch);  // a later stage is done with it
+      return;
     case Op::forward:
       if (towers_[0].held)
-        clip_image_forward(ops_, *model_.clip, slice(towers_[0], i.microbatch),
+        clip_image_forward(ops_, *model_.clip, towers_[0].part, slice(towers_[0], i.microbatch),
                            image_mbs_[static_cast<std::size_t>(i.microbatch)]);
       if (towers_[1].held)
-        clip_text_forward(ops_, *model_.clip, slice(towers_[1], i.microbatch),
+        clip_text_forward(ops_, *model_.clip, towers_[1].part, slice(towers_[1], i.microbatch),
                           text_mbs_[static_cast<std::size_t>(i.microbatch)]);
       return;
     case Op::backward:
-      if (towers_[0].held) {
-        auto& mb = image_mbs_[static_cast<std::size_t>(i.microbatch)];
-        clip_image_backward(ops_, *model_.clip, mb);
-        mb = {};
-      }
-      if (towers_[1].held) {
-        auto& mb = text_mbs_[static_cast<std::size_t>(i.microbatch)];
-        clip_text_backward(ops_, *model_.clip, mb);
-        mb = {};
-      }
+      if (towers_[0].held)
+        clip_image_backward(ops_, *model_.clip, towers_[0].part, image_mbs_[static_cast<std::size_t>(i.microbatch)]);
+      if (towers_[1].held)
+        clip_text_backward(ops_, *model_.clip, towers_[1].part, text_mbs_[static_cast<std::size_t>(i.microbatch)]);
+      if (stage_ == 0) release(i.microbatch);
       return;
     case Op::batch_sync: {
       // Microbatch j of group g is j in [g*K, (g+1)*K) on every tower, K its own.
@@ -191,11 +218,76 @@ void Executor::run_instruction(const pipeline::Instruction& i, std::int64_t step
     case Op::optimizer_step:
       return optimizer_step(lr, r);
     default:
-      throw Error(Status::internal, std::string("executor: a one-stage program has no ") + pipeline::op_name(i.op));
+      throw Error(Status::internal, std::string("executor: a contrastive program has no ") + pipeline::op_name(i.op));
   }
 }
 
+void Executor::gather_parameters() {
+  if (chain_) return chain_->gather_parameters();
+  const nn::ClipModel& clip = *model_.clip;
+  const int layers[2] = {clip.image_encoder->layers(), clip.text_encoder->layers()};
+  const nn::ClipHead* heads[2] = {clip.image_head.get(), clip.text_head.get()};
+  for (int t = 0; t < 2; ++t) {
+    const Tower& tower = towers_[static_cast<std::size_t>(t)];
+    if (tower.stages == 1) continue;  // replica 0 of a whole tower has it all
+    const auto parts = nn::split_encoder(layers[t], tower.stages);
+    for (int st = 0; st < tower.stages; ++st) {
+      auto params = t == 0 ? clip.image_encoder->part_parameters(parts[static_cast<std::size_t>(st)])
+                           : clip.text_encoder->part_parameters(parts[static_cast<std::size_t>(st)]);
+      if (st + 1 == tower.stages)
+        params.insert(params.end(), heads[t]->parameters().begin(), heads[t]->parameters().end());
+      const int owner = tower.role->rank_at(st, 0, 0);
+      for (auto* p : params) world_comm_->broadcast(std::as_writable_bytes(std::span<float>(p->value.data)), owner);
+    }
+  }
+}
+
+std::vector<TowerMicrobatch>& Executor::microbatches(int tower) { return tower == 0 ? image_mbs_ : text_mbs_; }
+
+void Executor::release(int microbatch) {
+  for (int t = 0; t < 2; ++t)
+    if (towers_[static_cast<std::size_t>(t)].held) microbatches(t)[static_cast<std::size_t>(microbatch)] = {};
+}
+
+// Hidden states (forward) or their gradients (backward) of one microbatch from the
+// neighbouring stage of the same replica: one message per image side.
+void Executor::receive(int t, const pipeline::Instruction& i, StepResult& r) {
+  Tower& tower = towers_[static_cast<std::size_t>(t)];
+  if (!tower.held) return;
+  const bool forward = i.op == Op::recv_activation;
+  auto& mb = microbatches(t)[static_cast<std::size_t>(i.microbatch)];
+  const auto samples = slice(tower, i.microbatch);
+  const auto shapes =
+      t == 0 ? clip_image_hidden_shapes(*model_.clip, samples, mb) : clip_text_hidden_shapes(*model_.clip, samples, mb);
+  auto& into = forward ? mb.hidden : mb.d_hidden;
+  into.assign(shapes.size(), {});
+  const int peer = tower.role->rank_at(tower.stage + (forward ? -1 : 1), 0, tower.replica);
+  const Message kind = forward ? (t == 0 ? Message::image_hidden : Message::text_hidden)
+                               : (t == 0 ? Message::image_hidden_grads : Message::text_hidden_grads);
+  for (std::size_t g = 0; g < shapes.size(); ++g) {
+    nn::reset(into[g], shapes[g]);
+    auto req = world_comm_->irecv(std::as_writable_bytes(std::span<float>(into[g].data)), peer,
+                                  message_tag(kind, i.microbatch, static_cast<int>(g)));
+    r.wait_seconds += req.wait();
+  }
+}
+
+void Executor::send(int t, const pipeline::Instruction& i) {
+  Tower& tower = towers_[static_cast<std::size_t>(t)];
+  if (!tower.held) return;
+  const bool forward = i.op == Op::send_activation;
+  auto& mb = microbatches(t)[static_cast<std::size_t>(i.microbatch)];
+  auto& from = forward ? mb.hidden : mb.d_hidden;
+  const int peer = tower.role->rank_at(tower.stage + (forward ? 1 : -1), 0, tower.replica);
+  const Message kind = forward ? (t == 0 ? Message::image_hidden : Message::text_hidden)
+                               : (t == 0 ? Message::image_hidden_grads : Message::text_hidden_grads);
+  for (std::size_t g = 0; g < from.size(); ++g)
+    sends_.isend(*world_comm_, std::move(from[g].data), peer, message_tag(kind, i.microbatch, static_cast<int>(g)));
+  from.clear();
+}
+
 void Executor::reduce_grads(StepResult& r) {
+  r.wait_seconds += sends_.wait_all();
   for (auto& t : towers_) {
     if (!t.held || !t.dp) continue;
     std::size_t total = 0;
@@ -213,12 +305,17 @@ void Executor::reduce_grads(StepResult& r) {
     }
   }
   // The temperature's gradient is a share per rank, summed over the batch-sync; the loss
-  // the batch-syncs summed already.
-  double sum[1] = {logit_grad_};
-  auto req = sync_->iallreduce(std::span<double>(sum));
+  // the batch-syncs summed already, on the ranks of the towers' last stages.
+  if (sync_) {
+    double sum[1] = {logit_grad_};
+    auto req = sync_->iallreduce(std::span<double>(sum));
+    r.wait_seconds += req.wait();
+    if (logit_scale_ && logit_scale_->trainable) logit_scale_->grad.data[0] = static_cast<float>(sum[0]);
+  }
+  double loss[1] = {layout_.rank == layout_.sync_ranks.front() ? loss_ : 0.0};
+  auto req = world_comm_->iallreduce(std::span<double>(loss));
   r.wait_seconds += req.wait();
-  if (logit_scale_ && logit_scale_->trainable) logit_scale_->grad.data[0] = static_cast<float>(sum[0]);
-  r.loss = loss_;
+  r.loss = loss[0];
 }
 
 void Executor::optimizer_step(double lr, StepResult& r) {

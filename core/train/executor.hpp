@@ -30,6 +30,7 @@
 #include "core/train/clip_work.hpp"
 #include "core/train/layout.hpp"
 #include "core/train/loader.hpp"
+#include "core/train/messages.hpp"
 
 namespace braid::train {
 
@@ -68,11 +69,17 @@ class Executor {
   std::vector<TrainedParameter>& parameters() { return params_; }
   runtime::Communicator& world_communicator() { return *world_comm_; }
   ChainPipeline* chain() { return chain_.get(); }  // null for a contrastive model
+  // Every parameter from the rank that trains it to every rank, so that one rank can
+  // evaluate a pipelined model whole (collective over the world).
+  void gather_parameters();
 
  private:
   struct Tower {
     bool held = false;
     int replica = 0, replicas = 1;
+    int stage = 0, stages = 1;
+    nn::EncoderPart part;
+    const ModuleRole* role = nullptr;
     std::unique_ptr<Loader> loader;
     std::vector<data::Sample> samples;  // this step's rows
     std::optional<runtime::Communicator> dp;
@@ -81,6 +88,10 @@ class Executor {
   void run_instruction(const pipeline::Instruction& i, std::int64_t step, double lr, StepResult& r);
   std::vector<data::Sample> slice(const Tower& t, int microbatch) const;
   void reduce_grads(StepResult& r);
+  std::vector<TowerMicrobatch>& microbatches(int tower);
+  void release(int microbatch);
+  void receive(int tower, const pipeline::Instruction& i, StepResult& r);
+  void send(int tower, const pipeline::Instruction& i);
   void optimizer_step(double lr, StepResult& r);
 
   const spec::RunSpec& run_;
@@ -92,6 +103,8 @@ class Executor {
   std::optional<runtime::Communicator> sync_;  // contrastive batch-sync group
   std::vector<Tower> towers_;                  // clip: [image, text]
   std::int64_t microbatch_ = 1;
+  int stage_ = 0;  // this rank's stage of the towers' pipeline
+  PendingSends sends_;
   int groups_ = 1;                     // contrastive groups per step
   std::int64_t rows_per_replica_ = 0;  // contrastive: the most rows a rank holds per group
   nn::Parameter* logit_scale_ = nullptr;

@@ -1,6 +1,9 @@
 #include "core/train/inputs.hpp"
 
 #include <algorithm>
+#include <string>
+
+#include "core/common/error.hpp"
 
 namespace braid::train {
 
@@ -14,9 +17,14 @@ std::vector<SideGroup> side_groups(std::span<const data::Sample> samples) {
 }
 
 nn::Tokens tokens_of(std::span<const data::Sample> samples, std::span<const std::size_t> members, std::int64_t pad_to) {
-  std::vector<data::Sample> picked;
-  picked.reserve(members.size());
-  for (std::size_t m : members) picked.push_back(samples[m]);
+  // pad_tokens reads only the tokens: gather those, not the pixels.
+  std::vector<data::Sample> picked(members.size());
+  for (std::size_t k = 0; k < members.size(); ++k) {
+    if (members[k] >= samples.size())
+      throw Error(Status::invalid_argument, "tokens_of: member " + std::to_string(members[k]) + " of a batch of " +
+                                                std::to_string(samples.size()) + " samples");
+    picked[k].tokens = samples[members[k]].tokens;
+  }
   return tokens_of(picked, pad_to);
 }
 

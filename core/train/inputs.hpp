@@ -21,11 +21,13 @@ struct SideGroup {
 // One group per distinct side, by ascending side.
 std::vector<SideGroup> side_groups(std::span<const data::Sample> samples);
 // Tokens of the samples (or of `members` of them), padded with the tokenizer's pad id to the
-// longest, or to pad_to when > 0.
+// longest, or to pad_to when > 0. Throws Error(invalid_argument) when a caption is longer than
+// pad_to or a member is out of range.
 nn::Tokens tokens_of(std::span<const data::Sample> samples, std::int64_t pad_to = 0);
 nn::Tokens tokens_of(std::span<const data::Sample> samples, std::span<const std::size_t> members,
                      std::int64_t pad_to = 0);
-// Text positions the LM loss counts (each sample's tokens but its last), summed.
+// Text positions the LM loss counts (each sample's tokens but its last: nn::next_token_targets),
+// summed.
 std::int64_t counted_tokens(std::span<const data::Sample> samples);
 
 }  // namespace braid::train

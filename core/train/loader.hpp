@@ -1,9 +1,12 @@
 // Which samples each data-parallel replica trains on at each step. Step s (from 1) takes
 // training samples [(s-1) G, s G) of the generated dataset, G the global batch; replica r
 // of R gets G / R of them: the contiguous rows [r G/R, (r+1) G/R) (Megatron's sampler), or
-// with reordering the DistTrain intra-step assignment of core/data/reorder (the code the C
-// ABI's braid_reorder runs): longest processing time first over each sample's image area
-// (the encoder's work grows with its patch count), equal counts per replica. A pure
+// with reordering the DistTrain intra-step assignment of core/data/reorder (assign_lpt, which
+// the C ABI's braid_reorder runs through data::arrange): longest processing time first over
+// each sample's patch count, equal counts per replica. Patches, not side^4: for the reference
+// models a sequence holds at most a few dozen tokens, far fewer than the hidden width, so the
+// linear layers dominate and the planner's cost model (core/data/sample_cost) prices a sample
+// as an affine function of its patch count; attention's quadratic term stays small. A pure
 // function of (dataset, options, step, replica): the same on any number of processes.
 #pragma once
 
@@ -23,8 +26,10 @@ struct LoaderOptions {
 class Loader {
  public:
   // Throws Error(invalid_argument) unless global_batch >= replicas >= 1 and replicas divides global_batch.
+  // Keeps a reference to `dataset`, which must outlive the loader.
   Loader(const data::ShapesDataset& dataset, LoaderOptions options);
-  // Sample indices of `step` (>= 1) for `replica`, ascending.
+  // Training-sample indices of `step` (>= 1) for `replica` (in [0, replicas)), G/R of them,
+  // ascending. Throws Error(invalid_argument) for a step or replica out of range.
   std::vector<std::int64_t> indices(std::int64_t step, int replica) const;
   // Those samples, rendered, in indices() order.
   std::vector<data::Sample> samples(std::int64_t step, int replica) const;

@@ -229,12 +229,10 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       if (o.progress) out << meter.update(step, r.loss, sm.samples_per_s, r.seconds) << "\n" << std::flush;
     }
     if ((eval_every > 0 && step % eval_every == 0) || step == total) {
-      // An MLLM is evaluated whole on rank 0: every parameter from the rank that trains it.
+      // Pipelined models are evaluated whole on one rank: every parameter from the rank that trains it.
+      executor.gather_parameters();
       ChainPipeline* chain = executor.chain();
-      if (chain) {
-        chain->gather_parameters();
-        chain->single_process(true);
-      }
+      if (chain) chain->single_process(true);
       EvalMetrics e = evaluate(run, model, heldout, layouts, rank, comm, ops, step);
       if (chain) chain->single_process(false);
       if (rank == 0) {

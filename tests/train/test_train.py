@@ -40,9 +40,22 @@ schedule: batch-sync
 virtual_stages: 1
 modules:
   - {name: image_encoder, role: encoder, tp: 1, pp: 1, dp: 1, first_device: 0, devices: 1, first_stage: 0,
-     microbatch_size: 8, layers_per_stage: [2]}
+     microbatch_size: 16, layers_per_stage: [2]}
   - {name: text_encoder, role: encoder, tp: 1, pp: 1, dp: 2, first_device: 1, devices: 2, first_stage: 0,
-     microbatch_size: 8, layers_per_stage: [2]}
+     microbatch_size: 16, layers_per_stage: [2]}
+"""
+# Both towers in 2 pipeline stages over 2 ranks (rank 1 holds the second blocks, the heads
+# and the batch-sync).
+CLIP_PP2 = """strategy: megatron
+layout: monolithic
+devices: 2
+schedule: batch-sync
+virtual_stages: 1
+modules:
+  - {name: image_encoder, role: encoder, tp: 1, pp: 2, dp: 1, first_device: 0, devices: 2, first_stage: 0,
+     microbatch_size: 16, layers_per_stage: [1, 1]}
+  - {name: text_encoder, role: encoder, tp: 1, pp: 2, dp: 1, first_device: 0, devices: 2, first_stage: 0,
+     microbatch_size: 16, layers_per_stage: [1, 1]}
 """
 
 
@@ -63,20 +76,27 @@ def check(test, result):
 
 
 def variant(directory, base, name, **trainer):
-    """A copy of a run file with a `trainer:` section (and optional training overrides)."""
+    """A copy of a run file with `trainer:` settings (and `training=` overrides) merged in."""
     training = trainer.pop("training", {})
     with open(base) as f:
         text = f.read()
     text = text.replace("model: ../", "model: " + os.path.join(SOURCE_DIR, "configs") + "/")
     text = text.replace("cluster: ../", "cluster: " + os.path.join(SOURCE_DIR, "configs") + "/")
+    settings = {}
+    if "\ntrainer:\n" in text:  # the section is the file's last
+        text, section = text.split("\ntrainer:\n", 1)
+        text += "\n"
+        for line in section.splitlines():
+            if line.startswith("  ") and ":" in line:
+                key, value = line.strip().split(":", 1)
+                settings[key] = value.strip()
+    settings.update(trainer)
     for key, value in training.items():
-        lines = text.splitlines()
-        lines = [l for l in lines if not l.strip().startswith(key + ":")]
-        at = lines.index("training:") + 1
-        lines.insert(at, f"  {key}: {value}")
+        lines = [l for l in text.splitlines() if not l.strip().startswith(key + ":")]
+        lines.insert(lines.index("training:") + 1, f"  {key}: {value}")
         text = "\n".join(lines) + "\n"
-    if trainer:
-        text += "trainer:\n" + "".join(f"  {k}: {v}\n" for k, v in trainer.items())
+    if settings:
+        text += "trainer:\n" + "".join(f"  {k}: {v}\n" for k, v in settings.items())
     path = os.path.join(directory, name)
     with open(path, "w") as f:
         f.write(text)
@@ -200,8 +220,22 @@ class LayoutEquivalence(unittest.TestCase):
         self.assert_same(CLIP, 3, "--plan", plan)
 
     def test_clip_distmm_pipe_two_groups(self):
-        config = variant(self.tmp.name, CLIP, "clip-groups.yaml", training={"contrastive_batch": 32})
+        config = variant(self.tmp.name, CLIP, "clip-groups.yaml", training={"contrastive_batch": 64})
         self.assert_same(config, 2, "--strategy", "distmm", "--schedule", "distmm-pipe")
+
+    def test_clip_towers_pipelined(self):
+        plan = os.path.join(self.tmp.name, "clip-pp2.yaml")
+        with open(plan, "w") as f:
+            f.write(CLIP_PP2)
+        self.assert_same(CLIP, 2, "--plan", plan)
+
+    def test_clip_towers_pipelined_distmm_pipe(self):
+        # Four contrastive groups: group g's forwards run while g-1's gradients travel back.
+        plan = os.path.join(self.tmp.name, "clip-pp2-groups.yaml")
+        with open(plan, "w") as f:
+            f.write(CLIP_PP2)
+        config = variant(self.tmp.name, CLIP, "clip-4-groups.yaml", training={"contrastive_batch": 32})
+        self.assert_same(config, 2, "--plan", plan, "--schedule", "distmm-pipe")
 
     def test_mllm_data_parallel_2(self):
         self.assert_same(MLLM, 2)

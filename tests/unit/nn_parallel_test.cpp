@@ -1,7 +1,8 @@
 // The decoder's model splits, in one process: pipeline parts chained one after another, and
 // Megatron tensor parallelism with each rank on its own std::thread, its own HostOps and its
 // own copy of the model, the all-reduce an in-test barrier sum. Both must reproduce the whole
-// decoder's logits, loss, parameter gradients and prefix gradient.
+// decoder's logits, loss, parameter gradients and prefix gradient. The CLIP encoders' pipeline
+// parts, chained, must reproduce the whole encoder's tokens, pooled output and gradients.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,7 +21,9 @@
 
 #include "core/nn/host_ops.hpp"
 #include "core/nn/modules/decoder.hpp"
+#include "core/nn/modules/image_encoder.hpp"
 #include "core/nn/modules/model.hpp"
+#include "core/nn/modules/text_encoder.hpp"
 #include "tests/unit/support.hpp"
 
 namespace braid {
@@ -438,6 +441,362 @@ TEST(NnParallel, TensorParallelRefusesUnevenSplits) {
       },
       Status::invalid_argument, {"llm: tensor parallelism over 2 ranks needs an allreduce_sum"});
   EXPECT_EQ(model.llm->tensor_parallel().size, 1);  // a refused group leaves the decoder as it was
+}
+
+// ---- The CLIP encoders' pipeline parts ----
+
+// Small encoders of three blocks (splits into 2 and 3 parts), perturbed as Copy does.
+const nn::ImageEncoderShape kImageShape{{16, 4, 24, 3, false}, 4, 2, 16};
+const nn::TextEncoderShape kTextShape{{16, 4, 24, 3, true}, 13, 8};
+
+void perturb(nn::ParameterStore& store, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-0.3f, 0.3f);
+  for (nn::Parameter* p : store.all())
+    for (float& x : p->value.data) x += u(rng);
+}
+
+Tensor random_tensor(const nn::Shape& shape, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  Tensor t(shape);
+  for (float& x : t.data) x = u(rng);
+  return t;
+}
+
+// An image encoder and its input: 2 images of 8 x 12 pixels, a 2 x 3 patch grid.
+struct ImageTower {
+  using Cache = nn::ImageEncoderCache;
+  nn::ParameterStore store{6};
+  std::unique_ptr<nn::ImageEncoder> encoder;
+  Tensor images = random_tensor({2, 2, 8, 12}, 21);
+  ImageTower() {
+    encoder = std::make_unique<nn::ImageEncoder>(store, "vision", kImageShape, false);
+    perturb(store, 41);
+  }
+  nn::Shape hidden_shape() const { return {2, 6, 16}; }
+  nn::EncoderOutput forward(nn::Ops& ops, Cache& c) const { return encoder->forward(ops, images, c); }
+  Tensor backward(nn::Ops& ops, const Tensor* dt, const Tensor* dp, const Cache& c) const {
+    return encoder->backward(ops, dt, dp, c, true);
+  }
+  nn::EncoderOutput forward_part(nn::Ops& ops, const nn::EncoderPart& part, const Tensor* hidden, Cache& c) const {
+    return encoder->forward_part(ops, part, part.first == 0 ? &images : nullptr, hidden, c);
+  }
+  Tensor backward_part(nn::Ops& ops, const nn::EncoderPart& part, const Tensor* dt, const Tensor* dp,
+                       const Cache& c) const {
+    return encoder->backward_part(ops, part, dt, dp, c, true);
+  }
+};
+
+// A causal text encoder and its input: 2 captions of 6 and 4 tokens, padded to 7.
+struct TextTower {
+  using Cache = nn::TextEncoderCache;
+  nn::ParameterStore store{7};
+  std::unique_ptr<nn::TextEncoder> encoder;
+  nn::Tokens tokens{2, 7, std::vector<int32_t>(14, 0), {6, 4}};
+  TextTower() {
+    encoder = std::make_unique<nn::TextEncoder>(store, "text", kTextShape, false);
+    perturb(store, 43);
+    std::mt19937 rng(23);
+    std::uniform_int_distribution<int32_t> id(4, 12);
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t t = 0; t < tokens.lengths[static_cast<std::size_t>(b)]; ++t)
+        tokens.ids[static_cast<std::size_t>(b * 7 + t)] = id(rng);
+  }
+  nn::Shape hidden_shape() const { return {2, 7, 16}; }
+  nn::EncoderOutput forward(nn::Ops& ops, Cache& c) const { return encoder->forward(ops, tokens, c); }
+  Tensor backward(nn::Ops& ops, const Tensor* dt, const Tensor* dp, const Cache& c) const {
+    encoder->backward(ops, dt, dp, c);
+    return Tensor();
+  }
+  nn::EncoderOutput forward_part(nn::Ops& ops, const nn::EncoderPart& part, const Tensor* hidden, Cache& c) const {
+    return encoder->forward_part(ops, part, tokens, hidden, c);
+  }
+  Tensor backward_part(nn::Ops& ops, const nn::EncoderPart& part, const Tensor* dt, const Tensor* dp,
+                       const Cache& c) const {
+    return encoder->backward_part(ops, part, dt, dp, c);
+  }
+};
+
+// What one encoder forward + backward produced; d_input: the images' gradient (image encoder).
+struct EncoderResult {
+  Tensor tokens, pooled, d_input;
+  std::map<std::string, Tensor> grads;
+};
+
+// The gradients flowing back: of the tokens (null: none) and of the pooled output.
+struct EncoderGrads {
+  Tensor d_tokens, d_pooled;
+  bool with_tokens = true;
+  const Tensor* tokens_or_null() const { return with_tokens ? &d_tokens : nullptr; }
+};
+
+template <class Tower>
+EncoderGrads encoder_grads(const Tower& tower, bool with_tokens) {
+  const nn::Shape h = tower.hidden_shape();
+  return {random_tensor(h, 51), random_tensor({h[0], h[2]}, 52), with_tokens};
+}
+
+template <class Tower>
+EncoderResult run_encoder_whole(nn::Ops& ops, Tower& tower, const EncoderGrads& g) {
+  tower.store.zero_grads();
+  typename Tower::Cache cache;
+  EncoderResult r;
+  const nn::EncoderOutput out = tower.forward(ops, cache);
+  r.tokens = out.tokens;
+  r.pooled = out.pooled;
+  r.d_input = tower.backward(ops, g.tokens_or_null(), &g.d_pooled, cache);
+  r.grads = grads_of(tower.store);
+  return r;
+}
+
+// The encoder through `parts` in order, then back through them in reverse.
+template <class Tower>
+EncoderResult run_encoder_parts(nn::Ops& ops, Tower& tower, const std::vector<nn::EncoderPart>& parts,
+                                const EncoderGrads& g) {
+  tower.store.zero_grads();
+  std::vector<typename Tower::Cache> caches(parts.size());
+  EncoderResult r;
+  Tensor h;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const nn::EncoderOutput out = tower.forward_part(ops, parts[i], i == 0 ? nullptr : &h, caches[i]);
+    h = out.tokens;
+    EXPECT_EQ(h.shape, tower.hidden_shape()) << "part " << i;
+    if (i + 1 < parts.size()) {
+      EXPECT_TRUE(out.pooled.data.empty()) << "part " << i << " pooled before the last";
+    } else {
+      r.tokens = out.tokens;
+      r.pooled = out.pooled;
+    }
+  }
+  Tensor d;
+  for (std::size_t i = parts.size(); i-- > 0;) {
+    d = i + 1 == parts.size() ? tower.backward_part(ops, parts[i], g.tokens_or_null(), &g.d_pooled, caches[i])
+                              : tower.backward_part(ops, parts[i], &d, nullptr, caches[i]);
+    if (i > 0) {
+      EXPECT_EQ(d.shape, tower.hidden_shape()) << "part " << i;
+    }
+  }
+  r.d_input = d;
+  r.grads = grads_of(tower.store);
+  return r;
+}
+
+void expect_same_encoder(const EncoderResult& got, const EncoderResult& want, double tolerance) {
+  EXPECT_LE(relative_error(got.tokens, want.tokens), tolerance) << "tokens";
+  EXPECT_LE(relative_error(got.pooled, want.pooled), tolerance) << "pooled";
+  EXPECT_EQ(got.d_input.shape, want.d_input.shape);
+  if (!want.d_input.data.empty()) {
+    EXPECT_LE(relative_error(got.d_input, want.d_input), tolerance) << "d input";
+  }
+  ASSERT_EQ(got.grads.size(), want.grads.size());
+  for (const auto& [name, grad] : want.grads) {
+    if (zero_gradient(name)) {
+      EXPECT_LT(max_abs(got.grads.at(name)), 1e-5) << name;
+      continue;
+    }
+    EXPECT_GT(max_abs(grad), 1e-3) << name << ": a zero reference gradient proves nothing";
+    EXPECT_LE(relative_error(got.grads.at(name), grad), tolerance) << name;
+  }
+}
+
+template <class Tower>
+void expect_parts_match_whole(Tower& tower) {
+  nn::HostOps ops(1);
+  for (bool with_tokens : {true, false}) {
+    const EncoderGrads g = encoder_grads(tower, with_tokens);
+    const EncoderResult whole = run_encoder_whole(ops, tower, g);
+    for (int stages : {1, 2, 3}) {
+      SCOPED_TRACE("stages " + std::to_string(stages) + (with_tokens ? ", d tokens + d pooled" : ", d pooled"));
+      expect_same_encoder(run_encoder_parts(ops, tower, nn::split_encoder(3, stages), g), whole, 1e-5);
+    }
+  }
+}
+
+template <class Tower>
+void expect_disjoint_parts(Tower& tower, const std::string& first_name, const std::string& last_name) {
+  nn::HostOps ops(1);
+  const auto& encoder = *tower.encoder;
+  const std::vector<nn::EncoderPart> parts = nn::split_encoder(3, 3);
+  std::set<const nn::Parameter*> seen;
+  std::size_t owned = 0;
+  for (const auto& part : parts) {
+    for (const nn::Parameter* p : encoder.part_parameters(part)) {
+      EXPECT_TRUE(seen.insert(p).second) << p->name << " owned twice";
+      ++owned;
+    }
+  }
+  EXPECT_EQ(owned, encoder.parameters().size());
+  EXPECT_EQ(encoder.part_parameters(parts[0]).front()->name, first_name);
+  EXPECT_EQ(encoder.part_parameters(parts[2]).back()->name, last_name);
+  EXPECT_EQ(encoder.part_parameters(encoder.whole()), encoder.parameters());
+
+  // Each part's backward changes the gradients of its own parameters only.
+  const EncoderGrads g = encoder_grads(tower, true);
+  tower.store.zero_grads();
+  std::vector<typename Tower::Cache> caches(parts.size());
+  Tensor h;
+  for (std::size_t i = 0; i < parts.size(); ++i)
+    h = tower.forward_part(ops, parts[i], i == 0 ? nullptr : &h, caches[i]).tokens;
+  Tensor d;
+  for (std::size_t i = parts.size(); i-- > 0;) {
+    const auto before = grads_of(tower.store);
+    d = i + 1 == parts.size() ? tower.backward_part(ops, parts[i], &g.d_tokens, &g.d_pooled, caches[i])
+                              : tower.backward_part(ops, parts[i], &d, nullptr, caches[i]);
+    const auto mine = encoder.part_parameters(parts[i]);
+    std::size_t changed = 0;
+    for (const nn::Parameter* p : tower.store.all()) {
+      const bool owns = std::find(mine.begin(), mine.end(), p) != mine.end();
+      const bool same = p->grad.data == before.at(p->name).data;
+      if (!owns) {
+        EXPECT_TRUE(same) << "part " << i << " touched " << p->name;
+      } else if (!same) {
+        ++changed;
+      }
+    }
+    EXPECT_GT(changed, mine.size() / 2) << "part " << i << " left its own gradients alone";
+  }
+}
+
+TEST(NnParallel, SplitEncoderFollowsTheDecoderRule) {
+  for (int layers : {1, 3, 7, 12})
+    for (int stages = 1; stages <= layers; ++stages) {
+      const auto enc = nn::split_encoder(layers, stages);
+      const auto dec = nn::split_decoder(layers, stages);
+      ASSERT_EQ(enc.size(), dec.size());
+      for (std::size_t i = 0; i < enc.size(); ++i) {
+        EXPECT_EQ(enc[i].first, dec[i].first);
+        EXPECT_EQ(enc[i].last, dec[i].last);
+      }
+    }
+  const auto parts = nn::split_encoder(7, 3);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[1].first, 3);
+  EXPECT_EQ(parts[1].last, 5);
+  test::expect_error([] { nn::split_encoder(3, 4); }, Status::invalid_argument,
+                     {"split_encoder", "4 pipeline stages do not fit 3 encoder layers"});
+  test::expect_error([] { nn::split_encoder(3, 0); }, Status::invalid_argument,
+                     {"split_encoder", "at least one pipeline stage, got 0"});
+}
+
+TEST(NnParallel, ImageEncoderPartsChainedMatchTheWholeEncoder) {
+  ImageTower tower;
+  EXPECT_EQ(tower.encoder->layers(), 3);
+  expect_parts_match_whole(tower);
+}
+
+TEST(NnParallel, TextEncoderPartsChainedMatchTheWholeEncoder) {
+  TextTower tower;
+  EXPECT_EQ(tower.encoder->layers(), 3);
+  expect_parts_match_whole(tower);
+}
+
+TEST(NnParallel, EncoderPartsOwnDisjointParametersAndTouchOnlyTheirGradients) {
+  {
+    SCOPED_TRACE("image");
+    ImageTower tower;
+    expect_disjoint_parts(tower, "vision.patch_embed.weight", "vision.final_norm.bias");
+  }
+  {
+    SCOPED_TRACE("text");
+    TextTower tower;
+    expect_disjoint_parts(tower, "text.token_embed", "text.final_norm.bias");
+  }
+}
+
+TEST(NnParallel, ImageEncoderPartErrors) {
+  nn::HostOps ops(1);
+  ImageTower tower;
+  const nn::ImageEncoder& encoder = *tower.encoder;
+  nn::ImageEncoderCache cache;
+  test::expect_error(
+      [&] {
+        encoder.part_parameters({2, 4});
+      },
+      Status::invalid_argument, {"vision: part [2, 4) is not a range of its 3 blocks"});
+  test::expect_error(
+      [&] {
+        encoder.forward_part(ops, {-1, 1}, &tower.images, nullptr, cache);
+      },
+      Status::invalid_argument, {"vision: part [-1, 1) is not a range of its 3 blocks"});
+  test::expect_error(
+      [&] {
+        encoder.forward_part(ops, {0, 1}, nullptr, nullptr, cache);
+      },
+      Status::invalid_argument, {"vision: images must be", "got none"});
+  test::expect_error(
+      [&] {
+        encoder.forward_part(ops, {1, 3}, &tower.images, nullptr, cache);
+      },
+      Status::invalid_argument, {"vision: part [1, 3) takes the previous part's hidden", "got none"});
+  const Tensor narrow({2, 6, 8});  // hidden 8, not 16
+  test::expect_error(
+      [&] {
+        encoder.forward_part(ops, {1, 3}, nullptr, &narrow, cache);
+      },
+      Status::invalid_argument, {"vision: part [1, 3)", "got (2, 6, 8)"});
+  const Tensor h = encoder.forward_part(ops, {0, 1}, &tower.images, nullptr, cache).tokens;
+  test::expect_error(
+      [&] {
+        encoder.backward_part(ops, {1, 3}, &h, nullptr, cache);
+      },
+      Status::invalid_argument, {"vision: the backward of part [1, 3) got the cache of part [0, 1)"});
+  const Tensor d_pooled({2, 16});
+  test::expect_error(
+      [&] {
+        encoder.backward_part(ops, {0, 1}, &h, &d_pooled, cache);
+      },
+      Status::invalid_argument, {"vision: part [0, 1) does not pool"});
+  test::expect_error(
+      [&] {
+        encoder.backward_part(ops, {0, 1}, nullptr, nullptr, cache);
+      },
+      Status::invalid_argument, {"vision: part [0, 1) does not pool"});
+  const Tensor wrong({2, 5, 16});
+  test::expect_error(
+      [&] {
+        encoder.backward_part(ops, {0, 1}, &wrong, nullptr, cache);
+      },
+      Status::invalid_argument, {"d hidden"});
+  nn::ImageEncoderCache last;
+  encoder.forward_part(ops, {1, 3}, nullptr, &h, last);
+  test::expect_error(
+      [&] {
+        encoder.backward_part(ops, {1, 3}, nullptr, nullptr, last);
+      },
+      Status::invalid_argument, {"vision: backward needs the gradient of the tokens or of the pooled output"});
+}
+
+TEST(NnParallel, TextEncoderPartErrors) {
+  nn::HostOps ops(1);
+  TextTower tower;
+  const nn::TextEncoder& encoder = *tower.encoder;
+  nn::TextEncoderCache cache;
+  test::expect_error(
+      [&] {
+        encoder.forward_part(ops, {3, 2}, tower.tokens, nullptr, cache);
+      },
+      Status::invalid_argument, {"text: part [3, 2) is not a range of its 3 blocks"});
+  test::expect_error(
+      [&] {
+        encoder.forward_part(ops, {2, 3}, tower.tokens, nullptr, cache);
+      },
+      Status::invalid_argument, {"text: part [2, 3) takes the previous part's hidden (2, 7, 16)", "got none"});
+  const Tensor longer({2, 8, 16});  // another caption length than the tokens'
+  test::expect_error(
+      [&] {
+        encoder.forward_part(ops, {2, 3}, tower.tokens, &longer, cache);
+      },
+      Status::invalid_argument, {"text: part [2, 3)", "got (2, 8, 16)"});
+  const Tensor h = encoder.forward_part(ops, {0, 2}, tower.tokens, nullptr, cache).tokens;
+  test::expect_error([&] { encoder.backward_part(ops, encoder.whole(), &h, nullptr, cache); }, Status::invalid_argument,
+                     {"text: the backward of part [0, 3) got the cache of part [0, 2)"});
+  const Tensor d_pooled({2, 16});
+  test::expect_error(
+      [&] {
+        encoder.backward_part(ops, {0, 2}, nullptr, &d_pooled, cache);
+      },
+      Status::invalid_argument, {"text: part [0, 2) does not pool"});
 }
 
 }  // namespace

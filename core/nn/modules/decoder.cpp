@@ -159,9 +159,9 @@ std::vector<Parameter*> Decoder::part_parameters(const DecoderPart& part) const 
     owned.push_back(token_table_);
     owned.push_back(position_table_);
   }
-  for (int l = part.first; l < part.last; ++l) take(transformer_.block(l));
+  const auto blocks = transformer_.part_parameters(part.first, part.last);
+  owned.insert(owned.end(), blocks.begin(), blocks.end());
   if (part.last == layers()) {
-    take(transformer_.final_norm());
     take(lm_head_);
   }
   return owned;

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/nn/modules/encoder_part.hpp"
 #include "core/nn/modules/transformer.hpp"
 
 namespace braid::nn {
@@ -29,19 +30,26 @@ struct ImageEncoderShape {
   int64_t max_image_size = 0;  // largest image side, pixels
 };
 
+// What a part's backward needs from its forward. Every part knows the batch and the tokens
+// per image (from the images, or from the previous part's hidden); the patch grid only the
+// first part (it embeds), the per-token samples only the last (it pools).
 struct ImageEncoderCache {
-  Tensor images;  // (B, C, H, W)
+  EncoderPart part;  // the part whose forward filled this cache
+  Tensor images;     // (B, C, H, W), first part only
   int64_t batch = 0, patches = 0;
-  std::vector<int32_t> grid_rows, grid_cols;  // per token (B*N): its patch row and column
-  std::vector<int32_t> samples;               // per token: its sample, for the pooling
-  TransformerCache transformer;
+  std::vector<int32_t> grid_rows, grid_cols;  // per token (B*N): its patch row and column (first part)
+  std::vector<int32_t> samples;               // per token: its sample, for the pooling (last part)
+  TransformerCache transformer;               // the part's blocks (and the final norm for the last part)
 };
 
 class ImageEncoder : public Module {
  public:
   ImageEncoder(ParameterStore& store, std::string name, const ImageEncoderShape& shape, bool frozen);
   const ImageEncoderShape& shape() const { return shape_; }
+  int layers() const { return transformer_.layers(); }
+  EncoderPart whole() const { return {0, layers()}; }
 
+  // The whole encoder, i.e. forward_part / backward_part of whole().
   // images (B, C, H, W), H and W multiples of the patch, at most max_image_size:
   // tokens (B, N, hidden) with N = (H/P) * (W/P), row-major over the patch grid; pooled (B, hidden).
   EncoderOutput forward(Ops& ops, const Tensor& images, ImageEncoderCache& cache) const;
@@ -49,6 +57,23 @@ class ImageEncoder : public Module {
   // parameter gradients; returns the images' gradient when `want_dimages`, else empty.
   Tensor backward(Ops& ops, const Tensor* d_tokens, const Tensor* d_pooled, const ImageEncoderCache& cache,
                   bool want_dimages = false) const;
+
+  // First part: `images` (B, C, H, W), `hidden` ignored; other parts: `hidden` (B, N, hidden),
+  // the previous part's output, `images` ignored. Returns in `tokens` the part's output hidden
+  // (B, N, hidden): the final tokens for the last part, which alone also fills `pooled` (B,
+  // hidden), the mean over the N tokens of each image. Throws Error(invalid_argument) unless
+  // 0 <= first <= last <= layers and the input is there with the right shape.
+  EncoderOutput forward_part(Ops& ops, const EncoderPart& part, const Tensor* images, const Tensor* hidden,
+                             ImageEncoderCache& cache) const;
+  // The last part takes the gradients of the tokens and/or of the pooled output, as backward;
+  // other parts the gradient of their output hidden in `d_tokens` (`d_pooled` must be null).
+  // Adds the part's parameter gradients; returns d hidden (B, N, hidden) for a non-first part,
+  // for the first the images' gradient when `want_dimages`, else empty.
+  Tensor backward_part(Ops& ops, const EncoderPart& part, const Tensor* d_tokens, const Tensor* d_pooled,
+                       const ImageEncoderCache& cache, bool want_dimages = false) const;
+  // The parameters a part owns (patch embedding and position tables with the first, the final
+  // norm with the last), in the store's order.
+  std::vector<Parameter*> part_parameters(const EncoderPart& part) const;
 
  private:
   ImageEncoderShape shape_;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/nn/modules/encoder_part.hpp"
 #include "core/nn/modules/transformer.hpp"
 
 namespace braid::nn {
@@ -24,24 +25,47 @@ struct TextEncoderShape {
   int64_t max_positions = 0;
 };
 
+// What a part's backward needs from its forward. Every part keeps the tokens (the lengths
+// say where the last part pools).
 struct TextEncoderCache {
+  EncoderPart part;  // the part whose forward filled this cache
   Tokens tokens;
-  std::vector<int32_t> positions;  // per token (B*T): its position
-  std::vector<int32_t> last_rows;  // per sample: the row b*T + lengths[b] - 1 it is pooled at
-  TransformerCache transformer;
+  std::vector<int32_t> positions;  // per token (B*T): its position (first part)
+  std::vector<int32_t> last_rows;  // per sample: the row b*T + lengths[b] - 1 it is pooled at (last part)
+  TransformerCache transformer;    // the part's blocks (and the final norm for the last part)
 };
 
 class TextEncoder : public Module {
  public:
   TextEncoder(ParameterStore& store, std::string name, const TextEncoderShape& shape, bool frozen);
   const TextEncoderShape& shape() const { return shape_; }
+  int layers() const { return transformer_.layers(); }
+  EncoderPart whole() const { return {0, layers()}; }
 
+  // The whole encoder, i.e. forward_part / backward_part of whole().
   // tokens (B, T), T <= max_positions: tokens (B, T, hidden); pooled (B, hidden) at each
   // sample's last token.
   EncoderOutput forward(Ops& ops, const Tokens& tokens, TextEncoderCache& cache) const;
   // Gradients of the tokens and/or of the pooled output (null: none). Adds the parameter
   // gradients (the token and position tables included).
   void backward(Ops& ops, const Tensor* d_tokens, const Tensor* d_pooled, const TextEncoderCache& cache) const;
+
+  // Every part takes the `tokens` (B, T); the first embeds them (`hidden` ignored), the others
+  // take `hidden` (B, T, hidden), the previous part's output. Returns in `tokens` the part's
+  // output hidden (B, T, hidden): the final tokens for the last part, which alone also fills
+  // `pooled` (B, hidden). Throws Error(invalid_argument) unless 0 <= first <= last <= layers
+  // and the inputs are there with the right shapes.
+  EncoderOutput forward_part(Ops& ops, const EncoderPart& part, const Tokens& tokens, const Tensor* hidden,
+                             TextEncoderCache& cache) const;
+  // The last part takes the gradients of the tokens and/or of the pooled output, as backward;
+  // other parts the gradient of their output hidden in `d_tokens` (`d_pooled` must be null).
+  // Adds the part's parameter gradients; returns d hidden (B, T, hidden) for a non-first part,
+  // empty for the first.
+  Tensor backward_part(Ops& ops, const EncoderPart& part, const Tensor* d_tokens, const Tensor* d_pooled,
+                       const TextEncoderCache& cache) const;
+  // The parameters a part owns (token and position tables with the first, the final norm with
+  // the last), in the store's order.
+  std::vector<Parameter*> part_parameters(const EncoderPart& part) const;
 
  private:
   TextEncoderShape shape_;

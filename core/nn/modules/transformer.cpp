@@ -171,4 +171,12 @@ Tensor Transformer::backward_final_norm(Ops& ops, const Tensor& dy, const Transf
   return final_norm_.backward(ops, cache.last, cache.final_norm, dy);
 }
 
+std::vector<Parameter*> Transformer::part_parameters(int first, int last) const {
+  std::vector<Parameter*> owned;
+  auto take = [&](const Module& m) { owned.insert(owned.end(), m.parameters().begin(), m.parameters().end()); };
+  for (int l = first; l < last; ++l) take(block(l));
+  if (last == layers()) take(final_norm_);
+  return owned;
+}
+
 }  // namespace braid::nn

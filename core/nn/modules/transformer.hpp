@@ -69,6 +69,9 @@ class Transformer : public Module {
   int layers() const { return static_cast<int>(blocks_.size()); }
   const TransformerBlock& block(int layer) const { return blocks_.at(static_cast<std::size_t>(layer)); }
   const LayerNorm& final_norm() const { return final_norm_; }
+  // The parameters of blocks [first, last), and of the final norm when last == layers(): what a
+  // pipeline part of the model holds of its transformer, in the store's order.
+  std::vector<Parameter*> part_parameters(int first, int last) const;
 
   // Every block, then the final norm.
   Tensor forward(Ops& ops, const Tensor& x, TransformerCache& cache) const;

@@ -1,0 +1,49 @@
+// Point-to-point traffic of the executor: message tags, and non-blocking sends whose
+// buffers stay alive until they complete (the step's end waits for them all).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/runtime/communicator.hpp"
+
+namespace braid::train {
+
+// Tags must stay in 0..32767 on every backend: 8 kinds x 256 microbatches x 16 groups.
+inline constexpr int kMaxMicrobatches = 256;
+inline constexpr int kMaxGroups = 16;  // image sides in one microbatch
+enum class Message {
+  encoder_tokens = 0,       // MLLM: encoder -> llm stage 0
+  encoder_token_grads = 1,  // MLLM: llm stage 0 -> encoder
+  llm_hidden = 2,
+  llm_hidden_grads = 3,
+  image_hidden = 4,  // CLIP tower pipelines
+  text_hidden = 5,
+  image_hidden_grads = 6,
+  text_hidden_grads = 7,
+};
+inline int message_tag(Message kind, int microbatch, int group = 0) {
+  return (static_cast<int>(kind) * kMaxMicrobatches + microbatch) * kMaxGroups + group;
+}
+
+class PendingSends {
+ public:
+  void isend(runtime::Communicator& comm, std::vector<float> data, int peer, int tag) {
+    buffers_.push_back(std::make_unique<std::vector<float>>(std::move(data)));
+    requests_.push_back(comm.isend(std::as_bytes(std::span<const float>(*buffers_.back())), peer, tag));
+  }
+  // Waits for every send; returns the seconds blocked.
+  double wait_all() {
+    double waited = 0;
+    for (auto& r : requests_) waited += r.wait();
+    requests_.clear();
+    buffers_.clear();
+    return waited;
+  }
+
+ private:
+  std::vector<runtime::Request> requests_;
+  std::vector<std::unique_ptr<std::vector<float>>> buffers_;
+};
+
+}  // namespace braid::train

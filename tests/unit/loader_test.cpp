@@ -1,0 +1,422 @@
+// The data side of the trainer (core/train): which samples each data-parallel replica takes
+// (loader), the model inputs built from them (inputs) and held-out evaluation (evaluate).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <set>
+
+#include "core/data/reorder.hpp"
+#include "core/nn/host_ops.hpp"
+#include "core/nn/modules/model.hpp"
+#include "core/train/evaluate.hpp"
+#include "core/train/inputs.hpp"
+#include "core/train/loader.hpp"
+#include "tests/unit/support.hpp"
+
+namespace braid {
+namespace {
+
+using train::Loader;
+using train::LoaderOptions;
+
+// Sides drawn from the 72B MLLM run's lognormal (on [16, 64] px, 4 px patches): skewed, so
+// an in-order split leaves some replicas with far more patches than others.
+data::ShapesDataset skewed_dataset(std::uint64_t seed = 5) {
+  spec::DataSpec d = test::load("mllm-72b-1024gpu.yaml").data;
+  d.seed = seed;
+  return data::ShapesDataset(data::shapes_config(d, 4));
+}
+
+// The dataset `braid train` builds for a tiny run: its image encoder's 8 px patches, 16-32 px.
+data::ShapesDataset tiny_dataset(const spec::RunSpec& run) {
+  return data::ShapesDataset(data::shapes_config(run.data, 8, 16, 32));
+}
+
+double patches(const data::ShapesDataset& d, std::int64_t index) {
+  const double per_side = d.side(index) / static_cast<double>(d.config().patch);
+  return per_side * per_side;
+}
+
+double max_replica_cost(const data::ShapesDataset& d, const Loader& loader, std::int64_t step) {
+  double worst = 0;
+  for (int r = 0; r < loader.options().replicas; ++r) {
+    double load = 0;
+    for (auto i : loader.indices(step, r)) load += patches(d, i);
+    worst = std::max(worst, load);
+  }
+  return worst;
+}
+
+// ---- loader --------------------------------------------------------------------------
+
+TEST(Loader, BadOptionsAndArgumentsAreRefused) {
+  const auto d = skewed_dataset();
+  using test::expect_error;
+  expect_error([&] { Loader(d, {8, 0, false}); }, Status::invalid_argument, {"replicas is 0"});
+  expect_error([&] { Loader(d, {8, -2, true}); }, Status::invalid_argument, {"replicas is -2"});
+  expect_error([&] { Loader(d, {0, 1, false}); }, Status::invalid_argument, {"global batch of 0", "1 data-parallel"});
+  expect_error([&] { Loader(d, {3, 4, false}); }, Status::invalid_argument, {"global batch of 3", "over 4"});
+  expect_error([&] { Loader(d, {10, 4, true}); }, Status::invalid_argument, {"global batch of 10", "over 4"});
+  const Loader loader(d, {8, 4, true});
+  expect_error([&] { loader.indices(0, 0); }, Status::invalid_argument, {"steps count from 1", "got 0"});
+  expect_error([&] { loader.indices(1, 4); }, Status::invalid_argument, {"replica 4", "[0, 4)"});
+  expect_error([&] { loader.indices(1, -1); }, Status::invalid_argument, {"replica -1"});
+}
+
+TEST(Loader, ReplicasPartitionEachStepsGlobalBatch) {
+  const auto d = skewed_dataset();
+  constexpr std::int64_t G = 24;
+  for (bool reorder : {false, true}) {
+    for (int R : {1, 2, 3, 4, 6, 8, 24}) {
+      const Loader loader(d, {G, R, reorder});
+      for (std::int64_t step : {1, 2, 7}) {
+        SCOPED_TRACE(testing::Message() << "reorder " << reorder << ", " << R << " replicas, step " << step);
+        std::vector<std::int64_t> all;
+        for (int r = 0; r < R; ++r) {
+          const auto mine = loader.indices(step, r);
+          ASSERT_EQ(static_cast<std::int64_t>(mine.size()), G / R);
+          EXPECT_TRUE(std::is_sorted(mine.begin(), mine.end()));
+          if (!reorder) {
+            for (std::int64_t k = 0; k < G / R; ++k) EXPECT_EQ(mine[k], (step - 1) * G + r * (G / R) + k);
+          }
+          all.insert(all.end(), mine.begin(), mine.end());
+        }
+        // The union is the same global batch whatever the replica count: every sample once.
+        std::sort(all.begin(), all.end());
+        std::vector<std::int64_t> expected(G);
+        std::iota(expected.begin(), expected.end(), (step - 1) * G);
+        EXPECT_EQ(all, expected);
+      }
+    }
+  }
+}
+
+TEST(Loader, ReorderingIsTheLptAssignmentOverPatchCounts) {
+  // The C ABI's intra reordering runs data::assign_lpt (through data::arrange); the loader
+  // must give each replica exactly the samples that assignment gives it.
+  const auto d = skewed_dataset();
+  constexpr std::int64_t G = 32;
+  constexpr int R = 4;
+  const Loader loader(d, {G, R, true});
+  for (std::int64_t step : {1, 3}) {
+    std::vector<double> costs;
+    for (std::int64_t i = 0; i < G; ++i) costs.push_back(patches(d, (step - 1) * G + i));
+    const auto a = data::assign_lpt(costs, R);
+    for (int r = 0; r < R; ++r) {
+      std::vector<std::int64_t> expected;
+      for (std::int64_t i = 0; i < G; ++i)
+        if (a.rank[static_cast<std::size_t>(i)] == r) expected.push_back((step - 1) * G + i);
+      EXPECT_EQ(loader.indices(step, r), expected) << "step " << step << ", replica " << r;
+    }
+  }
+}
+
+TEST(Loader, ReorderingBalancesASkewedBatch) {
+  const auto d = skewed_dataset();
+  constexpr std::int64_t G = 32;
+  constexpr int R = 4;
+  const Loader in_order(d, {G, R, false}), reordered(d, {G, R, true});
+  int improved = 0;
+  for (std::int64_t step = 1; step <= 20; ++step) {
+    const double before = max_replica_cost(d, in_order, step), after = max_replica_cost(d, reordered, step);
+    EXPECT_LE(after, before) << "step " << step;
+    // LPT with equal counts: the slowest replica is within one largest sample of the mean.
+    double total = 0, largest = 0;
+    for (std::int64_t i = 0; i < G; ++i) {
+      total += patches(d, (step - 1) * G + i);
+      largest = std::max(largest, patches(d, (step - 1) * G + i));
+    }
+    EXPECT_LE(after, total / R + largest) << "step " << step;
+    improved += after < before;
+  }
+  // Sides are skewed: an in-order split is uneven on most steps, and reordering fixes it.
+  EXPECT_GE(improved, 15);
+}
+
+TEST(Loader, ResultsArePureFunctionsOfSeedOptionsStepAndReplica) {
+  // Two processes build their own datasets and loaders: they must agree.
+  const auto d1 = skewed_dataset(11), d2 = skewed_dataset(11), other = skewed_dataset(12);
+  const Loader a(d1, {16, 4, true}), b(d2, {16, 4, true}), c(other, {16, 4, true});
+  bool seed_matters = false;
+  for (std::int64_t step = 1; step <= 4; ++step) {
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(a.indices(step, r), b.indices(step, r));
+      EXPECT_EQ(a.indices(step, r), a.indices(step, r));  // no state carried between calls
+      seed_matters |= a.indices(step, r) != c.indices(step, r);
+    }
+  }
+  // The seed picks the sides, and with them the reordering.
+  EXPECT_TRUE(seed_matters);
+  // Asking for a later step first changes nothing.
+  const Loader fresh(d1, {16, 4, true});
+  const auto late = fresh.indices(4, 2);
+  EXPECT_EQ(late, a.indices(4, 2));
+}
+
+TEST(Loader, SamplesAreTheRenderedIndicesInOrder) {
+  const auto d = skewed_dataset();
+  const Loader loader(d, {12, 3, true});
+  const auto idx = loader.indices(2, 1);
+  const auto samples = loader.samples(2, 1);
+  ASSERT_EQ(samples.size(), idx.size());
+  for (std::size_t k = 0; k < idx.size(); ++k) {
+    const data::Sample expected = d.get(idx[k]);
+    EXPECT_EQ(samples[k].index, idx[k]);
+    EXPECT_EQ(samples[k].split, data::Split::train);
+    EXPECT_EQ(samples[k].side, expected.side);
+    EXPECT_EQ(samples[k].tokens, expected.tokens);
+    EXPECT_EQ(samples[k].pixels, expected.pixels);
+  }
+}
+
+// ---- inputs --------------------------------------------------------------------------
+
+std::vector<data::Sample> first_samples(const data::ShapesDataset& d, std::int64_t count) {
+  std::vector<data::Sample> out;
+  for (std::int64_t i = 0; i < count; ++i) out.push_back(d.get(i));
+  return out;
+}
+
+TEST(Inputs, SideGroupsPutEachSamplesPixelsInItsRow) {
+  const auto d = skewed_dataset();
+  const auto samples = first_samples(d, 20);
+  const auto groups = train::side_groups(samples);
+  ASSERT_GE(groups.size(), 2u) << "the batch should mix sides";
+  std::vector<int> seen(samples.size(), 0);
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const auto& group = groups[g];
+    if (g > 0) {
+      EXPECT_LT(groups[g - 1].side, group.side);
+    }
+    EXPECT_TRUE(std::is_sorted(group.members.begin(), group.members.end()));
+    const auto n = static_cast<std::int64_t>(group.members.size());
+    ASSERT_EQ(group.images.shape, (nn::Shape{n, 3, group.side, group.side}));
+    const std::size_t row = 3 * static_cast<std::size_t>(group.side) * static_cast<std::size_t>(group.side);
+    for (std::size_t k = 0; k < group.members.size(); ++k) {
+      const data::Sample& s = samples[group.members[k]];
+      ++seen[group.members[k]];
+      EXPECT_EQ(s.side, group.side);
+      EXPECT_EQ(std::memcmp(group.images.ptr() + k * row, s.pixels.data(), row * sizeof(float)), 0)
+          << "row " << k << " of side " << group.side;
+    }
+  }
+  EXPECT_EQ(seen, std::vector<int>(samples.size(), 1));
+}
+
+TEST(Inputs, TokensArePaddedAfterEachCaption) {
+  const auto d = skewed_dataset();
+  const auto samples = first_samples(d, 12);
+  std::size_t longest = 0, shortest = 100;
+  for (const auto& s : samples) {
+    longest = std::max(longest, s.tokens.size());
+    shortest = std::min(shortest, s.tokens.size());
+  }
+  ASSERT_LT(shortest, longest) << "the batch should mix caption lengths";
+  auto check = [&](const nn::Tokens& t, const std::vector<std::size_t>& rows, std::int64_t length) {
+    ASSERT_EQ(t.batch, static_cast<std::int64_t>(rows.size()));
+    ASSERT_EQ(t.length, length);
+    ASSERT_EQ(t.ids.size(), rows.size() * static_cast<std::size_t>(length));
+    t.check("tokens_of");
+    for (std::size_t b = 0; b < rows.size(); ++b) {
+      const auto& tokens = samples[rows[b]].tokens;
+      EXPECT_EQ(t.lengths[b], static_cast<std::int32_t>(tokens.size()));
+      for (std::int64_t p = 0; p < length; ++p) {
+        const auto want = p < static_cast<std::int64_t>(tokens.size()) ? tokens[static_cast<std::size_t>(p)]
+                                                                       : data::CaptionTokenizer::kPad;
+        EXPECT_EQ(t.ids[b * static_cast<std::size_t>(length) + static_cast<std::size_t>(p)], want)
+            << "sample " << rows[b] << ", position " << p;
+      }
+    }
+  };
+  std::vector<std::size_t> all(samples.size());
+  std::iota(all.begin(), all.end(), 0);
+  check(train::tokens_of(samples), all, static_cast<std::int64_t>(longest));
+  check(train::tokens_of(samples, 16), all, 16);
+  // Members of a side group: their tokens, in the members' order, padded to their own longest.
+  for (const auto& g : train::side_groups(samples)) {
+    std::size_t group_longest = 0;
+    for (auto m : g.members) group_longest = std::max(group_longest, samples[m].tokens.size());
+    check(train::tokens_of(samples, g.members), g.members, static_cast<std::int64_t>(group_longest));
+    check(train::tokens_of(samples, g.members, 14), g.members, 14);
+  }
+  test::expect_error([&] { train::tokens_of(samples, static_cast<std::int64_t>(longest) - 1); },
+                     Status::invalid_argument, {"does not fit length"});
+  const std::vector<std::size_t> outside = {0, samples.size()};
+  test::expect_error([&] { train::tokens_of(samples, outside); }, Status::invalid_argument,
+                     {"member 12", "batch of 12"});
+}
+
+TEST(Inputs, CountedTokensAreTheLmLossTargets) {
+  const auto d = skewed_dataset();
+  const auto samples = first_samples(d, 9);
+  std::int64_t expected = 0;
+  for (const auto& s : samples) expected += static_cast<std::int64_t>(s.tokens.size()) - 1;
+  EXPECT_EQ(train::counted_tokens(samples), expected);
+  const auto targets = nn::next_token_targets(train::tokens_of(samples, 16));
+  EXPECT_EQ(std::count_if(targets.begin(), targets.end(), [](std::int32_t t) { return t >= 0; }), expected);
+  EXPECT_EQ(train::counted_tokens({}), 0);
+}
+
+// ---- retrieval -----------------------------------------------------------------------
+
+nn::Tensor rows(std::int64_t e, std::vector<std::vector<float>> values) {
+  std::vector<float> flat;
+  for (auto& r : values) {
+    EXPECT_EQ(static_cast<std::int64_t>(r.size()), e);
+    flat.insert(flat.end(), r.begin(), r.end());
+  }
+  return nn::Tensor({static_cast<std::int64_t>(values.size()), e}, flat);
+}
+
+TEST(Retrieval, PerfectEmbeddingsScoreOne) {
+  const nn::Tensor id = rows(3, {{1, 0, 0}, {0, 1, 0}, {0, 0, 1}});
+  const std::vector<std::int64_t> scenes = {4, 5, 6};
+  const auto r = train::retrieval_top1(id, id, scenes);
+  EXPECT_EQ(r.image_to_text, 1.0);
+  EXPECT_EQ(r.text_to_image, 1.0);
+}
+
+TEST(Retrieval, AShuffledCaseWithAKnownAnswer) {
+  // Texts 0-2 are a 3-cycle of images 0-2; sample 3 matches itself.
+  const nn::Tensor image = rows(4, {{1, 0, 0, 0}, {0, 1, 0, 0}, {0, 0, 1, 0}, {0, 0, 0, 1}});
+  const nn::Tensor text = rows(4, {{0, 1, 0, 0}, {0, 0, 1, 0}, {1, 0, 0, 0}, {0, 0, 0, 1}});
+  const std::vector<std::int64_t> distinct = {10, 11, 12, 13};
+  auto r = train::retrieval_top1(image, text, distinct);
+  EXPECT_EQ(r.image_to_text, 0.25);
+  EXPECT_EQ(r.text_to_image, 0.25);
+  // Samples 0-2 of one scene share a caption: any of them is a correct answer.
+  const std::vector<std::int64_t> duplicates = {7, 7, 7, 9};
+  r = train::retrieval_top1(image, text, duplicates);
+  EXPECT_EQ(r.image_to_text, 1.0);
+  EXPECT_EQ(r.text_to_image, 1.0);
+  // Only samples 0 and 1 share a scene: image 1 -> text 0 and text 0 -> image 1 become correct.
+  const std::vector<std::int64_t> one_pair = {7, 7, 12, 13};
+  r = train::retrieval_top1(image, text, one_pair);
+  EXPECT_EQ(r.image_to_text, 0.5);
+  EXPECT_EQ(r.text_to_image, 0.5);
+}
+
+TEST(Retrieval, DirectionsAreScoredSeparately) {
+  const float h = 1.0f / std::sqrt(2.0f);
+  // Image 1 sits between texts 0 and 1 (a tie goes to text 0: wrong); both texts pick right.
+  const nn::Tensor image = rows(2, {{1, 0}, {h, h}});
+  const nn::Tensor text = rows(2, {{1, 0}, {0, 1}});
+  const std::vector<std::int64_t> scenes = {1, 2};
+  const auto r = train::retrieval_top1(image, text, scenes);
+  EXPECT_EQ(r.image_to_text, 0.5);
+  EXPECT_EQ(r.text_to_image, 1.0);
+}
+
+TEST(Retrieval, MismatchedInputsAreRefused) {
+  const nn::Tensor a = rows(2, {{1, 0}, {0, 1}});
+  const nn::Tensor b = rows(2, {{1, 0}});
+  const std::vector<std::int64_t> two = {1, 2}, three = {1, 2, 3};
+  test::expect_error([&] { train::retrieval_top1(a, b, two); }, Status::invalid_argument, {"(2, 2)", "(1, 2)"});
+  test::expect_error([&] { train::retrieval_top1(a, a, three); }, Status::invalid_argument, {"3 scene ids"});
+  const nn::Tensor none({0, 2});
+  test::expect_error([&] { train::retrieval_top1(none, none, {}); }, Status::invalid_argument, {"no embeddings"});
+}
+
+// ---- embeddings and caption metrics on the shipped tiny models ------------------------
+
+void expect_rows_near(const nn::Tensor& batch, std::int64_t row, const nn::Tensor& alone, const char* what) {
+  ASSERT_EQ(alone.dim(0), 1);
+  const std::int64_t e = alone.dim(1);
+  double scale = 0;
+  for (std::int64_t c = 0; c < e; ++c) scale = std::max(scale, std::fabs(static_cast<double>(alone.ptr()[c])));
+  for (std::int64_t c = 0; c < e; ++c)
+    EXPECT_NEAR(batch.ptr()[row * e + c], alone.ptr()[c], 1e-5 * scale) << what << " of sample " << row << ", " << c;
+}
+
+TEST(Evaluate, ClipEmbeddingsOfABatchMatchEachSampleAlone) {
+  const spec::RunSpec run = test::load("tiny-clip.yaml");
+  const nn::Model model = nn::build_model(run.model, 3);
+  const nn::ClipModel& clip = *model.clip;
+  nn::HostOps ops(1);
+  const auto d = tiny_dataset(run);
+  const auto samples = first_samples(d, 10);
+  std::set<int> sides;
+  for (const auto& s : samples) sides.insert(s.side);
+  ASSERT_GE(sides.size(), 2u) << "the batch should mix sides, so grouping reorders it";
+
+  const nn::Tensor images = train::image_embeddings(ops, clip, samples);
+  const nn::Tensor texts = train::text_embeddings(ops, clip, samples);
+  ASSERT_EQ(images.shape, (nn::Shape{10, run.model.modules[0].embed_dim}));
+  ASSERT_EQ(texts.shape, images.shape);
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    const data::Sample& s = samples[i];
+    nn::Shape shape = s.pixel_shape();
+    shape.insert(shape.begin(), 1);
+    nn::ImageEncoderCache ic;
+    nn::ClipHeadCache ih;
+    const nn::Tensor img =
+        clip.image_head->forward(ops, clip.image_encoder->forward(ops, nn::Tensor(shape, s.pixels), ic).pooled, ih);
+    expect_rows_near(images, static_cast<std::int64_t>(i), img, "image embedding");
+
+    nn::Tokens tokens;
+    tokens.batch = 1;
+    tokens.length = static_cast<std::int64_t>(s.tokens.size());
+    tokens.ids = s.tokens;
+    tokens.lengths = {static_cast<std::int32_t>(s.tokens.size())};
+    nn::TextEncoderCache tc;
+    nn::ClipHeadCache th;
+    const nn::Tensor txt = clip.text_head->forward(ops, clip.text_encoder->forward(ops, tokens, tc).pooled, th);
+    expect_rows_near(texts, static_cast<std::int64_t>(i), txt, "text embedding");
+  }
+}
+
+TEST(Evaluate, HeldoutSamplesAreTheFirstOfTheHeldoutSplit) {
+  const spec::RunSpec run = test::load("tiny-clip.yaml");
+  const auto d = tiny_dataset(run);
+  const auto h = train::heldout_samples(d, 5);
+  ASSERT_EQ(h.size(), 5u);
+  for (std::int64_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(h[static_cast<std::size_t>(i)].index, i);
+    EXPECT_EQ(h[static_cast<std::size_t>(i)].split, data::Split::heldout);
+    EXPECT_TRUE(d.heldout(h[static_cast<std::size_t>(i)].scene));
+    EXPECT_EQ(h[static_cast<std::size_t>(i)].pixels, d.get(i, data::Split::heldout).pixels);
+  }
+  EXPECT_TRUE(train::heldout_samples(d, 0).empty());
+  test::expect_error([&] { train::heldout_samples(d, -1); }, Status::invalid_argument, {"count is -1"});
+}
+
+TEST(Evaluate, CaptionMetricsOfTheTinyMllmAtInit) {
+  const spec::RunSpec run = test::load("tiny-mllm.yaml");
+  const nn::Model model = nn::build_model(run.model, 4);
+  const nn::ChainModel& chain = *model.chain;
+  nn::HostOps ops(1);
+  const auto d = tiny_dataset(run);
+  const auto samples = train::heldout_samples(d, 12);
+  const auto groups = train::side_groups(samples);
+  ASSERT_GE(groups.size(), 2u) << "the batch should mix sides (prefix lengths)";
+
+  const train::CaptionMetrics m = train::caption_metrics(ops, chain, samples);
+  EXPECT_EQ(m.tokens, train::counted_tokens(samples));
+  ASSERT_TRUE(std::isfinite(m.loss));
+  const double vocab = static_cast<double>(run.model.modules.back().vocab);
+  EXPECT_NEAR(m.loss, std::log(vocab), 0.3);  // about uniform over the vocabulary at init
+  EXPECT_GE(m.token_accuracy, 0.0);
+  EXPECT_LE(m.token_accuracy, 1.0);
+
+  // The loss is the sum of the model's own per-group LM loss over all counted positions.
+  double sum = 0;
+  for (const auto& g : groups) sum += chain.step(ops, &g.images, train::tokens_of(samples, g.members), 1, false);
+  EXPECT_NEAR(m.loss, sum / static_cast<double>(m.tokens), 1e-5 * std::log(vocab));
+
+  // Per-sample metrics, weighted by their counted tokens, give the batch's.
+  double loss = 0;
+  std::int64_t tokens = 0;
+  for (const auto& s : samples) {
+    const auto one = train::caption_metrics(ops, chain, std::span<const data::Sample>(&s, 1));
+    loss += one.loss * static_cast<double>(one.tokens);
+    tokens += one.tokens;
+  }
+  EXPECT_EQ(tokens, m.tokens);
+  EXPECT_NEAR(m.loss, loss / static_cast<double>(tokens), 1e-4);
+}
+
+}  // namespace
+}  // namespace braid
