@@ -25,10 +25,11 @@
 //
 // Memory: both processes run glibc malloc with the same thresholds — keep freed memory (trim
 // threshold 256 MiB) and serve blocks up to 32 MiB from the heap (mmap threshold) — set with
-// mallopt here and GLIBC_TUNABLES for the peer. braid's modules allocate their activations
-// afresh each step; under glibc's defaults the heap top is returned to the kernel when a step
-// frees them and faulted back in the next step (a quarter to a third of a tiny step). The Python
-// process keeps its heap busy and barely changes. --system-malloc runs both with the defaults.
+// mallopt here (core/nn/host_memory, as braid train does) and GLIBC_TUNABLES for the peer.
+// braid's modules allocate their activations afresh each step; under glibc's defaults the heap
+// top is returned to the kernel when a step frees them and faulted back in the next step (a
+// quarter to a third of a tiny step). The Python process keeps its heap busy and barely
+// changes. --system-malloc runs both with the defaults.
 //
 // usage: train_bench [--quick] [--threads T] [--format table|json] [--profile] [--system-malloc]
 //   full: 100 steps after 10 warm-up; quick: 10 after 2 (what ctest runs: it asserts no
@@ -38,7 +39,6 @@
 //   The peer runs under the first of $BRAID_PYTHON, CMake's Python3, python3 and
 //   /usr/bin/python3 (Debian's python3-torch) that imports torch; without one, braid's
 //   figures are printed and the comparison says "skipped: no torch".
-#include <malloc.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -57,6 +57,7 @@
 #include "bench/peer_support.hpp"
 #include "bench/timed_ops.hpp"
 #include "core/common/error.hpp"
+#include "core/nn/host_memory.hpp"
 #include "core/nn/host_ops.hpp"
 #include "core/nn/modules/model.hpp"
 #include "core/spec/run.hpp"
@@ -81,14 +82,11 @@ using Clock = std::chrono::steady_clock;
 constexpr double kGoal = 1.0;
 constexpr double kFirstLossTolerance = 1e-6, kSecondLossTolerance = 1e-5;
 constexpr std::uint64_t kSeed = 1;
-constexpr int kTrimThreshold = 256 << 20, kMmapThreshold = 32 << 20;  // 32 MiB: glibc's largest
-
-// The same malloc thresholds in this process (now) and the peer's (its environment).
+// The same malloc thresholds in this process (now, as braid train sets them) and the peer's
+// (its environment).
 std::string keep_freed_memory() {
-  if (mallopt(M_TRIM_THRESHOLD, kTrimThreshold) != 1 || mallopt(M_MMAP_THRESHOLD, kMmapThreshold) != 1)
-    throw std::runtime_error("mallopt refused the trim or mmap threshold");
-  return "GLIBC_TUNABLES=glibc.malloc.trim_threshold=" + std::to_string(kTrimThreshold) +
-         ":glibc.malloc.mmap_threshold=" + std::to_string(kMmapThreshold) + " ";
+  nn::keep_freed_host_memory();
+  return nn::keep_freed_host_memory_env();
 }
 const nn::AdamWConfig kAdamW{1e-3, 0.9, 0.999, 1e-8, 0.1};  // weight_decay for decay parameters
 

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "core/common/error.hpp"
+#include "core/nn/host_memory.hpp"
 #include "core/nn/host_ops.hpp"
 #include "core/nn/modules/model.hpp"
 #include "core/runtime/groups.hpp"
@@ -163,6 +164,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   int threads = o.threads > 0 ? o.threads : run.trainer.threads;
   if (threads <= 0)
     threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, world.local_size()));
+  nn::keep_freed_host_memory();  // activations are reallocated every step
   nn::HostOps ops(threads);
   nn::Model model = nn::build_model(run.model, seed);
   const data::ShapesDataset dataset = make_dataset(run, seed);
