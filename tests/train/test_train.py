@@ -295,6 +295,37 @@ class Checkpoints(unittest.TestCase):
         self.assertIn("pp", r.stderr)
 
 
+class Cli(unittest.TestCase):
+    def test_seed_gives_other_weights_and_data_the_same_on_any_world(self):
+        with tempfile.TemporaryDirectory() as d:
+            for ranks, seed in [(1, None), (1, 7), (2, 7)]:
+                extra = ["--seed", str(seed)] if seed is not None else []
+                check(self, train(ranks, "--config", CLIP, "--steps", "2", "--quiet", "--metrics",
+                                  f"{d}/{ranks}-{seed}.jsonl", *extra))
+            default, one, two = (losses(f"{d}/{name}.jsonl") for name in ["1-None", "1-7", "2-7"])
+            self.assertNotEqual(default[0], one[0])
+            for a, b in zip(two, one):
+                self.assertLessEqual(abs(a - b) / abs(b), TOLERANCE)
+
+    def test_trainer_section_errors_name_the_line_and_field(self):
+        with tempfile.TemporaryDirectory() as d:
+            config = variant(d, MLLM, "bad.yaml", steps=0)
+            r = train(1, "--config", config)
+            self.assertEqual(r.returncode, 2)
+            self.assertRegex(r.stderr, r"bad\.yaml:\d+:\d+: trainer\.steps: must be at least 1 \(got 0\)")
+            config = variant(d, MLLM, "typo.yaml", learnin_rate=0.1)
+            r = train(1, "--config", config)
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("did you mean 'learning_rate'?", r.stderr)
+
+    def test_progress_eval_and_summary_lines(self):
+        r = train(1, "--config", MLLM, "--steps", "2")
+        check(self, r)
+        self.assertRegex(r.stdout, r"step 1/2  loss \d+\.\d{4}  [\d.]+ samples/s  ETA \d+:\d\d:\d\d")
+        self.assertRegex(r.stdout, r"eval at step 2: caption_loss [\d.]+ token_accuracy [\d.]+")
+        self.assertIn("trained steps 1-2 of 2", r.stdout)
+
+
 class KilledRank(unittest.TestCase):
     def test_others_exit_within_30s_and_the_last_checkpoint_resumes(self):
         with tempfile.TemporaryDirectory() as d:
