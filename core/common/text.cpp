@@ -5,6 +5,11 @@
 
 namespace braid {
 
+void append_item(std::string& out, std::string_view item, std::string_view separator) {
+  if (!out.empty()) out += separator;
+  out += item;
+}
+
 std::size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<std::size_t> row(b.size() + 1);
   for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;

@@ -13,6 +13,10 @@ std::size_t edit_distance(std::string_view a, std::string_view b);
 // The candidate closest to `word`, or "" when none is close enough to be a plausible typo.
 std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);
 
+// Appends `item` to the list `out`, with `separator` before it unless `out` is empty. (Also
+// keeps GCC 12 quiet: `(cond ? "" : ",") + std::string(x)` trips its -Wrestrict false positive.)
+void append_item(std::string& out, std::string_view item, std::string_view separator);
+
 // "a, b or c"
 std::string join_choices(const std::vector<std::string>& items, std::string_view last_sep = " or ");
 

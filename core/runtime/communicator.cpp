@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/common/error.hpp"
+#include "core/common/text.hpp"
 
 namespace braid::runtime {
 
@@ -100,7 +101,7 @@ Communicator::~Communicator() {
 std::string Communicator::describe() const {
   std::string ranks;
   for (std::size_t i = 0; i < world_ranks_.size() && i < 16; ++i)
-    ranks += (i ? "," : "") + std::to_string(world_ranks_[i]);
+    append_item(ranks, std::to_string(world_ranks_[i]), ",");
   if (world_ranks_.size() > 16) ranks += ",...";
   return "this " + std::to_string(size()) + "-rank communicator (world ranks " + ranks + ")";
 }

@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "core/common/error.hpp"
+#include "core/common/text.hpp"
 
 namespace braid::runtime {
 namespace {
@@ -106,7 +107,7 @@ Grid::Grid(std::string what, const GridSizes& sizes, const std::string& order, i
 
 std::string Grid::order() const {
   std::string out;
-  for (Axis a : named_) out += (out.empty() ? "" : "-") + std::string(axis_name(a));
+  for (Axis a : named_) append_item(out, axis_name(a), "-");
   return out;
 }
 
@@ -192,11 +193,11 @@ std::string Grid::group_name(int rank, const std::vector<Axis>& mask) const {
   const Coords c = coords(rank);
   std::string axes, fixed;
   for (Axis a : named_) {
-    if (masked(a, mask)) axes += (axes.empty() ? "" : "-") + std::string(axis_name(a));
+    if (masked(a, mask)) append_item(axes, axis_name(a), "-");
   }
   for (auto it = named_.rbegin(); it != named_.rend(); ++it) {
     if (masked(*it, mask)) continue;
-    fixed += (fixed.empty() ? "" : ",") + std::string(axis_name(*it)) + "=" + std::to_string(c[at(*it)]);
+    append_item(fixed, std::string(axis_name(*it)) + "=" + std::to_string(c[at(*it)]), ",");
   }
   return name_ + "." + (axes.empty() ? "none" : axes) + "[" + fixed + "]";
 }

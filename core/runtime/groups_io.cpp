@@ -51,9 +51,9 @@ std::string format_ranks(const std::vector<int>& v) {
     const std::size_t run = j - i + 1;
     std::string piece = std::to_string(v[i]);
     if (step == 1 && run >= 2) {
-      piece += "-" + std::to_string(v[j]);
+      piece.append("-").append(std::to_string(v[j]));
     } else if (step > 1 && run >= 5) {
-      piece += "," + std::to_string(v[i + 1]) + ",...," + std::to_string(v[j]);
+      piece.append(",").append(std::to_string(v[i + 1])).append(",...,").append(std::to_string(v[j]));
     } else {
       j = i;
     }

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 
@@ -53,13 +54,16 @@ std::vector<std::string> plugin_search_path() {
     }
   }
   // Next to the binary that holds this code: build/tools/braid and build/capi/libbraid.so
-  // find build/plugins; an installed prefix/bin/braid or prefix/lib/libbraid.so finds prefix/lib/braid.
+  // find build/plugins; an installed <libdir>/libbraid.so finds <libdir>/braid, and
+  // <bindir>/braid finds it through the install layout's relative path (../lib/braid).
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&plugin_search_path), &info) && info.dli_fname) {
     auto here = std::filesystem::absolute(info.dli_fname).parent_path();
-    for (const char* rel : {"../plugins", "braid", "../lib/braid"}) {
-      auto dir = (here / rel).lexically_normal();
-      if (std::filesystem::is_directory(dir)) dirs.push_back(dir.string());
+    for (const char* rel : {"../plugins", "braid", BRAID_PLUGIN_DIR_FROM_BINDIR}) {
+      auto dir = (here / rel).lexically_normal().string();
+      if (std::filesystem::is_directory(dir) && std::find(dirs.begin(), dirs.end(), dir) == dirs.end()) {
+        dirs.push_back(dir);
+      }
     }
   }
   return dirs;

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "core/common/error.hpp"
+#include "core/common/text.hpp"
 
 namespace braid::runtime {
 namespace {
@@ -124,8 +125,7 @@ Communicator World::group(const std::vector<int>& world_ranks) const {
   std::vector<int32_t> ranks(world_ranks.begin(), world_ranks.end());
   braid_comm_v1* handle = nullptr;
   std::string list;
-  for (std::size_t i = 0; i < world_ranks.size() && i < 16; ++i)
-    list += (i ? "," : "") + std::to_string(world_ranks[i]);
+  for (std::size_t i = 0; i < world_ranks.size() && i < 16; ++i) append_item(list, std::to_string(world_ranks[i]), ",");
   if (world_ranks.size() > 16) list += ",...";
   plugin_->check(plugin_->api().comm_create(ranks.data(), static_cast<int32_t>(ranks.size()), &handle),
                  "comm_create over world ranks " + list);

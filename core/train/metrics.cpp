@@ -154,6 +154,20 @@ std::string ProgressMeter::update(std::int64_t step, double loss, double samples
          number_text(samples_per_s, 1) + " samples/s  ETA " + format_duration(eta_seconds(step));
 }
 
+std::int64_t default_progress_interval(std::int64_t total_steps) {
+  const std::int64_t at_least = (total_steps + 19) / 20;
+  for (std::int64_t scale = 1;; scale *= 10) {
+    for (std::int64_t m : {1, 2, 5}) {
+      if (m * scale >= at_least) return m * scale;
+    }
+  }
+}
+
+bool progress_due(std::int64_t step, std::int64_t first_step, std::int64_t total, std::int64_t every) {
+  if (every <= 0) return false;
+  return step == first_step || step == total || step % every == 0;
+}
+
 double ProgressMeter::eta_seconds(std::int64_t step) const {
   if (recent_.empty() || step >= total_) return 0;
   double sum = 0;  // re-summed each time: a running sum would drift over a long run

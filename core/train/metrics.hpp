@@ -1,5 +1,5 @@
-// What a training run reports: the --metrics JSON-lines file, the progress line printed
-// after each step on rank 0, and the summary at the end.
+// What a training run reports: the --metrics JSON-lines file, the progress lines rank 0
+// prints (every N steps, or one line rewritten in place on a terminal), and the summary.
 //
 // The metrics file holds one JSON object per line:
 //   {"step":12,"loss":2.3456001281738281,"samples_per_s":184.2}
@@ -86,6 +86,13 @@ class ProgressMeter {
   std::size_t window_;
   std::deque<double> recent_;  // the last `window_` step times
 };
+
+// How often rank 0 prints a progress line to a log (not a terminal): a round number of steps
+// (1, 2 or 5 x 10^k) that gives at most 20 lines for the run, e.g. 100 for 2500 steps.
+std::int64_t default_progress_interval(std::int64_t total_steps);
+// Whether `step` of `total` gets a progress line with one every `every` steps (0: none):
+// every multiple of `every`, and always the first step this process runs and the last.
+bool progress_due(std::int64_t step, std::int64_t first_step, std::int64_t total, std::int64_t every);
 
 struct RunSummary {
   std::int64_t first_step = 1;   // the first step this process ran (resumed: checkpoint step + 1)

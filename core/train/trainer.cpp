@@ -211,6 +211,12 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
 
   const std::vector<data::Sample> heldout = heldout_samples(dataset, run.trainer.eval_samples);
   ProgressMeter meter(total);
+  bool live_line = false;  // rank 0's progress line on a terminal is open (no newline yet)
+  // A live progress line stays as it stands when another line goes below it.
+  const auto end_live_line = [&] {
+    if (live_line) out << "\n";
+    live_line = false;
+  };
   report.summary.first_step = first;
   report.summary.total_steps = total;
   const std::int64_t eval_every = run.trainer.eval_every, ckpt_every = run.trainer.checkpoint_every;
@@ -228,7 +234,13 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
                   "the loss diverged at step " + std::to_string(step) + " (" + std::to_string(r.loss) + ")");
     if (rank == 0) {
       if (metrics) metrics->write(sm);
-      if (o.progress) out << meter.update(step, r.loss, sm.samples_per_s, r.seconds) << "\n" << std::flush;
+      const std::string line = meter.update(step, r.loss, sm.samples_per_s, r.seconds);
+      if (o.live_progress) {
+        out << "\r\033[K" << line << std::flush;  // back to the line's start, clear it, rewrite
+        live_line = true;
+      } else if (progress_due(step, first, total, o.progress_every)) {
+        out << line << "\n" << std::flush;
+      }
     }
     if ((eval_every > 0 && step % eval_every == 0) || step == total) {
       // Pipelined models are evaluated whole on one rank: every parameter from the rank that trains it.
@@ -238,6 +250,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       EvalMetrics e = evaluate(run, model, heldout, layouts, rank, comm, ops, step);
       if (chain) chain->single_process(false);
       if (rank == 0) {
+        end_live_line();
         if (metrics) metrics->write(e);
         std::string line = "eval at step " + std::to_string(step) + ":";
         for (const auto& [k, v] : e.values) line += " " + k + " " + std::to_string(v);
@@ -252,7 +265,10 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       report.summary.checkpoint = o.checkpoint_dir + "/" + checkpoint_file_name(step);
     }
   }
-  if (rank == 0) out << format_summary(report.summary) << std::flush;
+  if (rank == 0) {
+    end_live_line();
+    out << format_summary(report.summary) << std::flush;
+  }
   return report;
 }
 

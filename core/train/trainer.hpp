@@ -30,7 +30,8 @@ struct TrainOptions {
   bool reorder = true;                // DistTrain intra-step reordering over DP replicas
   bool distmm_pipe = false;           // contrastive: DistMM-Pipe instead of plain batch-sync
   int threads = 0;                    // host threads; 0: the run file's, else cores / local processes
-  bool progress = true;               // rank 0 prints a line per step
+  std::int64_t progress_every = 1;    // rank 0 prints a progress line every N steps; 0: none
+  bool live_progress = false;         // a terminal: one progress line rewritten after every step
 };
 
 struct TrainReport {

@@ -15,6 +15,8 @@ BRAID_SOURCE_DIR (the repository).
 import json
 import math
 import os
+import pty
+import re
 import shutil
 import signal
 import struct
@@ -324,6 +326,39 @@ class Cli(unittest.TestCase):
         self.assertRegex(r.stdout, r"step 1/2  loss \d+\.\d{4}  [\d.]+ samples/s  ETA \d+:\d\d:\d\d")
         self.assertRegex(r.stdout, r"eval at step 2: caption_loss [\d.]+ token_accuracy [\d.]+")
         self.assertIn("trained steps 1-2 of 2", r.stdout)
+
+    def test_progress_lines_every_n_steps(self):
+        # Not a terminal: a line for the first step, every multiple of N, and the last.
+        r = train(1, "--config", MLLM, "--steps", "5", "--progress-every", "2")
+        check(self, r)
+        printed = [int(m) for m in re.findall(r"^step (\d+)/5 ", r.stdout, re.M)]
+        self.assertEqual(printed, [1, 2, 4, 5])
+        self.assertNotIn("\r", r.stdout)
+        r = train(1, "--config", MLLM, "--steps", "1", "--progress-every", "0")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--progress-every must be >= 1", r.stderr)
+
+    def test_one_live_progress_line_on_a_terminal(self):
+        # On a terminal each step rewrites the line in place (carriage return, clear to the
+        # end); the evaluation and the summary start on lines of their own below it.
+        leader, follower = pty.openpty()
+        proc = subprocess.Popen([CLI, "train", "--threads", "1", "--config", MLLM, "--steps", "3"], cwd=SOURCE_DIR,
+                                stdout=follower, stderr=subprocess.DEVNULL)
+        os.close(follower)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        os.close(leader)
+        self.assertEqual(proc.wait(timeout=120), 0)
+        text = out.decode().replace("\r\n", "\n")
+        self.assertEqual(text.count("\r\033[K"), 3, text)
+        self.assertRegex(text, r"\r\033\[Kstep 3/3  loss [\d.]+ [^\n]*\neval at step 3: ")
 
 
 class KilledRank(unittest.TestCase):

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/bubble/encoder_tasks.hpp"
+#include "core/common/text.hpp"
 #include "core/pipeline/from_plan.hpp"
 #include "core/plan/planner.hpp"
 #include "core/runtime/groups.hpp"
@@ -55,7 +56,7 @@ std::vector<Brute> enumerate(const GridSizes& sizes, const std::vector<Axis>& or
 
 std::string order_string(const std::vector<Axis>& order) {
   std::string s;
-  for (Axis a : order) s += (s.empty() ? "" : "-") + std::string(runtime::axis_name(a));
+  for (Axis a : order) append_item(s, runtime::axis_name(a), "-");
   return s;
 }
 

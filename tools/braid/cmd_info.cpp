@@ -6,6 +6,7 @@
 
 #include "braid/braid.h"
 #include "core/common/error.hpp"
+#include "core/runtime/comm_plugin.hpp"
 #include "core/runtime/plugin_loader.hpp"
 #include "tools/braid/commands.hpp"
 
@@ -15,7 +16,7 @@ namespace braid::cli {
 namespace {
 
 struct PluginReport {
-  std::string name, path, status;
+  std::string name, kind, path, status;
   std::vector<runtime::DeviceInfo> devices;
   std::vector<std::string> checks;  // per device, with --check
   bool failed = false;
@@ -24,6 +25,7 @@ struct PluginReport {
 PluginReport probe(const std::string& name, bool check) {
   PluginReport r;
   r.name = name;
+  r.kind = "device";
   try {
     auto plugin = runtime::load_device_plugin(name);
     r.path = plugin->path();
@@ -46,13 +48,29 @@ PluginReport probe(const std::string& name, bool check) {
   return r;
 }
 
+// A communication plugin is loaded, not initialised: `braid info` joins no world.
+PluginReport probe_comm(const std::string& name) {
+  PluginReport r;
+  r.name = name;
+  r.kind = "communication";
+  try {
+    auto plugin = runtime::load_comm_plugin(name);
+    r.path = plugin->path();
+    r.status = "loaded; " + plugin->backend_version();
+  } catch (const Error& e) {
+    r.status = e.what();
+  }
+  return r;
+}
+
 }  // namespace
 
 int run_info(const std::vector<std::string>& args) {
   std::string format = "table";
   po::options_description opts(
       "usage: braid info [--check] [--format table|json]\n\n"
-      "Prints the version, ABI and build options, and the devices each plugin sees.\n\noptions");
+      "Prints the version, ABI and build options, the plugins found (device plugins with the\n"
+      "devices they see; the communication plugin with its MPI library) and where they were looked for.\n\noptions");
   opts.add_options()("help,h", "show this help")("check", "run each device's self-test kernel (exit 1 if one fails)")(
       "format,f", po::value(&format)->value_name("FMT"), "table (default) | json");
   po::variables_map vm;
@@ -74,6 +92,7 @@ int run_info(const std::vector<std::string>& args) {
   const bool cuda = BRAID_CUDA_ENABLED;
   std::vector<PluginReport> plugins;
   if (cuda) plugins.push_back(probe("cuda", vm.count("check") > 0));
+  plugins.push_back(probe_comm("mpi"));
   const std::string version = std::to_string(BRAID_VERSION_MAJOR) + "." + std::to_string(BRAID_VERSION_MINOR) + "." +
                               std::to_string(BRAID_VERSION_PATCH);
   if (format == "json") {
@@ -96,13 +115,18 @@ int run_info(const std::vector<std::string>& args) {
         if (i < p.checks.size()) x["self_test"] = p.checks[i];
         devices.push_back(x);
       }
-      j["plugins"].push_back({{"name", p.name}, {"path", p.path}, {"status", p.status}, {"devices", devices}});
+      nlohmann::ordered_json x{{"name", p.name}, {"kind", p.kind}, {"path", p.path}, {"status", p.status}};
+      if (p.kind == "device") x["devices"] = devices;
+      j["plugins"].push_back(x);
     }
     std::cout << j.dump(2) << "\n";
   } else {
     std::printf("braid %s\n  ABI version  %d\n  build        %s, %s\n  CUDA         %s\n", version.c_str(),
                 BRAID_ABI_VERSION, BRAID_BUILD_TYPE, BRAID_CXX_COMPILER,
                 cuda ? "plugin built (nvcc found)" : "not built (no nvcc found, or BRAID_WITH_CUDA=OFF)");
+    std::string path;
+    for (const auto& dir : runtime::plugin_search_path()) path += (path.empty() ? "" : ":") + dir;
+    std::printf("  plugin path  %s\n", path.empty() ? "(none: set BRAID_PLUGIN_PATH)" : path.c_str());
     for (const auto& p : plugins) {
       std::printf("  plugin %-5s %s%s%s\n", p.name.c_str(), p.status.c_str(), p.path.empty() ? "" : "\n               ",
                   p.path.c_str());

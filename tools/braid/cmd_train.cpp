@@ -1,5 +1,7 @@
 // braid train: trains a reference model (core/nn) on the generated shapes dataset, on one
 // process or on every process of an mpiexec launch, with the layout a plan gives.
+#include <unistd.h>
+
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
@@ -26,10 +28,12 @@ const char* kTrainUsage =
     "an MPI launch (one rank per device of the plan; the run's cluster is sized to the\n"
     "world). The plan decides which rank holds which module: by default every module on\n"
     "every rank, data parallel (megatron with --tp 1 --pp 1); --strategy distmm puts the\n"
-    "image and text towers of a CLIP on disjoint ranks joined by the batch-sync. The CPU\n"
-    "trainer runs plans whose modules have tp 1 and pp 1.\n"
+    "image and text towers of a CLIP on disjoint ranks joined by the batch-sync; --pp and\n"
+    "--tp split the llm (and --pp the CLIP towers) into pipeline stages and tensor shards.\n"
+    "Layouts the reference modules cannot run are refused with the module and the reason.\n"
     "\n"
-    "Rank 0 prints a line per step (step, loss, samples/s, ETA), an evaluation every\n"
+    "Rank 0 prints a progress line (step, loss, samples/s, ETA) every N steps (on a\n"
+    "terminal, one line rewritten after each step), an evaluation every\n"
     "trainer.eval_every steps and at the end (CLIP: top-1 image->text and text->image\n"
     "retrieval on held-out scenes; MLLM: caption loss and token accuracy), and a summary.\n"
     "The same run file and seed give the same data, weights and losses on any number of\n"
@@ -43,7 +47,7 @@ const char* kTrainUsage =
 int run_train(const std::vector<std::string>& args) {
   PlanOptions plan_opts;
   plan_opts.strategy = "megatron";
-  long long steps = 0, seed = -1;
+  long long steps = 0, seed = -1, progress_every = 0;
   int threads = 0;
   std::string metrics, checkpoint_dir, gradients_dir, schedule = "batch-sync";
   po::options_description opts(kTrainUsage);
@@ -64,7 +68,9 @@ int run_train(const std::vector<std::string>& args) {
       "host threads per process (default: trainer.threads, else the node's cores / processes on it)")(
       "dump-gradients", po::value(&gradients_dir)->value_name("DIR"),
       "write each step's reduced gradients as checkpoint shards (for layout-equivalence checks)")(
-      "quiet,q", "no per-step progress lines");
+      "progress-every", po::value(&progress_every)->value_name("N"),
+      "a progress line every N steps (default: a round N giving at most 20 lines; on a terminal, one line "
+      "rewritten after every step)")("quiet,q", "no progress lines (evaluations and the summary still print)");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(args).options(opts).run(), vm);
@@ -87,6 +93,7 @@ int run_train(const std::vector<std::string>& args) {
   if (problem.empty() && schedule != "batch-sync" && schedule != "distmm-pipe")
     problem = "--schedule must be batch-sync or distmm-pipe (got '" + schedule + "')";
   if (problem.empty() && threads < 0) problem = "--threads must be >= 0";
+  if (problem.empty() && vm.count("progress-every") && progress_every < 1) problem = "--progress-every must be >= 1";
   if (!problem.empty()) {
     std::fprintf(stderr, "braid train: error: %s\n(see 'braid train --help')\n", problem.c_str());
     return kExitBadInput;
@@ -113,12 +120,15 @@ int run_train(const std::vector<std::string>& args) {
     o.reorder = !vm.count("no-reorder");
     o.distmm_pipe = schedule == "distmm-pipe";
     o.threads = threads;
-    o.progress = !vm.count("quiet");
+    const std::int64_t total = o.steps ? o.steps : o.run.trainer.steps;
+    o.progress_every = vm.count("quiet")            ? 0
+                       : vm.count("progress-every") ? progress_every
+                                                    : train::default_progress_interval(total);
+    o.live_progress = o.progress_every > 0 && !vm.count("progress-every") && isatty(STDOUT_FILENO);
     if (rank == 0) {
       std::cout << "braid train: " << o.run.model.name << " on " << world.size() << " process"
                 << (world.size() > 1 ? "es" : "") << ", strategy " << plan::strategy_name(o.plan.strategy) << ", "
-                << (o.steps ? o.steps : o.run.trainer.steps) << " steps of " << o.run.training.global_batch
-                << " samples\n"
+                << total << " steps of " << o.run.training.global_batch << " samples\n"
                 << std::flush;
     }
     train::train(o, world, std::cout, std::cerr);
