@@ -60,7 +60,7 @@ def measure(args, run, plan, schedule, directory):
     if r.returncode != 0:
         sys.exit(f"pipe_bench: {' '.join(cmd)} failed:\n{r.stdout}{r.stderr}")
     with open(metrics) as f:
-        steps = [json.loads(line) for line in f if line.strip()]
+        steps = [m for m in (json.loads(line) for line in f if line.strip()) if not m.get("summary")]
     times = [128 / m["samples_per_s"] for m in steps if not m.get("eval") and m["samples_per_s"] > 0]
     warm = times[min(3, len(times) - 1):]  # the first steps pay for first touches
     losses = [m["loss"] for m in steps if not m.get("eval")]

@@ -117,7 +117,10 @@ Colocated decompose(const cost::CostModel& cost, const plan::Plan& plan) {
       const auto& l = loads[static_cast<std::size_t>(h.encoder_stage)];
       const bool first = h.encoder_stage == 0, last = h.encoder_stage == m.pp - 1;
       const int layers = m.layers_per_stage[static_cast<std::size_t>(h.encoder_stage)];
-      auto add_unit = [&](WorkUnit u) {
+      auto add_unit = [&](WorkUnit u, pipeline::UnitKind kind, int kernel = -1) {
+        u.kind = kind;
+        u.module = m.module;
+        u.kernel = kernel;
         st.units.push_back(std::move(u));
         return static_cast<int>(st.units.size()) - 1;
       };
@@ -128,25 +131,31 @@ Colocated decompose(const cost::CostModel& cost, const plan::Plan& plan) {
         (backward ? h.backward_s : h.forward_s) += t.seconds;
       };
       const std::string prefix = m.name + " ";
-      const int embed = first ? add_unit(unit_from(prefix + "embedding", mc.first, false)) : -1;
+      const int embed =
+          first ? add_unit(unit_from(prefix + "embedding", mc.first, false), pipeline::UnitKind::encoder_embedding)
+                : -1;
       const int kinds = static_cast<int>(kernels.size());
       const int base = static_cast<int>(st.units.size());
-      for (const auto& k : kernels) {
-        WorkUnit u = unit_from(prefix + k.name, k.cost, k.communication);
+      for (std::size_t k = 0; k < kernels.size(); ++k) {
+        WorkUnit u = unit_from(prefix + kernels[k].name, kernels[k].cost, kernels[k].communication);
         u.activation_bytes = u.input_bytes = 0;
-        add_unit(std::move(u));
+        add_unit(std::move(u), pipeline::UnitKind::encoder_kernel, static_cast<int>(k));
       }
       // The layer's stored activations live with its first kernel: kept by that
       // kernel's forward task, freed by its backward task.
       st.units[static_cast<std::size_t>(base)].activation_bytes = mc.layer.activation_bytes;
-      const int head = last && mc.last.hardware_flops() > 0 ? add_unit(unit_from(prefix + "head", mc.last, false)) : -1;
+      const int head = last && mc.last.hardware_flops() > 0
+                           ? add_unit(unit_from(prefix + "head", mc.last, false), pipeline::UnitKind::encoder_head)
+                           : -1;
       const double out_s = last ? handover : l.p2p_s / 2;
-      const int send = out_s > 0 ? add_unit(transfer_unit(prefix + (last ? "hand-over" : "send"), out_s, out_s)) : -1;
+      const int send = out_s > 0 ? add_unit(transfer_unit(prefix + (last ? "hand-over" : "send"), out_s, out_s),
+                                            pipeline::UnitKind::encoder_transfer)
+                                 : -1;
       int shard = -1;
       if (l.shard_comm_s > 0) {  // ZeRO-2/3 traffic of the encoder's gradients, per microbatch
         WorkUnit u = transfer_unit(prefix + "dp shard traffic", 0, 0);
         u.shard_comm_s = l.shard_comm_s;
-        shard = add_unit(std::move(u));
+        shard = add_unit(std::move(u), pipeline::UnitKind::encoder_shard);
       }
 
       if (embed >= 0) task(embed, 0, false);

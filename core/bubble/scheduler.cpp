@@ -407,9 +407,12 @@ double idle(const std::array<double, sim::kCauseCount>& b) {
 
 }  // namespace
 
-std::vector<std::string> schedule_names() { return {"optimus-fine", "optimus-coarse", "encoder-first"}; }
+std::vector<std::string> schedule_names() {
+  return {"optimus-fine", "optimus-coarse", "encoder-first", "optimus-online"};
+}
 
 const pipeline::Program& program_named(const Schedules& s, const std::string& name) {
+  if (name == "optimus-online") return s.online;
   if (name == "optimus-coarse") return s.coarse;
   if (name == "encoder-first") return s.plain;
   return s.fine;
@@ -444,6 +447,8 @@ Schedules schedule(const cost::CostModel& cost, const plan::Plan& plan) {
   out.plain.schedule = "encoder-first";
   out.coarse.schedule = "optimus-coarse";
   out.fine.schedule = "optimus-fine";
+  out.online = out.fine;
+  out.online.schedule = "optimus-online";
   Report& r = out.report;
   r.plain_step_s = plain.result.step_time_s;
   r.coarse_step_s = coarse.result.step_time_s;

@@ -43,13 +43,17 @@ struct Report {
 struct Schedules {
   Colocated layout;
   pipeline::Program plain, coarse, fine;
+  // The fine program, run with online filling: an executor that finds the next instruction
+  // waiting runs the next ready encoder task first. Simulated, it is the fine program.
+  pipeline::Program online;
   Report report;
 };
 
 // Throws Error(Status::bad_config) when the plan is not a runnable colocated plan.
 Schedules schedule(const cost::CostModel& cost, const plan::Plan& plan);
 
-// Names of the schedules of a colocated plan, the first being the default.
+// Names of the schedules of a colocated plan, the first being the default: optimus-fine,
+// optimus-coarse, encoder-first, optimus-online.
 std::vector<std::string> schedule_names();
 const pipeline::Program& program_named(const Schedules& s, const std::string& name);
 

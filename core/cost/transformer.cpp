@@ -97,6 +97,7 @@ std::vector<LayerKernel> transformer_layer_kernels(const spec::ModuleSpec& m, do
     if (ctx.grads.any()) k->cost.comm_backward_s = ar;
   }
   std::vector<LayerKernel> ks = {norm_attention, qkv, core, out, reduce_attention, norm_mlp, up, down, reduce_mlp};
+  static_assert(kLayerKernels == 9, "the kernels of a layer, as nn::TransformerBlock runs them");
   // Recomputation, kernel by kernel: full re-runs every forward (and its collectives)
   // before the backward; selective re-runs the attention core when its scores are not kept.
   for (auto& k : ks) {

@@ -38,7 +38,10 @@ struct LayerKernel {
 };
 
 // The kernels of one transformer layer, in forward order; they sum to transformer_layer's
-// times and FLOPs (activations and parameters are the layer's).
+// times and FLOPs (activations and parameters are the layer's). kLayerKernels of them:
+// norm (attention), qkv, attention, attention out, TP all-reduce (attention), norm (mlp),
+// mlp up, mlp down, TP all-reduce (mlp); nn::TransformerBlock's kernels are the same.
+inline constexpr int kLayerKernels = 9;
 std::vector<LayerKernel> transformer_layer_kernels(const spec::ModuleSpec& m, double tokens, double samples,
                                                    const BlockContext& ctx);
 // One transformer layer for a microbatch of `samples` sequences of `tokens`.

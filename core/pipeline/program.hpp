@@ -44,9 +44,22 @@ struct Instruction {
   std::uint8_t flags = 0;
 };
 
+// What a work unit runs, for an executor (the simulator needs only its times).
+enum class UnitKind : std::uint8_t {
+  model,              // forward/backward: the stage's part of the model (a chunk)
+  encoder_embedding,  // colocated encoder task: the encoder's embedding (its first stage)
+  encoder_kernel,     // one kernel of a transformer layer (WorkUnit::kernel, cost::kLayerKernels order)
+  encoder_head,       // the encoder's final norm and head (its last stage)
+  encoder_transfer,   // the hand-over of a microbatch's output (or the send to the next encoder stage)
+  encoder_shard,      // ZeRO-2/3 gradient traffic of the encoder
+};
+
 // The work one compute instruction stands for on one device of a stage, per microbatch.
 struct WorkUnit {
-  std::string label;        // "llm stage 3", "vit stage 0"
+  std::string label;  // "llm stage 3", "vit stage 0"
+  UnitKind kind = UnitKind::model;
+  int module = -1;          // encoder units: the encoder's index in the model file
+  int kernel = -1;          // encoder_kernel: which kernel of the layer
   double forward_s = 0;     // compute
   double forward_tp_s = 0;  // exposed tensor-parallel collectives
   double backward_s = 0;    // compute, recomputation included

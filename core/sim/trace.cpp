@@ -48,7 +48,7 @@ std::string event_name(const pipeline::Program& p, const TraceEvent& e) {
 
 }  // namespace
 
-std::string chrome_trace(const pipeline::Program& p, const Result& r) {
+std::string chrome_trace(const pipeline::Program& p, const Result& r, const std::string& generator) {
   nlohmann::ordered_json events = nlohmann::ordered_json::array();
   std::vector<bool> named(static_cast<std::size_t>(r.ranks), false);
   for (const auto& e : r.trace) {
@@ -91,21 +91,22 @@ std::string chrome_trace(const pipeline::Program& p, const Result& r) {
   nlohmann::ordered_json doc{{"traceEvents", events},
                              {"displayTimeUnit", "ms"},
                              {"otherData",
-                              {{"generator", "braid simulate"},
+                              {{"generator", generator},
                                {"schedule", p.schedule},
                                {"step_time_s", r.step_time_s},
                                {"bubble_fraction", r.bubble_fraction}}}};
   return doc.dump() + "\n";
 }
 
-void write_chrome_trace(const std::string& path, const pipeline::Program& p, const Result& r) {
+void write_chrome_trace(const std::string& path, const pipeline::Program& p, const Result& r,
+                        const std::string& generator) {
   // A name of its own, so concurrent writers of one path do not collide before the rename.
   static std::atomic<unsigned> counter{0};
   const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw Error(Status::io, "cannot write the trace to '" + tmp + "'");
-    out << chrome_trace(p, r);
+    out << chrome_trace(p, r, generator);
     out.flush();
     if (!out) throw Error(Status::io, "error while writing the trace to '" + tmp + "'");
   }

@@ -9,10 +9,13 @@
 
 namespace braid::sim {
 
-// Chrome trace-event JSON of `result` (simulated with Options::trace).
-std::string chrome_trace(const pipeline::Program& program, const Result& result);
+// Chrome trace-event JSON of `result` (simulated with Options::trace, or a measured step
+// laid out the same way: `generator` names which).
+std::string chrome_trace(const pipeline::Program& program, const Result& result,
+                         const std::string& generator = "braid simulate");
 // Writes it atomically (temporary file, then rename); Status::io on failure.
-void write_chrome_trace(const std::string& path, const pipeline::Program& program, const Result& result);
+void write_chrome_trace(const std::string& path, const pipeline::Program& program, const Result& result,
+                        const std::string& generator = "braid simulate");
 
 // One row per stage (its first replica), `width` columns over the step (0: sized
 // to the number of instructions): forward cells show the microbatch (mod 10) as a

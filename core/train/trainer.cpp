@@ -170,7 +170,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   const data::ShapesDataset dataset = make_dataset(run, seed);
   ExecutorOptions eo;
   eo.reorder = o.reorder;
-  eo.distmm_pipe = o.distmm_pipe;
+  eo.schedule = o.schedule;
   const std::string meta = metadata(o, seed, size);
   Executor* executor_ptr = nullptr;
   if (!o.gradients_dir.empty()) {
@@ -180,7 +180,9 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       save(o.gradients_dir, step, rank, size, meta, executor_ptr->parameters(), false, world.communicator(), 0);
     };
   }
-  Executor executor(run, model, dataset, layouts[static_cast<std::size_t>(rank)], world, ops, eo);
+  const cost::CostModel cost(run);
+  Executor executor(run, cost, o.plan, model, dataset, topology, layouts[static_cast<std::size_t>(rank)], world, ops,
+                    eo);
   executor_ptr = &executor;
   runtime::Communicator& comm = executor.world_communicator();
 
@@ -211,6 +213,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
 
   const std::vector<data::Sample> heldout = heldout_samples(dataset, run.trainer.eval_samples);
   ProgressMeter meter(total);
+  MeasuredSteps measured;
   bool live_line = false;  // rank 0's progress line on a terminal is open (no newline yet)
   // A live progress line stays as it stands when another line goes below it.
   const auto end_live_line = [&] {
@@ -223,6 +226,8 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   for (std::int64_t step = first; step <= total; ++step) {
     const StepResult r = executor.step(step, learning_rate(run.trainer, step, total));
     report.wait_seconds += r.wait_seconds;
+    // The first step this process runs warms up allocators and caches: it is not timed, unless it is all there is.
+    if (step > first || total == first) measured.add(r);
     const StepMetrics sm{step, r.loss, r.seconds > 0 ? static_cast<double>(r.samples) / r.seconds : 0};
     report.steps.push_back(sm);
     report.summary.last_step = step;
@@ -245,10 +250,9 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
     if ((eval_every > 0 && step % eval_every == 0) || step == total) {
       // Pipelined models are evaluated whole on one rank: every parameter from the rank that trains it.
       executor.gather_parameters();
-      ChainPipeline* chain = executor.chain();
-      if (chain) chain->single_process(true);
+      executor.single_process(true);
       EvalMetrics e = evaluate(run, model, heldout, layouts, rank, comm, ops, step);
-      if (chain) chain->single_process(false);
+      executor.single_process(false);
       if (rank == 0) {
         end_live_line();
         if (metrics) metrics->write(e);
@@ -265,9 +269,16 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       report.summary.checkpoint = o.checkpoint_dir + "/" + checkpoint_file_name(step);
     }
   }
+  if (!o.trace_path.empty()) write_measured_trace(o.trace_path, executor.program(), executor.executed(), comm);
+  report.comparison = compare_with_simulation(measured, executor.program().program, comm);
   if (rank == 0) {
     end_live_line();
-    out << format_summary(report.summary) << std::flush;
+    if (metrics && measured.steps > 0)
+      metrics->write_line(comparison_json(report.comparison, report.summary.last_step));
+    out << format_summary(report.summary);
+    if (measured.steps > 0) out << format_comparison(report.comparison);
+    if (!o.trace_path.empty()) out << "trace of the last step as measured: " << o.trace_path << "\n";
+    out << std::flush;
   }
   return report;
 }

@@ -15,6 +15,7 @@
 #include "core/runtime/world.hpp"
 #include "core/spec/run.hpp"
 #include "core/train/metrics.hpp"
+#include "core/train/timing.hpp"
 
 namespace braid::train {
 
@@ -28,7 +29,8 @@ struct TrainOptions {
   bool resume = false;                // continue from the newest valid checkpoint in checkpoint_dir
   std::string gradients_dir;          // tests: each step's reduced gradients, as checkpoint shards
   bool reorder = true;                // DistTrain intra-step reordering over DP replicas
-  bool distmm_pipe = false;           // contrastive: DistMM-Pipe instead of plain batch-sync
+  std::string schedule;               // the program's schedule ("": the plan's default)
+  std::string trace_path;             // "": none; else a Chrome trace of the last step as measured
   int threads = 0;                    // host threads; 0: the run file's, else cores / local processes
   std::int64_t progress_every = 1;    // rank 0 prints a progress line every N steps; 0: none
   bool live_progress = false;         // a terminal: one progress line rewritten after every step
@@ -38,8 +40,9 @@ struct TrainReport {
   RunSummary summary;
   std::vector<StepMetrics> steps;
   std::vector<EvalMetrics> evals;
-  double wait_seconds = 0;  // this rank's time blocked in collectives
-  std::string layout;       // this rank's part
+  double wait_seconds = 0;    // this rank's time blocked in receives and collectives
+  std::string layout;         // this rank's part
+  StepComparison comparison;  // measured against simulated, every rank's steps
 };
 
 // The learning rate of `step` (1-based): linear warm-up, then cosine to min_lr_ratio.

@@ -111,7 +111,7 @@ def metrics(path):
 
 
 def losses(path):
-    return [m["loss"] for m in metrics(path) if not m.get("eval")]
+    return [m["loss"] for m in metrics(path) if not m.get("eval") and not m.get("summary")]
 
 
 def read_checkpoint(path):

@@ -258,6 +258,58 @@ TEST(NnModules, ImageEncoderGradients) {
       Status::invalid_argument, {"vision", "not multiples of the patch size 4"});
 }
 
+// The colocated executor runs the encoder kernel by kernel (the bubble scheduler's tasks):
+// the steps must be the very same arithmetic as the whole forward and backward, bit for bit,
+// and interleaving two microbatches' steps must not mix their state.
+TEST(NnModules, ImageEncoderStepByStepEqualsTheWholeEncoder) {
+  std::mt19937 rng(15);
+  nn::HostOps ops(1);
+  nn::ParameterStore whole_store(4), steps_store(4);
+  const nn::ImageEncoderShape shape{{8, 2, 12, 2, false}, 4, 2, 16};
+  const nn::ImageEncoder whole(whole_store, "vision", shape, false), stepped(steps_store, "vision", shape, false);
+  const Tensor a = random_tensor({2, 2, 8, 12}, rng), b = random_tensor({3, 2, 16, 16}, rng);
+  const Tensor wa = random_tensor({2, 6, 8}, rng), wb = random_tensor({3, 16, 8}, rng);
+
+  nn::ImageEncoderCache ca, cb;
+  const nn::EncoderOutput oa = whole.forward(ops, a, ca), ob = whole.forward(ops, b, cb);
+  whole.backward(ops, &wa, nullptr, ca);
+  whole.backward(ops, &wb, nullptr, cb);
+
+  nn::ImageEncoderSteps sa, sb;
+  stepped.forward_embed(ops, a, sa);
+  stepped.forward_embed(ops, b, sb);
+  for (int layer = 0; layer < stepped.layers(); ++layer)
+    for (int k = 0; k < nn::TransformerBlock::kKernels; ++k) {
+      stepped.forward_kernel(ops, layer, k, sb);
+      stepped.forward_kernel(ops, layer, k, sa);
+    }
+  const nn::EncoderOutput sa_out = stepped.forward_finish(ops, sa), sb_out = stepped.forward_finish(ops, sb);
+  EXPECT_EQ(sa_out.tokens.data, oa.tokens.data);
+  EXPECT_EQ(sb_out.tokens.data, ob.tokens.data);
+  stepped.backward_start(ops, &wa, nullptr, sa);
+  stepped.backward_start(ops, &wb, nullptr, sb);
+  for (int layer = stepped.layers(); layer-- > 0;)
+    for (int k = nn::TransformerBlock::kKernels; k-- > 0;) {
+      stepped.backward_kernel(ops, layer, k, sa);
+      stepped.backward_kernel(ops, layer, k, sb);
+    }
+  stepped.backward_embed(ops, sa);
+  stepped.backward_embed(ops, sb);
+  // Each parameter still receives a's gradient, then b's: the same sums.
+  const auto& want = whole.parameters();
+  const auto& got = stepped.parameters();
+  ASSERT_EQ(want.size(), got.size());
+  double largest = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    largest = std::max(largest, max_abs(want[i]->grad));
+    EXPECT_EQ(got[i]->grad.data, want[i]->grad.data) << want[i]->name;
+  }
+  EXPECT_GT(largest, 1e-3);
+  test::expect_error([&] { stepped.forward_kernel(ops, 0, nn::TransformerBlock::kKernels, sa); },
+                     Status::invalid_argument, {"no forward kernel 9"});
+  test::expect_error([&] { stepped.forward_kernel(ops, 2, 0, sa); }, Status::invalid_argument, {"no layer 2"});
+}
+
 TEST(NnModules, TextEncoderGradientsAndPoolingAtTheLastToken) {
   std::mt19937 rng(14);
   nn::HostOps ops(1);

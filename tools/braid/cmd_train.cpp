@@ -2,12 +2,15 @@
 // process or on every process of an mpiexec launch, with the layout a plan gives.
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
 
 #include "core/common/error.hpp"
+#include "core/common/text.hpp"
 #include "core/cost/cost_model.hpp"
+#include "core/pipeline/from_plan.hpp"
 #include "core/plan/planner.hpp"
 #include "core/runtime/world.hpp"
 #include "core/train/trainer.hpp"
@@ -33,7 +36,7 @@ const char* kTrainUsage =
     "Layouts the reference modules cannot run are refused with the module and the reason.\n"
     "\n"
     "Rank 0 prints a progress line (step, loss, samples/s, ETA) every N steps (on a\n"
-    "terminal, one line rewritten after each step), an evaluation every\n"
+    "terminal and in one process, one line rewritten after each step), an evaluation every\n"
     "trainer.eval_every steps and at the end (CLIP: top-1 image->text and text->image\n"
     "retrieval on held-out scenes; MLLM: caption loss and token accuracy), and a summary.\n"
     "The same run file and seed give the same data, weights and losses on any number of\n"
@@ -49,7 +52,7 @@ int run_train(const std::vector<std::string>& args) {
   plan_opts.strategy = "megatron";
   long long steps = 0, seed = -1, progress_every = 0;
   int threads = 0;
-  std::string metrics, checkpoint_dir, gradients_dir, schedule = "batch-sync";
+  std::string metrics, checkpoint_dir, gradients_dir, schedule, trace;
   po::options_description opts(kTrainUsage);
   opts.add_options()("help,h", "show this help");
   plan_opts.add_to(opts);
@@ -62,14 +65,20 @@ int run_train(const std::vector<std::string>& args) {
       "resume",
       "continue from the newest valid checkpoint in --checkpoint-dir (a corrupted one is reported and skipped)")(
       "schedule", po::value(&schedule)->value_name("S"),
-      "contrastive models: batch-sync (default) | distmm-pipe (a group's backwards interleaved with the next "
-      "group's forwards)")("no-reorder", "keep the loader's sample order (no DistTrain reordering over DP replicas)")(
+      "the program to run, one the plan allows (default: the plan's first): 1f1b | gpipe (llm pipelines); "
+      "batch-sync | distmm-pipe | two-phase (contrastive models); optimus-fine | optimus-coarse | encoder-first | "
+      "optimus-online (colocated plans: the bubble scheduler's programs; online also fills waits with ready "
+      "encoder tasks)")("trace", po::value(&trace)->value_name("FILE"),
+                        "write the last step, as every rank executed it, as a Chrome trace (the format of braid "
+                        "simulate --trace)")(
+      "no-reorder", "keep the loader's sample order (no DistTrain reordering over DP replicas)")(
       "threads", po::value(&threads)->value_name("N"),
       "host threads per process (default: trainer.threads, else the node's cores / processes on it)")(
       "dump-gradients", po::value(&gradients_dir)->value_name("DIR"),
       "write each step's reduced gradients as checkpoint shards (for layout-equivalence checks)")(
       "progress-every", po::value(&progress_every)->value_name("N"),
-      "a progress line every N steps (default: a round N giving at most 20 lines; on a terminal, one line "
+      "a progress line every N steps (default: a round N giving at most 20 lines; in one process on a terminal, one "
+      "line "
       "rewritten after every step)")("quiet,q", "no progress lines (evaluations and the summary still print)");
   po::variables_map vm;
   try {
@@ -90,8 +99,6 @@ int run_train(const std::vector<std::string>& args) {
   if (problem.empty() && vm.count("steps") && steps < 1) problem = "--steps must be at least 1";
   if (problem.empty() && vm.count("seed") && seed < 0) problem = "--seed must be >= 0";
   if (problem.empty() && vm.count("resume") && checkpoint_dir.empty()) problem = "--resume needs --checkpoint-dir DIR";
-  if (problem.empty() && schedule != "batch-sync" && schedule != "distmm-pipe")
-    problem = "--schedule must be batch-sync or distmm-pipe (got '" + schedule + "')";
   if (problem.empty() && threads < 0) problem = "--threads must be >= 0";
   if (problem.empty() && vm.count("progress-every") && progress_every < 1) problem = "--progress-every must be >= 1";
   if (!problem.empty()) {
@@ -118,17 +125,26 @@ int run_train(const std::vector<std::string>& args) {
     o.resume = vm.count("resume") > 0;
     o.gradients_dir = gradients_dir;
     o.reorder = !vm.count("no-reorder");
-    o.distmm_pipe = schedule == "distmm-pipe";
+    o.schedule = schedule;
+    o.trace_path = trace;
     o.threads = threads;
     const std::int64_t total = o.steps ? o.steps : o.run.trainer.steps;
     o.progress_every = vm.count("quiet")            ? 0
                        : vm.count("progress-every") ? progress_every
                                                     : train::default_progress_interval(total);
-    o.live_progress = o.progress_every > 0 && !vm.count("progress-every") && isatty(STDOUT_FILENO);
+    // mpiexec gives its ranks a pseudo-terminal even when its own output goes to a file: a live
+    // line only for a single process on a terminal.
+    o.live_progress = o.progress_every > 0 && !vm.count("progress-every") && world.size() == 1 && isatty(STDOUT_FILENO);
+    const auto allowed = pipeline::schedules_for(cost, o.plan);
+    if (!schedule.empty() && std::find(allowed.begin(), allowed.end(), schedule) == allowed.end())
+      throw Error(Status::invalid_argument, "--schedule: a " + std::string(plan::layout_name(o.plan.layout)) +
+                                                " plan of this model runs " + join_choices(allowed) + ", not '" +
+                                                schedule + "'");
     if (rank == 0) {
       std::cout << "braid train: " << o.run.model.name << " on " << world.size() << " process"
-                << (world.size() > 1 ? "es" : "") << ", strategy " << plan::strategy_name(o.plan.strategy) << ", "
-                << total << " steps of " << o.run.training.global_batch << " samples\n"
+                << (world.size() > 1 ? "es" : "") << ", strategy " << plan::strategy_name(o.plan.strategy)
+                << ", schedule " << (schedule.empty() ? allowed.front() : schedule) << ", " << total << " steps of "
+                << o.run.training.global_batch << " samples\n"
                 << std::flush;
     }
     train::train(o, world, std::cout, std::cerr);

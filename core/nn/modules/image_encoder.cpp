@@ -41,7 +41,7 @@ EncoderOutput ImageEncoder::forward_part(Ops& ops, const EncoderPart& part, cons
                                          const Tensor* hidden_in, ImageEncoderCache& c) const {
   check_encoder_part(part, layers(), name());
   const bool first = part.first == 0, last = part.last == layers();
-  const int64_t p = shape_.patch, hidden = shape_.transformer.hidden;
+  const int64_t hidden = shape_.transformer.hidden;
   c.part = part;
   c.images = Tensor();
   c.grid_rows.clear();
@@ -51,36 +51,10 @@ EncoderOutput ImageEncoder::forward_part(Ops& ops, const EncoderPart& part, cons
 
   Tensor h;
   if (first) {
-    if (!images || images->rank() != 4 || images->dim(0) < 1 || images->dim(1) != shape_.channels)
+    if (!images)
       throw Error(Status::invalid_argument, name() + ": images must be (batch >= 1, " +
-                                                std::to_string(shape_.channels) + ", height, width), got " +
-                                                (images ? shape_string(images->shape) : std::string("none")));
-    const int64_t height = images->dim(2), width = images->dim(3);
-    if (height < p || width < p || height % p != 0 || width % p != 0)
-      throw Error(Status::invalid_argument, name() + ": image sides " + std::to_string(height) + " x " +
-                                                std::to_string(width) + " are not multiples of the patch size " +
-                                                std::to_string(p));
-    if (height > shape_.max_image_size || width > shape_.max_image_size)
-      throw Error(Status::invalid_argument, name() + ": image sides " + std::to_string(height) + " x " +
-                                                std::to_string(width) + " exceed max_image_size " +
-                                                std::to_string(shape_.max_image_size));
-    const int64_t batch = images->dim(0), cols = width / p, patches = (height / p) * cols;
-    c.images = *images;
-    c.batch = batch;
-    c.patches = patches;
-    c.grid_rows.resize(static_cast<std::size_t>(batch * patches));
-    c.grid_cols.resize(c.grid_rows.size());
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t n = 0; n < patches; ++n) {
-        const auto i = static_cast<std::size_t>(b * patches + n);
-        c.grid_rows[i] = row_id(n / cols);
-        c.grid_cols[i] = row_id(n % cols);
-      }
-    Tensor x;
-    ops.patch_embedding_forward(*images, p, patch_weight_->value, &patch_bias_->value, x);
-    ops.add(x, reshaped(gather_rows(ops, row_table_->value, c.grid_rows), x.shape));
-    ops.add(x, reshaped(gather_rows(ops, col_table_->value, c.grid_cols), x.shape));
-    h = transformer_.forward_blocks(ops, x, part.first, part.last, c.transformer);
+                                                std::to_string(shape_.channels) + ", height, width), got none");
+    h = transformer_.forward_blocks(ops, embed(ops, *images, c), part.first, part.last, c.transformer);
   } else {
     // The batch and the tokens per image come from the hidden; the grid is the first part's.
     if (!hidden_in || hidden_in->rank() != 3 || hidden_in->dim(0) < 1 || hidden_in->dim(1) < 1 ||
@@ -93,17 +67,54 @@ EncoderOutput ImageEncoder::forward_part(Ops& ops, const EncoderPart& part, cons
     c.patches = hidden_in->dim(1);
     h = transformer_.forward_blocks(ops, *hidden_in, part.first, part.last, c.transformer);
   }
-  EncoderOutput out;
   if (!last) {
+    EncoderOutput out;
     out.tokens = std::move(h);
     return out;
   }
+  return finish(ops, std::move(h), c);
+}
 
+Tensor ImageEncoder::embed(Ops& ops, const Tensor& images, ImageEncoderCache& c) const {
+  const int64_t p = shape_.patch;
+  if (images.rank() != 4 || images.dim(0) < 1 || images.dim(1) != shape_.channels)
+    throw Error(Status::invalid_argument, name() + ": images must be (batch >= 1, " + std::to_string(shape_.channels) +
+                                              ", height, width), got " + shape_string(images.shape));
+  const int64_t height = images.dim(2), width = images.dim(3);
+  if (height < p || width < p || height % p != 0 || width % p != 0)
+    throw Error(Status::invalid_argument, name() + ": image sides " + std::to_string(height) + " x " +
+                                              std::to_string(width) + " are not multiples of the patch size " +
+                                              std::to_string(p));
+  if (height > shape_.max_image_size || width > shape_.max_image_size)
+    throw Error(Status::invalid_argument, name() + ": image sides " + std::to_string(height) + " x " +
+                                              std::to_string(width) + " exceed max_image_size " +
+                                              std::to_string(shape_.max_image_size));
+  const int64_t batch = images.dim(0), cols = width / p, patches = (height / p) * cols;
+  c.images = images;
+  c.batch = batch;
+  c.patches = patches;
+  c.grid_rows.resize(static_cast<std::size_t>(batch * patches));
+  c.grid_cols.resize(c.grid_rows.size());
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t n = 0; n < patches; ++n) {
+      const auto i = static_cast<std::size_t>(b * patches + n);
+      c.grid_rows[i] = row_id(n / cols);
+      c.grid_cols[i] = row_id(n % cols);
+    }
+  Tensor x;
+  ops.patch_embedding_forward(images, p, patch_weight_->value, &patch_bias_->value, x);
+  ops.add(x, reshaped(gather_rows(ops, row_table_->value, c.grid_rows), x.shape));
+  ops.add(x, reshaped(gather_rows(ops, col_table_->value, c.grid_cols), x.shape));
+  return x;
+}
+
+EncoderOutput ImageEncoder::finish(Ops& ops, Tensor h, ImageEncoderCache& c) const {
   c.samples.resize(static_cast<std::size_t>(c.batch * c.patches));
   for (int64_t b = 0; b < c.batch; ++b)
     for (int64_t n = 0; n < c.patches; ++n) c.samples[static_cast<std::size_t>(b * c.patches + n)] = row_id(b);
+  EncoderOutput out;
   out.tokens = transformer_.forward_final_norm(ops, std::move(h), c.transformer);
-  out.pooled = Tensor({c.batch, hidden});
+  out.pooled = Tensor({c.batch, shape_.transformer.hidden});
   scatter_add_rows(ops, c.samples, out.tokens, out.pooled);
   ops.scale(out.pooled, 1.0f / static_cast<float>(c.patches));
   return out;
@@ -114,40 +125,92 @@ Tensor ImageEncoder::backward_part(Ops& ops, const EncoderPart& part, const Tens
   check_encoder_part(part, layers(), name());
   check_encoder_cache(part, c.part, name());
   const bool first = part.first == 0, last = part.last == layers();
-  const int64_t hidden = shape_.transformer.hidden;
-  const Shape token_shape{c.batch, c.patches, hidden};
   Tensor dx;
   if (last) {
-    if (!d_tokens && !d_pooled)
-      throw Error(Status::invalid_argument,
-                  name() + ": backward needs the gradient of the tokens or of the pooled output");
-    Tensor d;
-    if (d_pooled) {  // the mean's gradient: each token gets its sample's row / N
-      expect_shape(*d_pooled, {c.batch, hidden}, "image encoder backward", "d_pooled");
-      d = reshaped(gather_rows(ops, *d_pooled, c.samples), token_shape);
-      ops.scale(d, 1.0f / static_cast<float>(c.patches));
-    }
-    if (d_tokens) {
-      expect_shape(*d_tokens, token_shape, "image encoder backward", "d_tokens");
-      if (d.data.empty())
-        d = *d_tokens;
-      else
-        ops.add(d, *d_tokens);
-    }
-    dx = transformer_.backward_blocks(ops, transformer_.backward_final_norm(ops, d, c.transformer), c.transformer);
+    dx = transformer_.backward_blocks(ops, head_gradient(ops, d_tokens, d_pooled, c), c.transformer);
   } else {
     check_middle_part_gradients(part, name(), d_tokens, d_pooled);
-    expect_shape(*d_tokens, token_shape, "image encoder backward", "d hidden");
+    expect_shape(*d_tokens, {c.batch, c.patches, shape_.transformer.hidden}, "image encoder backward", "d hidden");
     dx = transformer_.backward_blocks(ops, *d_tokens, c.transformer);
   }
   if (!first) return dx;
+  return embed_backward(ops, dx, c, want_dimages);
+}
 
+Tensor ImageEncoder::head_gradient(Ops& ops, const Tensor* d_tokens, const Tensor* d_pooled,
+                                   const ImageEncoderCache& c) const {
+  const Shape token_shape{c.batch, c.patches, shape_.transformer.hidden};
+  if (!d_tokens && !d_pooled)
+    throw Error(Status::invalid_argument,
+                name() + ": backward needs the gradient of the tokens or of the pooled output");
+  Tensor d;
+  if (d_pooled) {  // the mean's gradient: each token gets its sample's row / N
+    expect_shape(*d_pooled, {c.batch, shape_.transformer.hidden}, "image encoder backward", "d_pooled");
+    d = reshaped(gather_rows(ops, *d_pooled, c.samples), token_shape);
+    ops.scale(d, 1.0f / static_cast<float>(c.patches));
+  }
+  if (d_tokens) {
+    expect_shape(*d_tokens, token_shape, "image encoder backward", "d_tokens");
+    if (d.data.empty())
+      d = *d_tokens;
+    else
+      ops.add(d, *d_tokens);
+  }
+  return transformer_.backward_final_norm(ops, d, c.transformer);
+}
+
+Tensor ImageEncoder::embed_backward(Ops& ops, const Tensor& dx, const ImageEncoderCache& c, bool want_dimages) const {
   if (Tensor* g = row_table_->grad_or_null()) scatter_add_rows(ops, c.grid_rows, dx, *g);
   if (Tensor* g = col_table_->grad_or_null()) scatter_add_rows(ops, c.grid_cols, dx, *g);
   Tensor dimages;
   ops.patch_embedding_backward(c.images, shape_.patch, patch_weight_->value, dx, want_dimages ? &dimages : nullptr,
                                patch_weight_->grad_or_null(), patch_bias_->grad_or_null());
   return dimages;
+}
+
+void ImageEncoder::forward_embed(Ops& ops, const Tensor& images, ImageEncoderSteps& s) const {
+  s.cache = ImageEncoderCache();
+  s.cache.part = whole();
+  s.cache.transformer.first = 0;
+  s.cache.transformer.blocks.resize(static_cast<std::size_t>(layers()));
+  s.h = embed(ops, images, s.cache);
+}
+
+void ImageEncoder::forward_kernel(Ops& ops, int layer, int kernel, ImageEncoderSteps& s) const {
+  if (layer < 0 || layer >= layers())
+    throw Error(Status::invalid_argument, name() + ": no layer " + std::to_string(layer));
+  BlockCache& b = s.cache.transformer.blocks[static_cast<std::size_t>(layer)];
+  if (kernel == 0) b.x = std::move(s.h);
+  transformer_.block(layer).forward_kernel(ops, kernel, b);
+  if (kernel + 1 == TransformerBlock::kKernels) s.h = std::move(b.y);
+}
+
+EncoderOutput ImageEncoder::forward_finish(Ops& ops, ImageEncoderSteps& s) const {
+  return finish(ops, std::move(s.h), s.cache);
+}
+
+void ImageEncoder::backward_start(Ops& ops, const Tensor* d_tokens, const Tensor* d_pooled,
+                                  ImageEncoderSteps& s) const {
+  s.d = head_gradient(ops, d_tokens, d_pooled, s.cache);
+}
+
+void ImageEncoder::backward_kernel(Ops& ops, int layer, int kernel, ImageEncoderSteps& s) const {
+  if (layer < 0 || layer >= layers())
+    throw Error(Status::invalid_argument, name() + ": no layer " + std::to_string(layer));
+  if (kernel + 1 == TransformerBlock::kKernels) {
+    s.grad = BlockGrad();
+    s.grad.dy = &s.d;
+  }
+  transformer_.block(layer).backward_kernel(ops, kernel, s.cache.transformer.blocks[static_cast<std::size_t>(layer)],
+                                            s.grad);
+  if (kernel == 0) {
+    s.d = std::move(s.grad.dx);
+    s.grad = BlockGrad();
+  }
+}
+
+Tensor ImageEncoder::backward_embed(Ops& ops, ImageEncoderSteps& s, bool want_dimages) const {
+  return embed_backward(ops, s.d, s.cache, want_dimages);
 }
 
 std::vector<Parameter*> ImageEncoder::part_parameters(const EncoderPart& part) const {

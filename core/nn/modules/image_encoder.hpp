@@ -42,6 +42,14 @@ struct ImageEncoderCache {
   TransformerCache transformer;               // the part's blocks (and the final norm for the last part)
 };
 
+// The state of a step-by-step forward and backward (ImageEncoder::forward_embed ...).
+struct ImageEncoderSteps {
+  ImageEncoderCache cache;
+  Tensor h;        // forward: the hidden between blocks
+  Tensor d;        // backward: its gradient between blocks
+  BlockGrad grad;  // backward: inside a block
+};
+
 class ImageEncoder : public Module {
  public:
   ImageEncoder(ParameterStore& store, std::string name, const ImageEncoderShape& shape, bool frozen);
@@ -75,7 +83,28 @@ class ImageEncoder : public Module {
   // norm with the last), in the store's order.
   std::vector<Parameter*> part_parameters(const EncoderPart& part) const;
 
+  // The whole encoder step by step, as a colocated executor runs the bubble scheduler's
+  // encoder tasks: forward_embed, forward_kernel over every block's kernels in order
+  // (TransformerBlock::kKernels per layer), forward_finish (final norm, pooling); then
+  // backward_start, backward_kernel in reverse, backward_embed. The same arithmetic as
+  // forward() and backward(), cut into pieces.
+  void forward_embed(Ops& ops, const Tensor& images, ImageEncoderSteps& s) const;
+  void forward_kernel(Ops& ops, int layer, int kernel, ImageEncoderSteps& s) const;
+  EncoderOutput forward_finish(Ops& ops, ImageEncoderSteps& s) const;
+  void backward_start(Ops& ops, const Tensor* d_tokens, const Tensor* d_pooled, ImageEncoderSteps& s) const;
+  void backward_kernel(Ops& ops, int layer, int kernel, ImageEncoderSteps& s) const;
+  // Adds the embedding's parameter gradients; returns the images' gradient when `want_dimages`.
+  Tensor backward_embed(Ops& ops, ImageEncoderSteps& s, bool want_dimages = false) const;
+
  private:
+  // Patches and positions of the images into (B, N, hidden); fills the cache's grid.
+  Tensor embed(Ops& ops, const Tensor& images, ImageEncoderCache& c) const;
+  // The last part's end: final norm and the pooled mean.
+  EncoderOutput finish(Ops& ops, Tensor h, ImageEncoderCache& c) const;
+  // The last part's start of the backward: d of the final norm's input.
+  Tensor head_gradient(Ops& ops, const Tensor* d_tokens, const Tensor* d_pooled, const ImageEncoderCache& c) const;
+  Tensor embed_backward(Ops& ops, const Tensor& dx, const ImageEncoderCache& c, bool want_dimages) const;
+
   ImageEncoderShape shape_;
   Parameter* patch_weight_;
   Parameter* patch_bias_;

@@ -53,46 +53,108 @@ TransformerBlock::TransformerBlock(ParameterStore& store, std::string name, cons
 
 Tensor TransformerBlock::forward(Ops& ops, const Tensor& x, BlockCache& c, const TensorParallel& tp) const {
   check_input(x, shape_.hidden, name());
-  // Column-parallel by heads: this rank's q, k, v hold heads [rank, rank + 1) * heads / size.
-  const AttentionOptions options{shape_.heads / tp.size, shape_.causal};
   c.x = x;
-  c.h1 = ln1_.forward(ops, x, c.ln1);
-  c.q = column_parallel_forward(ops, q_, c.h1, tp);
-  c.k = column_parallel_forward(ops, k_, c.h1, tp);
-  c.v = column_parallel_forward(ops, v_, c.h1, tp);
-  ops.attention_forward(c.q, c.k, c.v, options, c.attn, c.attention);
-  c.x2 = x;
-  ops.add(c.x2, row_parallel_forward(ops, out_, c.attn, tp));
-  c.h2 = ln2_.forward(ops, c.x2, c.ln2);
-  c.f = column_parallel_forward(ops, fc1_, c.h2, tp);
-  ops.gelu_forward(c.f, c.g);
-  Tensor y = c.x2;
-  ops.add(y, row_parallel_forward(ops, fc2_, c.g, tp));
-  return y;
+  for (int k = 0; k < kKernels; ++k) forward_kernel(ops, k, c, tp);
+  return std::move(c.y);
+}
+
+void TransformerBlock::forward_kernel(Ops& ops, int kernel, BlockCache& c, const TensorParallel& tp) const {
+  switch (kernel) {
+    case 0:
+      c.h1 = ln1_.forward(ops, c.x, c.ln1);
+      return;
+    case 1:  // column-parallel by heads: this rank's q, k, v hold heads [rank, rank + 1) * heads / size
+      c.q = column_parallel_forward(ops, q_, c.h1, tp);
+      c.k = column_parallel_forward(ops, k_, c.h1, tp);
+      c.v = column_parallel_forward(ops, v_, c.h1, tp);
+      return;
+    case 2:
+      ops.attention_forward(c.q, c.k, c.v, AttentionOptions{shape_.heads / tp.size, shape_.causal}, c.attn,
+                            c.attention);
+      return;
+    case 3:
+      c.partial = row_parallel_forward(ops, out_, c.attn, tp);
+      return;
+    case 4:
+      c.x2 = c.x;
+      ops.add(c.x2, c.partial);
+      c.partial = Tensor();
+      return;
+    case 5:
+      c.h2 = ln2_.forward(ops, c.x2, c.ln2);
+      return;
+    case 6:
+      c.f = column_parallel_forward(ops, fc1_, c.h2, tp);
+      ops.gelu_forward(c.f, c.g);
+      return;
+    case 7:
+      c.partial = row_parallel_forward(ops, fc2_, c.g, tp);
+      return;
+    case 8:
+      c.y = c.x2;
+      ops.add(c.y, c.partial);
+      c.partial = Tensor();
+      return;
+    default:
+      throw Error(Status::invalid_argument, name() + ": no forward kernel " + std::to_string(kernel));
+  }
 }
 
 Tensor TransformerBlock::backward(Ops& ops, const Tensor& dy, const BlockCache& c, const TensorParallel& tp) const {
   expect_shape(dy, c.x.shape, "transformer block backward", "dy");
-  const AttentionOptions options{shape_.heads / tp.size, shape_.causal};
-  // MLP branch; dy also flows straight down the residual.
-  Tensor dg = row_parallel_backward(ops, fc2_, c.g, dy, tp);
-  Tensor df;
-  ops.gelu_backward(c.f, dg, df);
-  Tensor dh2 = column_parallel_backward(ops, fc1_, c.h2, df, tp);
-  tp_allreduce(tp, dh2);  // each rank had the part through its ffn columns
-  Tensor dx2 = ln2_.backward(ops, c.x2, c.ln2, dh2);
-  ops.add(dx2, dy);
-  // Attention branch; dx2 flows down the residual too.
-  Tensor dattn = row_parallel_backward(ops, out_, c.attn, dx2, tp);
-  Tensor dq, dk, dv;
-  ops.attention_backward(c.q, c.k, c.v, options, c.attention, dattn, dq, dk, dv);
-  Tensor dh1 = column_parallel_backward(ops, q_, c.h1, dq, tp);
-  ops.add(dh1, column_parallel_backward(ops, k_, c.h1, dk, tp));
-  ops.add(dh1, column_parallel_backward(ops, v_, c.h1, dv, tp));
-  tp_allreduce(tp, dh1);  // each rank had the part through its heads
-  Tensor dx = ln1_.backward(ops, c.x, c.ln1, dh1);
-  ops.add(dx, dx2);
-  return dx;
+  BlockGrad g;
+  g.dy = &dy;
+  for (int k = kKernels; k-- > 0;) backward_kernel(ops, k, c, g, tp);
+  return std::move(g.dx);
+}
+
+void TransformerBlock::backward_kernel(Ops& ops, int kernel, const BlockCache& c, BlockGrad& g,
+                                       const TensorParallel& tp) const {
+  if (!g.dy) throw Error(Status::invalid_argument, name() + ": a backward kernel needs grad.dy");
+  switch (kernel) {
+    case 8:  // the residual: dy flows to x2 as it is (kernel 5) and into fc2
+    case 4:  // the same for the attention's residual (kernel 0)
+      return;
+    case 7:
+      g.dg = row_parallel_backward(ops, fc2_, c.g, *g.dy, tp);
+      return;
+    case 6: {
+      Tensor df;
+      ops.gelu_backward(c.f, g.dg, df);
+      g.dg = Tensor();
+      g.dh2 = column_parallel_backward(ops, fc1_, c.h2, df, tp);
+      tp_allreduce(tp, g.dh2);  // each rank had the part through its ffn columns
+      return;
+    }
+    case 5:
+      g.dx2 = ln2_.backward(ops, c.x2, c.ln2, g.dh2);
+      g.dh2 = Tensor();
+      ops.add(g.dx2, *g.dy);
+      return;
+    case 3:  // dx2 also flows down the residual (kernel 0)
+      g.dattn = row_parallel_backward(ops, out_, c.attn, g.dx2, tp);
+      return;
+    case 2:
+      ops.attention_backward(c.q, c.k, c.v, AttentionOptions{shape_.heads / tp.size, shape_.causal}, c.attention,
+                             g.dattn, g.dq, g.dk, g.dv);
+      g.dattn = Tensor();
+      return;
+    case 1:
+      g.dh1 = column_parallel_backward(ops, q_, c.h1, g.dq, tp);
+      ops.add(g.dh1, column_parallel_backward(ops, k_, c.h1, g.dk, tp));
+      ops.add(g.dh1, column_parallel_backward(ops, v_, c.h1, g.dv, tp));
+      g.dq = g.dk = g.dv = Tensor();
+      tp_allreduce(tp, g.dh1);  // each rank had the part through its heads
+      return;
+    case 0:
+      g.dx = ln1_.backward(ops, c.x, c.ln1, g.dh1);
+      g.dh1 = Tensor();
+      ops.add(g.dx, g.dx2);
+      g.dx2 = Tensor();
+      return;
+    default:
+      throw Error(Status::invalid_argument, name() + ": no backward kernel " + std::to_string(kernel));
+  }
 }
 
 void TransformerBlock::check_tensor_parallel(const TensorParallel& tp) const {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cost/transformer.hpp"
 #include "core/nn/modules/layers.hpp"
 #include "core/nn/modules/tensor_parallel_group.hpp"
 
@@ -20,6 +21,14 @@ struct BlockCache {
   Tensor x, h1, q, k, v, attn, x2, h2, f, g;  // inputs of each step, (B, S, ·)
   LayerNormSaved ln1, ln2;
   AttentionSaved attention;
+  Tensor partial, y;  // between kernels: a row-parallel layer's output; the block's output
+};
+
+// The state of a block's backward between its kernels: dy in, dx out.
+struct BlockGrad {
+  const Tensor* dy = nullptr;  // the output's gradient; must outlive the backward kernels
+  Tensor dg, dh2, dx2, dattn, dq, dk, dv, dh1;
+  Tensor dx;
 };
 
 class TransformerBlock : public Module {
@@ -37,6 +46,20 @@ class TransformerBlock : public Module {
   // slice). With tp.size > 1, one all-reduce of the MLP's and one of the attention's input
   // gradient.
   Tensor backward(Ops& ops, const Tensor& dy, const BlockCache& cache, const TensorParallel& tp = {}) const;
+
+  // The same forward and backward cut into the cost model's layer kernels
+  // (cost::transformer_layer_kernels, which the bubble scheduler's encoder tasks name), so a
+  // colocated executor can run a layer kernel by kernel:
+  //   0 ln1   1 q, k, v   2 attention   3 attention out (row parallel: its TP all-reduce
+  //   included)   4 the attention's residual   5 ln2   6 fc1 + GELU   7 fc2 (row parallel)
+  //   8 the MLP's residual
+  // Forward kernels run in order over a cache whose x holds the input; kernel 8 leaves the
+  // output in cache.y. Backward kernels run in reverse with grad.dy set; kernel 0 leaves d x
+  // in grad.dx. forward() and backward() are exactly these kernels in sequence.
+  static constexpr int kKernels = cost::kLayerKernels;
+  void forward_kernel(Ops& ops, int kernel, BlockCache& cache, const TensorParallel& tp = {}) const;
+  void backward_kernel(Ops& ops, int kernel, const BlockCache& cache, BlockGrad& grad,
+                       const TensorParallel& tp = {}) const;
 
   // Throws Error(invalid_argument) naming this block unless tp is a valid group whose size
   // divides the heads and the ffn width.

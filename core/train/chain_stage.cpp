@@ -1,0 +1,533 @@
+#include "core/train/chain_stage.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "core/bubble/encoder_tasks.hpp"
+#include "core/common/error.hpp"
+#include "core/train/inputs.hpp"
+
+namespace braid::train {
+namespace {
+
+using pipeline::Instruction;
+using pipeline::Op;
+
+int tag(Message kind, int microbatch, int group = 0) { return message_tag(kind, microbatch, group); }
+constexpr Message kTokens = Message::encoder_tokens, kTokenGrads = Message::encoder_token_grads,
+                  kHidden = Message::llm_hidden, kHiddenGrads = Message::llm_hidden_grads;
+
+ModuleRole role_of(const RankLayout& layout, spec::Role role) {
+  for (const auto& m : layout.modules)
+    if (m.role == role) return m;
+  return {};
+}
+
+std::span<std::byte> bytes(std::vector<float>& v) { return std::as_writable_bytes(std::span<float>(v)); }
+
+}  // namespace
+
+ChainStage::ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, const plan::Plan& plan, nn::Model& model,
+                       const data::ShapesDataset& dataset, const RankLayout& layout, const RankProgram& program,
+                       runtime::World& world, nn::Ops& ops, bool reorder)
+    : run_(run), model_(model), layout_(layout), program_(program), ops_(ops) {
+  vision_ = role_of(layout, spec::Role::encoder);
+  projector_ = role_of(layout, spec::Role::projector);
+  llm_ = role_of(layout, spec::Role::llm);
+  const auto& chain = *model.chain;
+  if (!llm_.grid) throw Error(Status::bad_config, "the plan places no llm");
+  if (chain.vision && !vision_.grid) throw Error(Status::bad_config, "the plan places no image encoder");
+  colocated_ = plan.layout == plan::Layout::colocated;
+  const int llm_first = program.stage_of_rank[static_cast<std::size_t>(llm_.rank_at(0, 0, 0))];
+  if (chain.vision) {
+    if (vision_.stages != 1)
+      throw Error(Status::unsupported, "the CPU trainer runs the encoder '" + vision_.name +
+                                           "' in one pipeline stage: the plan gives it pp " +
+                                           std::to_string(vision_.stages));
+    const int vision_stage = program.stage_of_rank[static_cast<std::size_t>(vision_.rank_at(0, 0, 0))];
+    if (plan.layout == plan::Layout::chain) encoder_stage_index_ = vision_stage;
+    if (plan.layout == plan::Layout::monolithic) {
+      if (vision_stage != llm_first)
+        throw Error(Status::unsupported, "the CPU trainer runs the encoder '" + vision_.name +
+                                             "' in the llm's first pipeline stage, where the plan does not put it");
+      encodes_in_forward_ = vision_.held && llm_.held && llm_.stage == 0;
+    } else if (plan.layout == plan::Layout::chain) {
+      encoder_stage_ = vision_.held;
+      encodes_in_forward_ = encoder_stage_;
+      if (vision_.replicas % llm_.replicas != 0)
+        throw Error(Status::unsupported, "the CPU trainer feeds each llm replica from whole encoder replicas: '" +
+                                             vision_.name + "' has " + std::to_string(vision_.replicas) +
+                                             " replicas for " + std::to_string(llm_.replicas) + " of '" + llm_.name +
+                                             "'");
+      fan_in_ = vision_.replicas / llm_.replicas;
+    }
+  }
+  if (chain.projector) {
+    // With the llm's first stage when its grid covers that stage's first rank, else with the encoder.
+    projector_on_encoder_ = !projector_.grid->contains(llm_.rank_at(0, 0, 0));
+    const bool must_hold = projector_on_encoder_ ? vision_.held : (llm_.held && llm_.stage == 0);
+    if (must_hold != projector_.held)
+      throw Error(Status::unsupported,
+                  "the CPU trainer runs the projector '" + projector_.name + "' on every rank of " +
+                      (projector_on_encoder_ ? "the encoder '" + vision_.name + "'" : "the llm's first stage") +
+                      " and nowhere else; rank " + std::to_string(layout.rank) + " does not match");
+  }
+  for (const auto& m : plan.modules)
+    if (m.role == spec::Role::llm) microbatch_ = m.microbatch_size;
+  microbatches_ = program.program.microbatches;
+  const long long rows = run.training.global_batch / llm_.replicas;
+  if (run.training.global_batch % llm_.replicas != 0 || rows != microbatch_ * microbatches_ ||
+      microbatch_ % fan_in_ != 0)
+    throw Error(Status::bad_config,
+                run.source + ": training: " + std::to_string(run.training.global_batch) + " samples over " +
+                    std::to_string(llm_.replicas) + " llm replicas do not split into the program's " +
+                    std::to_string(microbatches_) + " microbatches of the plan's " + std::to_string(microbatch_) +
+                    " samples, shared by " + std::to_string(fan_in_) + " encoder replicas each");
+  if (microbatches_ > kMaxMicrobatches)
+    throw Error(Status::unsupported, "the CPU trainer runs at most " + std::to_string(kMaxMicrobatches) +
+                                         " microbatches per replica (got " + std::to_string(microbatches_) + ")");
+  if (llm_.held) part_ = nn::split_decoder(chain.llm->layers(), llm_.stages)[static_cast<std::size_t>(llm_.stage)];
+  llm_replica_ = llm_.held ? llm_.replica : vision_.replica / fan_in_;
+  encoder_part_ = encoder_stage_ ? vision_.replica % fan_in_ : 0;
+  loader_ = std::make_unique<Loader>(
+      dataset, LoaderOptions{run.training.global_batch, llm_.replicas, reorder && llm_.replicas > 1});
+
+  if (colocated_ && chain.vision) {
+    if (llm_.tp % vision_.tp != 0)
+      throw Error(Status::unsupported, "the CPU trainer runs a colocated encoder whose tp divides the llm's: '" +
+                                           vision_.name + "' has tp " + std::to_string(vision_.tp) + ", '" + llm_.name +
+                                           "' tp " + std::to_string(llm_.tp));
+    encoder_ = std::make_unique<ColocatedEncoder>(bubble::decompose(cost, plan), program.stage, program.stage_program(),
+                                                  *chain.vision, ops, microbatch_, llm_.tp_rank / vision_.tp,
+                                                  llm_.tp / vision_.tp);
+    // Encoder tasks and the ordering messages of the encoder's side (its tokens out, their
+    // gradients in) may run ahead of a wait; they keep their order among themselves.
+    fill_.movable = [this](int index) {
+      const Instruction& ins = program_.instructions()[static_cast<std::size_t>(index)];
+      return ins.op == Op::encoder_task ||
+             ((ins.flags & pipeline::kSyncOnly) && (ins.op == Op::send_activation || ins.op == Op::recv_grad));
+    };
+    fill_.ready = [this](int index) {
+      const Instruction& ins = program_.instructions()[static_cast<std::size_t>(index)];
+      if (ins.op == Op::encoder_task) return encoder_->ready(ins);
+      if (ins.op == Op::send_activation) return store_.has(ins.microbatch, encoder_->positions(), false);
+      return true;
+    };
+  }
+
+  // Groups in one order on every rank: llm tp, llm dp, encoder dp, projector dp.
+  comm_ = &world.communicator();
+  if (llm_.held && llm_.tp > 1) tp_comm_.emplace(world.group(llm_.tp_ranks));
+  if (llm_.held && llm_.replicas > 1) llm_dp_.emplace(world.group(llm_.dp_ranks));
+  if (vision_.held && vision_.replicas > 1) vision_dp_.emplace(world.group(vision_.dp_ranks));
+  if (projector_.held && projector_.replicas > 1) projector_dp_.emplace(world.group(projector_.dp_ranks));
+  if (tp_comm_) {
+    tp_.rank = llm_.tp_rank;
+    tp_.size = llm_.tp;
+    tp_.allreduce_sum = [this](nn::Tensor& t) {
+      auto req = tp_comm_->iallreduce(std::span<float>(t.data));
+      result_->idle[static_cast<std::size_t>(sim::Cause::tp)] += req.wait();
+    };
+    model.chain->llm->set_tensor_parallel(tp_);
+  }
+}
+
+ChainStage::~ChainStage() = default;
+
+std::vector<TrainedParameter> ChainStage::parameters() const {
+  std::vector<TrainedParameter> out;
+  auto add = [&](const std::vector<nn::Parameter*>& params, const ModuleRole& role) {
+    for (auto* p : params)
+      if (p->trainable) out.push_back({p, {}, role.replica == 0 && role.tp_rank == 0});
+  };
+  const auto& chain = *model_.chain;
+  if (vision_.held) add(chain.vision->parameters(), vision_);
+  if (projector_.held) add(chain.projector->parameters(), projector_);
+  if (llm_.held) add(chain.llm->part_parameters(part_), llm_);
+  return out;
+}
+
+std::int64_t ChainStage::image_tokens(int side) const {
+  const std::int64_t g = side / model_.chain->vision->shape().patch;
+  return g * g;
+}
+
+std::int64_t ChainStage::token_width() const {
+  const auto& chain = *model_.chain;
+  return projector_on_encoder_ || !chain.projector ? chain.llm->shape().transformer.hidden
+                                                   : chain.vision->shape().transformer.hidden;
+}
+
+bool ChainStage::encoder_trains() const {
+  const auto& chain = *model_.chain;
+  return chain.vision && (!chain.vision->frozen() || (projector_on_encoder_ && !chain.projector->frozen()));
+}
+
+std::vector<data::Sample> ChainStage::microbatch_samples(int i) const {
+  const auto first = samples_.begin() + static_cast<std::ptrdiff_t>(i * microbatch_);
+  return {first, first + static_cast<std::ptrdiff_t>(microbatch_)};
+}
+
+std::vector<std::size_t> ChainStage::all_positions() const { return fan_positions(-1); }
+
+std::vector<std::size_t> ChainStage::fan_positions(int k) const {
+  std::vector<std::size_t> out;
+  for (std::int64_t q = 0; q < microbatch_; ++q)
+    if (k < 0 || q % fan_in_ == k) out.push_back(static_cast<std::size_t>(q));
+  return out;
+}
+
+void ChainStage::begin_step(std::int64_t step, StepResult& r) {
+  result_ = &r;
+  loss_ = 0;
+  in_flight_.clear();
+  encoded_.clear();
+  samples_ = loader_->samples(step, llm_replica_);
+  // The loss is a mean over the step's counted tokens: one count per llm replica.
+  std::int64_t count[1] = {llm_.held && llm_.stage == 0 && llm_.tp_rank == 0 ? counted_tokens(samples_) : 0};
+  auto req = comm_->iallreduce(std::span<std::int64_t>(count));
+  r.idle[static_cast<std::size_t>(sim::Cause::dp_start)] += req.wait();
+  normalizer_ = count[0];
+  if (!model_.chain->vision) return;
+  std::vector<std::vector<std::int64_t>> floats(static_cast<std::size_t>(microbatches_));
+  for (int i = 0; i < microbatches_; ++i)
+    for (const auto& s : microbatch_samples(i))
+      floats[static_cast<std::size_t>(i)].push_back(image_tokens(s.side) * token_width());
+  store_.reset(std::move(floats));
+  if (encoder_) encoder_->begin_step(samples_, store_);
+}
+
+ChainStage::Microbatch& ChainStage::prepare(int i) {
+  auto [it, fresh] = in_flight_.try_emplace(i);
+  Microbatch& mb = it->second;
+  if (!fresh) return mb;
+  mb.samples = microbatch_samples(i);
+  if (model_.chain->vision) {
+    for (auto& sg : side_groups(mb.samples)) {
+      auto& g = mb.groups.emplace_back();
+      g.members = sg.members;
+      g.side = sg.side;
+      g.text = tokens_of(mb.samples, g.members);
+    }
+  } else {
+    auto& g = mb.groups.emplace_back();
+    for (std::size_t q = 0; q < mb.samples.size(); ++q) g.members.push_back(q);
+    g.text = tokens_of(mb.samples);
+  }
+  if (mb.groups.size() > static_cast<std::size_t>(kMaxGroups))
+    throw Error(Status::unsupported, "more than 16 image sides in one microbatch");
+  return mb;
+}
+
+// The encoder (and the projector, when it rides with it) over `positions` of llm microbatch
+// i; each sample's tokens into the store.
+void ChainStage::encode(int i, const std::vector<std::size_t>& positions) {
+  const auto& chain = *model_.chain;
+  const auto all = microbatch_samples(i);
+  std::vector<data::Sample> mine;
+  for (std::size_t q : positions) mine.push_back(all[q]);
+  Encoded& e = encoded_[i];
+  e.positions = positions;
+  e.groups.clear();
+  for (auto& g : side_groups(mine)) {
+    EncodedGroup& eg = e.groups.emplace_back();
+    eg.members = g.members;
+    eg.side = g.side;
+    nn::Tensor tokens = chain.vision->forward(ops_, g.images, eg.vision).tokens;
+    if (projector_on_encoder_) tokens = chain.projector->forward(ops_, tokens, eg.projector);
+    const std::size_t n = static_cast<std::size_t>(tokens.numel() / tokens.dim(0));
+    for (std::size_t m = 0; m < eg.members.size(); ++m)
+      store_.tokens(i, positions[eg.members[m]])
+          .assign(tokens.data.begin() + static_cast<std::ptrdiff_t>(m * n),
+                  tokens.data.begin() + static_cast<std::ptrdiff_t>((m + 1) * n));
+  }
+}
+
+void ChainStage::encode_backward(int i) {
+  const auto& chain = *model_.chain;
+  auto it = encoded_.find(i);
+  if (it == encoded_.end()) throw Error(Status::internal, "encoder backward of a microbatch it did not encode");
+  if (encoder_trains()) {
+    const Encoded& e = it->second;
+    for (const auto& eg : e.groups) {
+      nn::Tensor d({static_cast<std::int64_t>(eg.members.size()), image_tokens(eg.side), token_width()});
+      const std::size_t n = static_cast<std::size_t>(d.numel() / d.dim(0));
+      for (std::size_t m = 0; m < eg.members.size(); ++m) {
+        const auto& rows = store_.grads(i, e.positions[eg.members[m]]);
+        std::copy(rows.begin(), rows.end(), d.data.begin() + static_cast<std::ptrdiff_t>(m * n));
+      }
+      if (projector_on_encoder_) d = chain.projector->backward(ops_, d, eg.projector, !chain.vision->frozen());
+      if (!chain.vision->frozen()) chain.vision->backward(ops_, &d, nullptr, eg.vision);
+    }
+  }
+  encoded_.erase(it);
+}
+
+// Optimus with the encoder sharded over the llm's TP ranks: each has encoded its share of
+// its own lane's microbatch; the first stage's TP ranks need every sample's tokens.
+void ChainStage::share_tokens_within_tp(int i) {
+  const int shares = llm_.tp / vision_.tp, mine = llm_.tp_rank / vision_.tp;
+  auto positions = [&](int c) { return share_positions(c); };
+  std::vector<runtime::Request> requests;
+  std::vector<std::vector<float>> inbox(static_cast<std::size_t>(shares));
+  if (llm_.tp_rank % vision_.tp == 0) {
+    for (int t = 0; t < llm_.tp; ++t)
+      if (t / vision_.tp != mine)
+        sends_.isend(*comm_, store_.pack(i, positions(mine), false),
+                     program_.rank_of(program_.stage, program_.replica, t), tag(kTokens, i));
+  }
+  for (int c = 0; c < shares; ++c) {
+    if (c == mine) continue;
+    inbox[static_cast<std::size_t>(c)] = store_.buffer(i, positions(c));
+    requests.push_back(comm_->irecv(bytes(inbox[static_cast<std::size_t>(c)]),
+                                    program_.rank_of(program_.stage, program_.replica, c * vision_.tp),
+                                    tag(kTokens, i)));
+  }
+  double waited = 0;
+  for (auto& r : requests) waited += r.wait();
+  result_->idle[static_cast<std::size_t>(sim::Cause::tp)] += waited;
+  for (int c = 0; c < shares; ++c)
+    if (c != mine) store_.unpack(i, positions(c), inbox[static_cast<std::size_t>(c)], false);
+}
+
+void ChainStage::install(Interpreter& in) {
+  in.set(Op::load_microbatch, [this](const Instruction& i) {
+    if (llm_.held) prepare(i.microbatch);
+    return Pending{};
+  });
+  in.set(Op::forward, [this](const Instruction& i) { return forward(i); });
+  in.set(Op::backward, [this](const Instruction& i) { return backward(i); });
+  in.set(Op::recv_activation, [this](const Instruction& i) { return receive(i); });
+  in.set(Op::recv_grad, [this](const Instruction& i) { return receive(i); });
+  in.set(Op::send_activation, [this](const Instruction& i) {
+    send(i);
+    return Pending{};
+  });
+  in.set(Op::send_grad, [this](const Instruction& i) {
+    send(i);
+    return Pending{};
+  });
+  in.set(Op::reduce_grads, [this](const Instruction&) { return reduce(); });
+  if (encoder_)
+    in.set(Op::encoder_task, [this](const Instruction& i) {
+      encoder_->run(i);
+      return Pending{};
+    });
+}
+
+Pending ChainStage::forward(const Instruction& ins) {
+  const auto& chain = *model_.chain;
+  const int i = ins.microbatch;
+  if (encoder_stage_) {
+    encode(i, fan_positions(encoder_part_));
+    return {};
+  }
+  Microbatch& mb = prepare(i);
+  const bool first = llm_.stage == 0, last = llm_.stage + 1 == llm_.stages;
+  if (first && chain.vision) {
+    if (encodes_in_forward_) encode(i, all_positions());
+    if (encoder_ && llm_.tp > vision_.tp) {
+      const auto& lane = encoder_->lane();
+      if (std::find(lane.begin(), lane.end(), i) != lane.end()) share_tokens_within_tp(i);
+    }
+    // Each side group's prefix: its samples' tokens, through the projector when it is here.
+    const std::int64_t width = token_width();
+    for (auto& g : mb.groups) {
+      const std::int64_t n = image_tokens(g.side) * width;
+      nn::Tensor prefix({static_cast<std::int64_t>(g.members.size()), image_tokens(g.side), width});
+      for (std::size_t m = 0; m < g.members.size(); ++m) {
+        const auto& rows = store_.tokens(i, g.members[m]);
+        if (static_cast<std::int64_t>(rows.size()) != n)
+          throw Error(Status::internal, "the llm's forward of microbatch " + std::to_string(i) +
+                                            " found no image tokens for sample " + std::to_string(g.members[m]));
+        std::copy(rows.begin(), rows.end(), prefix.data.begin() + static_cast<std::ptrdiff_t>(m * n));
+      }
+      if (chain.projector && !projector_on_encoder_) {
+        g.encoder_tokens = std::move(prefix);
+        g.input = chain.projector->forward(ops_, g.encoder_tokens, g.projector);
+      } else {
+        g.input = std::move(prefix);
+      }
+    }
+  }
+  for (auto& g : mb.groups) {
+    const nn::Tensor* input = g.input.data.empty() ? nullptr : &g.input;
+    g.output = chain.llm->forward_part(ops_, part_, input, g.text, g.cache);
+    if (last) {
+      const float share = nn::lm_loss(ops_, g.output, g.text, normalizer_, &g.d_output);
+      if (llm_.tp_rank == 0) loss_ += share;
+      g.output = {};
+    }
+    g.input = {};
+  }
+  return {};
+}
+
+Pending ChainStage::backward(const Instruction& ins) {
+  const auto& chain = *model_.chain;
+  const int i = ins.microbatch;
+  if (encoder_stage_) {
+    encode_backward(i);
+    return {};
+  }
+  Microbatch& mb = in_flight_.at(i);
+  for (auto& g : mb.groups) {
+    g.d_input = chain.llm->backward_part(ops_, part_, g.d_output, g.cache);
+    g.d_output = {};
+    g.cache = {};
+  }
+  const bool projector_here = chain.projector && !projector_on_encoder_;
+  if (llm_.stage == 0 && chain.vision && (encoder_trains() || (projector_here && !chain.projector->frozen()))) {
+    // The prefix's gradient, through the projector when it is here, into the store.
+    for (auto& g : mb.groups) {
+      nn::Tensor d = std::move(g.d_input);
+      if (projector_here) d = chain.projector->backward(ops_, d, g.projector, encoder_trains());
+      if (!encoder_trains()) continue;
+      const std::size_t n = static_cast<std::size_t>(d.numel() / d.dim(0));
+      for (std::size_t m = 0; m < g.members.size(); ++m)
+        store_.grads(i, g.members[m])
+            .assign(d.data.begin() + static_cast<std::ptrdiff_t>(m * n),
+                    d.data.begin() + static_cast<std::ptrdiff_t>((m + 1) * n));
+    }
+    if (encodes_in_forward_) encode_backward(i);
+  }
+  if (program_.stage_program().prev.empty()) in_flight_.erase(i);  // else send_grad needs it
+  return {};
+}
+
+std::vector<std::size_t> ChainStage::share_positions(int share) const {
+  const int shares = llm_.tp / vision_.tp;
+  std::vector<std::size_t> out;
+  for (std::int64_t q = share; q < microbatch_; q += shares) out.push_back(static_cast<std::size_t>(q));
+  return out;
+}
+
+bool ChainStage::token_traffic(const Instruction& ins) const {
+  return (ins.flags & pipeline::kSyncOnly) || encoder_stage_ ||
+         (encoder_stage_index_ >= 0 && ins.peer == encoder_stage_index_);
+}
+
+Pending ChainStage::receive(const Instruction& ins) {
+  const int i = ins.microbatch;
+  const bool forward = ins.op == Op::recv_activation;
+  std::vector<runtime::Request> requests;
+  if (token_traffic(ins)) {
+    // Image tokens (forward) or their gradients, into the store.
+    if (!forward && !encoder_trains()) return {};
+    if (forward) prepare(i);
+    auto inbox = std::make_shared<std::vector<std::pair<std::vector<std::size_t>, std::vector<float>>>>();
+    auto rows_from = [&](int from, std::vector<std::size_t> positions) {
+      auto& [where, buffer] = inbox->emplace_back(std::move(positions), std::vector<float>());
+      buffer = store_.buffer(i, where);
+      requests.push_back(comm_->irecv(bytes(buffer), from, tag(forward ? kTokens : kTokenGrads, i)));
+    };
+    if (ins.flags & pipeline::kSyncOnly) {  // Optimus: another stage's lane and this stage's replica
+      if (forward) {
+        for (int c = 0; c < llm_.tp / vision_.tp; ++c)
+          rows_from(program_.rank_of(ins.peer, program_.replica, c * vision_.tp), share_positions(c));
+      } else {
+        rows_from(program_.rank_of(ins.peer, program_.replica, program_.tp_rank), encoder_->positions());
+      }
+    } else if (forward) {  // DistTrain: the llm's first stage from each encoder replica that feeds it
+      for (int k = 0; k < fan_in_; ++k)
+        rows_from(program_.rank_of(ins.peer, llm_replica_ * fan_in_ + k, 0), fan_positions(k));
+    } else {
+      rows_from(program_.rank_of(ins.peer, llm_replica_, 0), fan_positions(encoder_part_));
+    }
+    return pending_requests(std::move(requests), [this, i, forward, inbox] {
+      for (auto& [where, buffer] : *inbox) store_.unpack(i, where, buffer, !forward);
+    });
+  }
+  // Hidden states of the llm (or their gradients), one message per side group.
+  const int from = program_.rank_of(ins.peer, program_.replica, program_.tp_rank);
+  const std::int64_t hidden = model_.chain->llm->shape().transformer.hidden;
+  Microbatch& mb = forward ? prepare(i) : in_flight_.at(i);
+  for (std::size_t g = 0; g < mb.groups.size(); ++g) {
+    auto& grp = mb.groups[g];
+    const std::int64_t seq = (model_.chain->vision ? image_tokens(grp.side) : 0) + grp.text.length;
+    nn::Tensor& into = forward ? grp.input : grp.d_output;
+    nn::reset(into, {grp.text.batch, seq, hidden});
+    requests.push_back(
+        comm_->irecv(bytes(into.data), from, tag(forward ? kHidden : kHiddenGrads, i, static_cast<int>(g))));
+  }
+  return pending_requests(std::move(requests));
+}
+
+void ChainStage::send(const Instruction& ins) {
+  const int i = ins.microbatch;
+  const bool forward = ins.op == Op::send_activation;
+  if (token_traffic(ins)) {
+    if (!forward && !encoder_trains()) {
+      in_flight_.erase(i);
+      return;
+    }
+    const int t = tag(forward ? kTokens : kTokenGrads, i);
+    if (ins.flags & pipeline::kSyncOnly) {  // Optimus: between this stage's lane and the first stage
+      if (forward) {
+        if (program_.tp_rank % vision_.tp == 0)
+          for (int to = 0; to < llm_.tp; ++to)
+            sends_.isend(*comm_, store_.pack(i, encoder_->positions(), false),
+                         program_.rank_of(ins.peer, program_.replica, to), t);
+      } else {
+        sends_.isend(*comm_, store_.pack(i, share_positions(program_.tp_rank / vision_.tp), true),
+                     program_.rank_of(ins.peer, program_.replica, program_.tp_rank), t);
+      }
+      return;
+    }
+    if (forward) {  // DistTrain: an encoder replica to every tp rank of the llm replica it feeds
+      if (vision_.tp_rank == 0)
+        for (int to = 0; to < llm_.tp; ++to)
+          sends_.isend(*comm_, store_.pack(i, fan_positions(encoder_part_), false),
+                       program_.rank_of(ins.peer, llm_replica_, to), t);
+      return;
+    }
+    if (llm_.tp_rank == 0)
+      for (int k = 0; k < fan_in_; ++k)
+        for (int to = 0; to < vision_.tp; ++to)
+          sends_.isend(*comm_, store_.pack(i, fan_positions(k), true),
+                       program_.rank_of(ins.peer, llm_replica_ * fan_in_ + k, to), t);
+    in_flight_.erase(i);
+    return;
+  }
+  Microbatch& mb = in_flight_.at(i);
+  const int to = program_.rank_of(ins.peer, program_.replica, program_.tp_rank);
+  for (std::size_t g = 0; g < mb.groups.size(); ++g) {
+    auto& grp = mb.groups[g];
+    sends_.isend(*comm_, std::move(forward ? grp.output.data : grp.d_input.data), to,
+                 tag(forward ? kHidden : kHiddenGrads, i, static_cast<int>(g)));
+  }
+  if (!forward) in_flight_.erase(i);
+}
+
+Pending ChainStage::reduce() {
+  const auto& chain = *model_.chain;
+  double waited = sends_.wait_all();
+  // Each tp rank holds its shard's slice of a sharded gradient: their sum is the whole.
+  if (tp_comm_) waited += allreduce_gradients(*tp_comm_, chain.llm->tp_sharded_parameters(part_));
+  if (llm_dp_) waited += allreduce_gradients(*llm_dp_, chain.llm->part_parameters(part_));
+  if (vision_dp_) waited += allreduce_gradients(*vision_dp_, chain.vision->parameters());
+  if (projector_dp_) waited += allreduce_gradients(*projector_dp_, chain.projector->parameters());
+  double loss[1] = {loss_};
+  auto req = comm_->iallreduce(std::span<double>(loss));
+  waited += req.wait();
+  result_->loss = loss[0];
+  return blocked_for(waited);
+}
+
+void ChainStage::gather_parameters() {
+  const auto& chain = *model_.chain;
+  auto share = [&](const std::vector<nn::Parameter*>& params, int owner) {
+    for (auto* p : params) comm_->broadcast(std::as_writable_bytes(std::span<float>(p->value.data)), owner);
+  };
+  if (chain.vision) share(chain.vision->parameters(), vision_.rank_at(0, 0, 0));
+  if (chain.projector) share(chain.projector->parameters(), projector_.rank_at(0, 0, 0));
+  const auto parts = nn::split_decoder(chain.llm->layers(), llm_.stages);
+  for (int s = 0; s < llm_.stages; ++s)
+    share(chain.llm->part_parameters(parts[static_cast<std::size_t>(s)]), llm_.rank_at(s, 0, 0));
+}
+
+void ChainStage::single_process(bool on) {
+  if (tp_comm_) model_.chain->llm->set_tensor_parallel(on ? nn::TensorParallel{} : tp_);
+}
+
+}  // namespace braid::train

@@ -1,0 +1,144 @@
+// An MLLM's work (image encoder -> projector -> decoder llm, or the llm alone) on one
+// rank's stage of the plan's 1F1B / GPipe program, for each layout the planner gives it:
+//
+//   monolithic (Megatron)   the llm's stages; the first also runs the encoder and the
+//                           projector in its forward and backward
+//   chain (DistTrain)       an encoder stage on ranks of its own (with the projector), whose
+//                           replicas fan in to the llm's replicas, then the llm's stages
+//   colocated (Optimus)     the llm's stages (the projector with the first); the encoder
+//                           runs as the bubble scheduler's EncoderTasks on every rank
+//                           (ColocatedEncoder), its tokens carried by the program's
+//                           ordering messages
+//
+// The llm runs pipelined over its stages, tensor parallel over tp ranks and data parallel
+// over dp replicas. Data: llm replica d trains on the loader's share d of the step in
+// microbatches of the plan's size; with f = encoder replicas / llm replicas, encoder replica
+// d f + k encodes the samples i of each microbatch with i % f == k. Samples of one image side
+// form a group (their image-token count is the same); each group travels between llm stages
+// as its own message. Image tokens go through a TokenStore wherever they were computed.
+//
+// Messages, all non-blocking point-to-point through the communication plugin:
+//   encoder replica (tp 0) -> every tp rank of llm stage 0   image tokens of its samples
+//   llm stage s, tp t -> stage s+1, tp t                     hidden states per group
+//   stage s+1 -> stage s                                     their gradients
+//   llm stage 0, tp 0 -> every tp rank of the encoder        gradients of its samples' tokens
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "core/cost/cost_model.hpp"
+#include "core/data/shapes.hpp"
+#include "core/nn/modules/model.hpp"
+#include "core/nn/modules/tensor_parallel_group.hpp"
+#include "core/plan/plan.hpp"
+#include "core/runtime/world.hpp"
+#include "core/spec/run.hpp"
+#include "core/train/colocated_encoder.hpp"
+#include "core/train/layout.hpp"
+#include "core/train/loader.hpp"
+#include "core/train/messages.hpp"
+#include "core/train/rank_program.hpp"
+#include "core/train/stage_work.hpp"
+#include "core/train/token_store.hpp"
+
+namespace braid::train {
+
+class ChainStage : public StageWork {
+ public:
+  // Throws Error(unsupported) naming the module for a layout the reference modules do not
+  // run, Error(bad_config) naming the training field when the batch does not split.
+  ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, const plan::Plan& plan, nn::Model& model,
+             const data::ShapesDataset& dataset, const RankLayout& layout, const RankProgram& program,
+             runtime::World& world, nn::Ops& ops, bool reorder);
+  ~ChainStage() override;
+
+  void begin_step(std::int64_t step, StepResult& r) override;
+  void install(Interpreter& interpreter) override;
+  const FillRules* fill_rules() const override { return colocated_ ? &fill_ : nullptr; }
+  std::vector<TrainedParameter> parameters() const override;
+  void gather_parameters() override;
+  void single_process(bool on) override;
+
+ private:
+  struct Group {                       // one image side of an llm microbatch
+    std::vector<std::size_t> members;  // positions in the microbatch
+    int side = 0;
+    nn::Tokens text;
+    nn::Tensor input, output, d_output, d_input;
+    nn::DecoderCache cache;
+    nn::ProjectorCache projector;
+    nn::Tensor encoder_tokens;  // the projector's input, when it runs here
+  };
+  struct Microbatch {
+    std::vector<data::Sample> samples;
+    std::vector<Group> groups;
+  };
+  struct EncodedGroup {
+    std::vector<std::size_t> members;  // indices into Encoded::positions
+    int side = 0;
+    nn::ImageEncoderCache vision;
+    nn::ProjectorCache projector;
+  };
+  struct Encoded {  // the encoder's share of one llm microbatch, when it runs in forward/backward
+    std::vector<std::size_t> positions;
+    std::vector<EncodedGroup> groups;
+  };
+
+  std::vector<data::Sample> microbatch_samples(int i) const;
+  Microbatch& prepare(int i);
+  std::int64_t image_tokens(int side) const;
+  std::int64_t token_width() const;  // of the tokens in the store
+  bool encoder_trains() const;
+  void encode(int i, const std::vector<std::size_t>& positions);
+  void encode_backward(int i);
+  std::vector<std::size_t> all_positions() const;
+  std::vector<std::size_t> fan_positions(int k) const;  // encoder replica k of f's share
+
+  Pending forward(const pipeline::Instruction& i);
+  Pending backward(const pipeline::Instruction& i);
+  Pending receive(const pipeline::Instruction& i);
+  void send(const pipeline::Instruction& i);
+  Pending reduce();
+  void share_tokens_within_tp(int i);
+  std::vector<std::size_t> share_positions(int share) const;  // Optimus: an encoder replica's samples
+  bool token_traffic(const pipeline::Instruction& i) const;   // image tokens, not llm hidden states
+
+  const spec::RunSpec& run_;
+  nn::Model& model_;
+  const RankLayout& layout_;
+  const RankProgram& program_;
+  nn::Ops& ops_;
+  ModuleRole vision_, projector_, llm_;
+  bool colocated_ = false;
+  bool encoder_stage_ = false;         // chain: this stage runs the encoder and the projector
+  bool encodes_in_forward_ = false;    // the encoder runs inside this stage's forward and backward
+  bool projector_on_encoder_ = false;  // the projector runs where the encoder does (chain)
+  int fan_in_ = 1;                     // encoder replicas per llm replica
+  int llm_replica_ = 0;                // the llm replica whose samples this rank works on
+  int encoder_part_ = 0;               // chain: this encoder replica's k of f
+  int encoder_stage_index_ = -1;       // chain: the program's encoder stage
+  std::int64_t microbatch_ = 1;
+  int microbatches_ = 1;
+  nn::DecoderPart part_;
+  std::unique_ptr<Loader> loader_;
+  std::unique_ptr<ColocatedEncoder> encoder_;
+  FillRules fill_;
+  runtime::Communicator* comm_ = nullptr;
+  std::optional<runtime::Communicator> tp_comm_, llm_dp_, vision_dp_, projector_dp_;
+  nn::TensorParallel tp_;
+  // Per step.
+  StepResult* result_ = nullptr;
+  std::vector<data::Sample> samples_;  // the served llm replica's share of the step
+  std::int64_t normalizer_ = 0;
+  double loss_ = 0;
+  TokenStore store_;
+  std::map<int, Microbatch> in_flight_;  // llm microbatches between forward and backward
+  std::map<int, Encoded> encoded_;       // encoder work between its forward and backward
+  PendingSends sends_;
+};
+
+}  // namespace braid::train

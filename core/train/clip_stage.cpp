@@ -1,0 +1,274 @@
+#include "core/train/clip_stage.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "core/common/error.hpp"
+
+namespace braid::train {
+namespace {
+
+using pipeline::Instruction;
+using pipeline::Op;
+
+[[noreturn]] void bad_split(const spec::RunSpec& run, const std::string& why) {
+  throw Error(Status::bad_config, run.source + ": training: " + why);
+}
+
+Message hidden_message(int tower, bool forward) {
+  if (forward) return tower == 0 ? Message::image_hidden : Message::text_hidden;
+  return tower == 0 ? Message::image_hidden_grads : Message::text_hidden_grads;
+}
+
+}  // namespace
+
+ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model& model,
+                     const data::ShapesDataset& dataset, const RankLayout& layout, const RankProgram& program,
+                     runtime::World& world, nn::Ops& ops, bool reorder)
+    : run_(run), model_(model), layout_(layout), program_(program), ops_(ops) {
+  world_ = &world.communicator();
+  const auto& clip = *model.clip;
+  const long long global = run.training.global_batch, group_rows = run.training.contrastive_batch;
+  groups_ = static_cast<int>(global / group_rows);
+  std::string names[2];
+  for (const auto& s : run.model.modules)
+    if (s.role == spec::Role::encoder) names[s.modality == spec::Modality::image ? 0 : 1] = s.name;
+  const int layers[2] = {clip.image_encoder->layers(), clip.text_encoder->layers()};
+  const auto& stage = program.stage_program();
+  const int per_group = stage.microbatches_per_group(program.program.group_microbatches);
+  int min_replicas = 0;
+  for (int t = 0; t < 2; ++t) {
+    Tower& tower = towers_[t];
+    const ModuleRole& role = layout.module(names[t]);
+    tower.role = &role;
+    if (role.tp != 1)
+      throw Error(Status::unsupported, "the CPU trainer runs '" + role.name +
+                                           "' unsplit by tensor parallelism: the plan "
+                                           "gives it tp " +
+                                           std::to_string(role.tp) + " (use --tp 1)");
+    min_replicas = min_replicas ? std::min(min_replicas, role.replicas) : role.replicas;
+    if (group_rows % role.replicas != 0)
+      bad_split(run, "the contrastive batch (" + std::to_string(group_rows) + ") does not split over the " +
+                         std::to_string(role.replicas) + " replicas of '" + role.name + "'");
+    // The module stage this rank's program stage runs of the tower, if any.
+    tower.here = role.held;
+    if (!tower.here) continue;
+    tower.part = nn::split_encoder(layers[t], role.stages)[static_cast<std::size_t>(role.stage)];
+    const long long rows = group_rows / role.replicas;
+    tower.microbatch = rows / per_group;
+    const int planned = [&] {
+      for (const auto& m : plan.modules)
+        if (m.name == role.name) return m.microbatch_size;
+      return 0;
+    }();
+    if (rows % per_group != 0 || tower.microbatch != planned)
+      bad_split(run, "a replica of '" + role.name + "' holds " + std::to_string(rows) +
+                         " samples per contrastive group, which the program's " + std::to_string(per_group) +
+                         " microbatches do not split into the plan's microbatches of " + std::to_string(planned));
+    tower.loader =
+        std::make_unique<Loader>(dataset, LoaderOptions{global, role.replicas, reorder && role.replicas > 1});
+    // The part's blocks, and the projection head with the last part.
+    const auto params =
+        t == 0 ? clip.image_encoder->part_parameters(tower.part) : clip.text_encoder->part_parameters(tower.part);
+    for (auto* p : params)
+      if (p->trainable) tower.params.push_back(p);
+    if (role.stage + 1 == role.stages) {
+      const nn::ClipHead& head = t == 0 ? *clip.image_head : *clip.text_head;
+      for (auto* p : head.parameters())
+        if (p->trainable) tower.params.push_back(p);
+    }
+  }
+  rows_per_replica_ = group_rows / min_replicas;
+  logit_scale_ = clip.loss->parameters().front();
+  // Groups in one order on every rank; only their members create them.
+  const auto& sync = layout.sync_ranks;
+  if (std::find(sync.begin(), sync.end(), layout.rank) != sync.end()) sync_.emplace(world.group(sync));
+  for (auto& t : towers_)
+    if (t.here && t.role->replicas > 1) t.dp.emplace(world.group(t.role->dp_ranks));
+}
+
+std::vector<TrainedParameter> ClipStage::parameters() const {
+  // Each distinct tensor's gradient norm counted once: by DP replica 0.
+  std::vector<TrainedParameter> out;
+  for (const auto& t : towers_)
+    if (t.here)
+      for (auto* p : t.params) out.push_back({p, {}, t.role->replica == 0});
+  if (logit_scale_ && sync_ && logit_scale_->trainable)
+    out.push_back({logit_scale_, {}, layout_.rank == layout_.sync_ranks.front()});
+  return out;
+}
+
+void ClipStage::begin_step(std::int64_t step, StepResult& r) {
+  result_ = &r;
+  loss_ = logit_grad_ = 0;
+  for (auto& t : towers_) {
+    if (!t.here) continue;
+    t.samples = t.loader->samples(step, t.role->replica);
+    t.mbs.assign(t.samples.size() / static_cast<std::size_t>(t.microbatch), {});
+    t.kept.assign(t.mbs.size(), {});
+  }
+}
+
+std::vector<data::Sample> ClipStage::slice(const Tower& t, int microbatch) const {
+  const auto first = t.samples.begin() + static_cast<std::ptrdiff_t>(microbatch * t.microbatch);
+  return {first, first + static_cast<std::ptrdiff_t>(t.microbatch)};
+}
+
+void ClipStage::install(Interpreter& in) {
+  in.set(Op::load_microbatch, [](const Instruction&) { return Pending{}; });  // rendered in begin_step
+  in.set(Op::forward, [this](const Instruction& i) {
+    for (int t = 0; t < 2; ++t)
+      if (towers_[t].here) forward(towers_[t], t, i);
+    return Pending{};
+  });
+  in.set(Op::backward, [this](const Instruction& i) {
+    for (int t = 0; t < 2; ++t)
+      if (towers_[t].here) backward(towers_[t], t, i.microbatch);
+    return Pending{};
+  });
+  in.set(Op::recv_activation, [this](const Instruction& i) { return receive(i); });
+  in.set(Op::recv_grad, [this](const Instruction& i) { return receive(i); });
+  in.set(Op::send_activation, [this](const Instruction& i) {
+    send(i);
+    return Pending{};
+  });
+  in.set(Op::send_grad, [this](const Instruction& i) {
+    send(i);
+    return Pending{};
+  });
+  in.set(Op::batch_sync, [this](const Instruction& i) { return sync(i); });
+  in.set(Op::reduce_grads, [this](const Instruction&) { return reduce(); });
+}
+
+void ClipStage::forward(Tower& t, int tower, const Instruction& i) {
+  const auto& clip = *model_.clip;
+  auto& mb = t.mbs[static_cast<std::size_t>(i.microbatch)];
+  auto& kept = t.kept[static_cast<std::size_t>(i.microbatch)];
+  const bool first = t.part.first == 0;
+  const bool last = t.role->stage + 1 == t.role->stages;
+  if (i.flags & pipeline::kRecompute) {
+    if (!first) mb.hidden = std::move(kept);  // the input the no-store forward kept
+  } else if ((i.flags & pipeline::kNoStore) && !first) {
+    kept = mb.hidden;
+  }
+  const auto samples = slice(t, i.microbatch);
+  if (tower == 0)
+    clip_image_forward(ops_, clip, t.part, samples, mb);
+  else
+    clip_text_forward(ops_, clip, t.part, samples, mb);
+  if (i.flags & pipeline::kNoStore) {  // two-phase: the outputs go on, the activations do not stay
+    mb.image_caches.clear();
+    mb.image_head_caches.clear();
+    mb.text_cache = {};
+    mb.text_head_cache = {};
+  }
+  if ((i.flags & pipeline::kRecompute) && !last) mb.hidden.clear();  // already sent by the first forward
+}
+
+void ClipStage::backward(Tower& t, int tower, int microbatch) {
+  auto& mb = t.mbs[static_cast<std::size_t>(microbatch)];
+  if (tower == 0)
+    clip_image_backward(ops_, *model_.clip, t.part, mb);
+  else
+    clip_text_backward(ops_, *model_.clip, t.part, mb);
+  if (t.part.first == 0) mb = {};  // nothing goes further back: free the microbatch
+}
+
+// Hidden states (forward) or their gradients (backward) of one microbatch from the same
+// replica of the neighbouring stage: one message per image side, per tower.
+Pending ClipStage::receive(const Instruction& i) {
+  const bool forward = i.op == Op::recv_activation;
+  const int peer = program_.rank_of(i.peer, program_.replica, program_.tp_rank);
+  std::vector<runtime::Request> requests;
+  for (int t = 0; t < 2; ++t) {
+    Tower& tower = towers_[t];
+    if (!tower.here) continue;
+    auto& mb = tower.mbs[static_cast<std::size_t>(i.microbatch)];
+    const auto samples = slice(tower, i.microbatch);
+    const auto shapes = t == 0 ? clip_image_hidden_shapes(*model_.clip, samples, mb)
+                               : clip_text_hidden_shapes(*model_.clip, samples, mb);
+    auto& into = forward ? mb.hidden : mb.d_hidden;
+    into.assign(shapes.size(), {});
+    for (std::size_t g = 0; g < shapes.size(); ++g) {
+      nn::reset(into[g], shapes[g]);
+      requests.push_back(world_->irecv(std::as_writable_bytes(std::span<float>(into[g].data)), peer,
+                                       message_tag(hidden_message(t, forward), i.microbatch, static_cast<int>(g))));
+    }
+  }
+  return pending_requests(std::move(requests));
+}
+
+void ClipStage::send(const Instruction& i) {
+  const bool forward = i.op == Op::send_activation;
+  const int peer = program_.rank_of(i.peer, program_.replica, program_.tp_rank);
+  for (int t = 0; t < 2; ++t) {
+    Tower& tower = towers_[t];
+    if (!tower.here) continue;
+    auto& mb = tower.mbs[static_cast<std::size_t>(i.microbatch)];
+    auto& from = forward ? mb.hidden : mb.d_hidden;
+    for (std::size_t g = 0; g < from.size(); ++g)
+      sends_.isend(*world_, std::move(from[g].data), peer,
+                   message_tag(hidden_message(t, forward), i.microbatch, static_cast<int>(g)));
+    from.clear();
+    if (!forward) mb = {};  // a later stage is done with it
+  }
+}
+
+Pending ClipStage::sync(const Instruction& i) {
+  if (!sync_) throw Error(Status::internal, "batch_sync on a rank outside the batch-sync group");
+  // Microbatch j of group g is g K + j on every tower, K its own.
+  auto members = [&](Tower& t) {
+    std::vector<TowerMicrobatch*> out;
+    if (!t.here) return out;
+    const std::size_t k = t.mbs.size() / static_cast<std::size_t>(groups_);
+    for (std::size_t j = 0; j < k; ++j) out.push_back(&t.mbs[static_cast<std::size_t>(i.group) * k + j]);
+    return out;
+  };
+  const auto result = batch_sync(ops_, *model_.clip, *sync_, members(towers_[0]), members(towers_[1]),
+                                 towers_[0].here ? towers_[0].role->replica : 0, rows_per_replica_, 1.0 / groups_);
+  loss_ += result.loss;
+  logit_grad_ += result.logit_scale_grad;
+  return blocked_for(result.wait_seconds);
+}
+
+Pending ClipStage::reduce() {
+  double waited = sends_.wait_all();
+  for (auto& t : towers_)
+    if (t.here && t.dp) waited += allreduce_gradients(*t.dp, t.params);
+  // The temperature's gradient is a share per rank, summed over the batch-sync; the loss
+  // the batch-syncs summed already, on the ranks of the towers' last stages.
+  if (sync_) {
+    double sum[1] = {logit_grad_};
+    auto req = sync_->iallreduce(std::span<double>(sum));
+    waited += req.wait();
+    if (logit_scale_->trainable) logit_scale_->grad.data[0] = static_cast<float>(sum[0]);
+  }
+  double loss[1] = {layout_.rank == layout_.sync_ranks.front() ? loss_ : 0.0};
+  auto req = world_->iallreduce(std::span<double>(loss));
+  waited += req.wait();
+  result_->loss = loss[0];
+  return blocked_for(waited);
+}
+
+void ClipStage::after_optimizer_step() { model_.clip->loss->clamp_after_step(); }
+
+void ClipStage::gather_parameters() {
+  const nn::ClipModel& clip = *model_.clip;
+  const int layers[2] = {clip.image_encoder->layers(), clip.text_encoder->layers()};
+  const nn::ClipHead* heads[2] = {clip.image_head.get(), clip.text_head.get()};
+  for (int t = 0; t < 2; ++t) {
+    const ModuleRole& role = *towers_[t].role;
+    if (role.stages == 1) continue;  // replica 0 of a whole tower has it all (evaluate asks it)
+    const auto parts = nn::split_encoder(layers[t], role.stages);
+    for (int st = 0; st < role.stages; ++st) {
+      auto params = t == 0 ? clip.image_encoder->part_parameters(parts[static_cast<std::size_t>(st)])
+                           : clip.text_encoder->part_parameters(parts[static_cast<std::size_t>(st)]);
+      if (st + 1 == role.stages)
+        params.insert(params.end(), heads[t]->parameters().begin(), heads[t]->parameters().end());
+      const int owner = role.rank_at(st, 0, 0);
+      for (auto* p : params) world_->broadcast(std::as_writable_bytes(std::span<float>(p->value.data)), owner);
+    }
+  }
+}
+
+}  // namespace braid::train

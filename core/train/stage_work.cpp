@@ -1,0 +1,47 @@
+#include "core/train/stage_work.hpp"
+
+#include <algorithm>
+#include <memory>
+
+namespace braid::train {
+
+Pending blocked_for(double seconds) {
+  return {[] { return true; }, [seconds] { return seconds; }};
+}
+
+Pending pending_requests(std::vector<runtime::Request> requests, std::function<void()> then) {
+  auto shared = std::make_shared<std::vector<runtime::Request>>(std::move(requests));
+  Pending p;
+  p.test = [shared] {
+    return std::all_of(shared->begin(), shared->end(), [](runtime::Request& r) { return r.test(); });
+  };
+  p.finish = [shared, then = std::move(then)] {
+    double waited = 0;
+    for (auto& r : *shared) waited += r.wait();
+    if (then) then();
+    return waited;
+  };
+  return p;
+}
+
+double allreduce_gradients(runtime::Communicator& comm, const std::vector<nn::Parameter*>& params) {
+  std::size_t total = 0;
+  for (auto* p : params)
+    if (p->trainable) total += p->grad.data.size();
+  std::vector<float> flat;
+  flat.reserve(total);
+  for (auto* p : params)
+    if (p->trainable) flat.insert(flat.end(), p->grad.data.begin(), p->grad.data.end());
+  auto req = comm.iallreduce(std::span<float>(flat));
+  const double waited = req.wait();
+  std::size_t at = 0;
+  for (auto* p : params) {
+    if (!p->trainable) continue;
+    std::copy(flat.begin() + static_cast<std::ptrdiff_t>(at),
+              flat.begin() + static_cast<std::ptrdiff_t>(at + p->grad.data.size()), p->grad.data.begin());
+    at += p->grad.data.size();
+  }
+  return waited;
+}
+
+}  // namespace braid::train

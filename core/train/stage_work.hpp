@@ -1,0 +1,67 @@
+// What the reference trainer runs for the instructions of one rank's stage: one StageWork
+// per kind of reference model (ClipStage for dual encoders, ChainStage for an encoder ->
+// projector -> llm chain). A work installs a handler for each opcode it runs in the
+// interpreter's table; the executor (executor.hpp) owns the step, the optimizer and the
+// clock. Shared here: what a step reports and the parameters a rank trains.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "core/nn/modules/parameter.hpp"
+#include "core/nn/optim.hpp"
+#include "core/runtime/communicator.hpp"
+#include "core/sim/simulator.hpp"
+#include "core/train/interpreter.hpp"
+
+namespace braid::train {
+
+struct StepResult {
+  double loss = 0;                              // the global batch's loss (every rank gets it)
+  double grad_norm = 0;                         // global L2 norm before clipping
+  double seconds = 0;                           // wall time of the step on this rank
+  double wait_seconds = 0;                      // blocked in receives and collectives (the sum of idle)
+  double data_seconds = 0;                      // waiting for the step's samples
+  std::array<double, sim::kCauseCount> idle{};  // blocked seconds by cause, as the simulator counts them
+  std::int64_t samples = 0;                     // the global batch
+};
+
+// A held parameter and its optimizer state.
+struct TrainedParameter {
+  nn::Parameter* param = nullptr;
+  nn::AdamWState state;
+  bool counted = false;  // contributes to the global gradient norm (one rank per distinct tensor)
+};
+
+class StageWork {
+ public:
+  virtual ~StageWork() = default;
+  // Before the step's instructions: its samples and per-step state. `r` collects the step's
+  // loss and the waits that happen inside compute (TP collectives).
+  virtual void begin_step(std::int64_t step, StepResult& r) = 0;
+  // A handler for every opcode of the program this work runs (optimizer_step is the executor's).
+  virtual void install(Interpreter& interpreter) = 0;
+  // What may run ahead of a wait (optimus-online); null: nothing.
+  virtual const FillRules* fill_rules() const { return nullptr; }
+  virtual std::vector<TrainedParameter> parameters() const = 0;
+  // Every parameter from the rank that trains it to every rank (collective over the world),
+  // so that one rank can evaluate the whole model.
+  virtual void gather_parameters() = 0;
+  // Turns tensor parallelism off (true) for a whole-model evaluation on one rank, or back on.
+  virtual void single_process(bool) {}
+  virtual void after_optimizer_step() {}
+};
+
+// A Pending for work a handler did itself after blocking `seconds` in it.
+Pending blocked_for(double seconds);
+// A Pending over posted requests: test() when all completed, finish() waits for them, then
+// runs `then` and returns the seconds blocked.
+Pending pending_requests(std::vector<runtime::Request> requests, std::function<void()> then = {});
+// Sums the gradients of `params` (the trainable ones) over `comm` in one flat all-reduce;
+// returns the seconds blocked.
+double allreduce_gradients(runtime::Communicator& comm, const std::vector<nn::Parameter*>& params);
+
+}  // namespace braid::train

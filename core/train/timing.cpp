@@ -1,0 +1,138 @@
+#include "core/train/timing.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "core/common/error.hpp"
+#include "core/common/text.hpp"
+#include "core/sim/trace.hpp"
+
+namespace braid::train {
+
+using pipeline::Op;
+
+void MeasuredSteps::add(const StepResult& r) {
+  ++steps;
+  seconds += r.seconds;
+  data_seconds += r.data_seconds;
+  for (std::size_t c = 0; c < idle.size(); ++c) idle[c] += r.idle[c];
+}
+
+StepComparison compare_with_simulation(const MeasuredSteps& mine, const pipeline::Program& program,
+                                       runtime::Communicator& world) {
+  StepComparison c;
+  c.schedule = program.schedule;
+  c.steps = mine.steps;
+  const double per = mine.steps > 0 ? 1.0 / static_cast<double>(mine.steps) : 0;
+  double slowest[1] = {mine.seconds * per};
+  world.allreduce(std::span<double>(slowest), runtime::ReduceOp::max);
+  c.measured_step_s = slowest[0];
+  std::array<double, sim::kCauseCount + 1> sums{};
+  for (std::size_t k = 0; k < mine.idle.size(); ++k) sums[k] = mine.idle[k] * per;
+  sums.back() = mine.data_seconds * per;
+  world.allreduce(std::span<double>(sums));
+  for (std::size_t k = 0; k < mine.idle.size(); ++k) c.measured_idle_s[k] = sums[k] / world.size();
+  c.data_wait_s = sums.back() / world.size();
+  const sim::Result r = sim::simulate(program);
+  c.simulated_step_s = r.step_time_s;
+  c.simulated_idle_s = r.bubbles;
+  return c;
+}
+
+namespace {
+
+std::string idle_list(const std::array<double, sim::kCauseCount>& idle) {
+  std::string out;
+  for (int k = 0; k < sim::kCauseCount; ++k)
+    if (idle[static_cast<std::size_t>(k)] >= 5e-7)
+      append_item(
+          out,
+          std::string(sim::cause_name(static_cast<sim::Cause>(k))) + " " + seconds(idle[static_cast<std::size_t>(k)]),
+          ", ");
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+std::string format_comparison(const StepComparison& c) {
+  return "measured step " + seconds(c.measured_step_s) + " (mean of " + std::to_string(c.steps) +
+         " steps, slowest rank), simulated " + seconds(c.simulated_step_s) + " for the same program (" + c.schedule +
+         "): measured/simulated " + fixed(c.ratio(), 2) + "\n" + "idle per rank and step, measured   " +
+         idle_list(c.measured_idle_s) + "\n" + "idle per rank and step, simulated  " + idle_list(c.simulated_idle_s) +
+         "\n" + "waiting for data per rank and step " + seconds(c.data_wait_s) + "\n";
+}
+
+std::string comparison_json(const StepComparison& c, std::int64_t step) {
+  nlohmann::ordered_json measured = nlohmann::ordered_json::object(), simulated = nlohmann::ordered_json::object();
+  for (int k = 0; k < sim::kCauseCount; ++k) {
+    measured[sim::cause_name(static_cast<sim::Cause>(k))] = c.measured_idle_s[static_cast<std::size_t>(k)];
+    simulated[sim::cause_name(static_cast<sim::Cause>(k))] = c.simulated_idle_s[static_cast<std::size_t>(k)];
+  }
+  nlohmann::ordered_json j{{"step", step},
+                           {"summary", true},
+                           {"schedule", c.schedule},
+                           {"steps", c.steps},
+                           {"measured_step_s", c.measured_step_s},
+                           {"simulated_step_s", c.simulated_step_s},
+                           {"measured_over_simulated", c.ratio()},
+                           {"data_wait_s", c.data_wait_s},
+                           {"measured_idle_s", measured},
+                           {"simulated_idle_s", simulated}};
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+void write_measured_trace(const std::string& path, const RankProgram& program, const std::vector<Executed>& executed,
+                          runtime::Communicator& world) {
+  // Every rank's records (index, start, end) as doubles, padded to the longest.
+  std::int64_t count[1] = {static_cast<std::int64_t>(executed.size())};
+  world.allreduce(std::span<std::int64_t>(count), runtime::ReduceOp::max);
+  const std::size_t width = 3 * static_cast<std::size_t>(count[0]) + 1;
+  std::vector<double> mine(width, 0.0);
+  mine[0] = static_cast<double>(executed.size());
+  for (std::size_t k = 0; k < executed.size(); ++k) {
+    mine[1 + 3 * k] = executed[k].index;
+    mine[2 + 3 * k] = executed[k].start;
+    mine[3 + 3 * k] = executed[k].end;
+  }
+  std::vector<double> all(width * static_cast<std::size_t>(world.size()));
+  world.allgather(std::as_bytes(std::span<const double>(mine)), std::as_writable_bytes(std::span<double>(all)));
+  if (world.rank() != 0) return;
+
+  sim::Result r;
+  r.ranks = world.size();
+  r.devices = world.size();
+  double t0 = std::numeric_limits<double>::max(), t1 = 0;
+  for (int rank = 0; rank < world.size(); ++rank) {
+    const double* rec = all.data() + static_cast<std::size_t>(rank) * width;
+    for (std::size_t k = 0; k < static_cast<std::size_t>(rec[0]); ++k) {
+      t0 = std::min(t0, rec[2 + 3 * k]);
+      t1 = std::max(t1, rec[3 + 3 * k]);
+    }
+  }
+  for (int rank = 0; rank < world.size(); ++rank) {
+    const int stage = program.stage_of_rank[static_cast<std::size_t>(rank)];
+    const auto& st = program.program.stages[static_cast<std::size_t>(stage)];
+    r.rank_stage.push_back(stage);
+    r.rank_replica.push_back((rank - st.first_device) / st.device_stride);
+    const double* rec = all.data() + static_cast<std::size_t>(rank) * width;
+    for (std::size_t k = 0; k < static_cast<std::size_t>(rec[0]); ++k) {
+      sim::TraceEvent e;
+      e.rank = rank;
+      e.stage = stage;
+      e.instruction = static_cast<int>(rec[1 + 3 * k]);
+      const Op op = st.instructions[static_cast<std::size_t>(e.instruction)].op;
+      e.lane = (op == Op::send_activation || op == Op::send_grad) ? 1
+               : (op == Op::recv_activation || op == Op::recv_grad || op == Op::reduce_grads || op == Op::batch_sync)
+                   ? 2
+                   : 0;
+      e.start = rec[2 + 3 * k] - t0;
+      e.duration = rec[3 + 3 * k] - rec[2 + 3 * k];
+      r.trace.push_back(e);
+    }
+  }
+  r.step_time_s = t1 > t0 ? t1 - t0 : 0;
+  sim::write_chrome_trace(path, program.program, r, "braid train");
+}
+
+}  // namespace braid::train

@@ -1,0 +1,54 @@
+// What a run measured of its steps, next to what the simulator predicts for the very
+// program the ranks executed: the step time, the ratio, and the idle time per rank by
+// cause (pipeline warm-up, cool-down and other waits, DP, TP, batch-sync); and a measured
+// step as a Chrome trace in the format of `braid simulate --trace`, so the two load side
+// by side in Perfetto.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/pipeline/program.hpp"
+#include "core/runtime/communicator.hpp"
+#include "core/sim/simulator.hpp"
+#include "core/train/interpreter.hpp"
+#include "core/train/rank_program.hpp"
+#include "core/train/stage_work.hpp"
+
+namespace braid::train {
+
+// This rank's steps, summed.
+struct MeasuredSteps {
+  std::int64_t steps = 0;
+  double seconds = 0;
+  double data_seconds = 0;
+  std::array<double, sim::kCauseCount> idle{};
+  void add(const StepResult& r);
+};
+
+struct StepComparison {
+  std::string schedule;
+  std::int64_t steps = 0;
+  double measured_step_s = 0;                                                  // the slowest rank's mean step
+  double simulated_step_s = 0;                                                 // the program's simulated step
+  double data_wait_s = 0;                                                      // per step, mean over ranks
+  std::array<double, sim::kCauseCount> measured_idle_s{}, simulated_idle_s{};  // per rank and step
+  double ratio() const { return simulated_step_s > 0 ? measured_step_s / simulated_step_s : 0; }
+};
+
+// Collective over `world`: every rank's steps against the simulation of `program`.
+StepComparison compare_with_simulation(const MeasuredSteps& mine, const pipeline::Program& program,
+                                       runtime::Communicator& world);
+// "measured step 12.34 ms ..., simulated ...: measured/simulated 0.53" and the idle lines.
+std::string format_comparison(const StepComparison& c);
+// The same as one JSON object for the metrics file: {"step": step, "summary": true, ...}.
+std::string comparison_json(const StepComparison& c, std::int64_t step);
+
+// Collective over `world`: every rank's `executed` instructions of one step laid out as a
+// simulated step's trace (one process per rank); rank 0 writes it to `path` atomically.
+void write_measured_trace(const std::string& path, const RankProgram& program, const std::vector<Executed>& executed,
+                          runtime::Communicator& world);
+
+}  // namespace braid::train
