@@ -254,6 +254,16 @@ Plan parse_plan(const spec::Node& root, const spec::RunSpec& run) {
     p.first_stage = item.has("first_stage") ? static_cast<int>(item.at("first_stage").as_int_at_least(0)) : 0;
     p.microbatch_size = item.has("microbatch_size") ? static_cast<int>(item.at("microbatch_size").as_int_at_least(1))
                                                     : run.training.microbatch;
+    // Each replica's share of a (contrastive) batch must split into whole microbatches.
+    const bool contrastive = run.model.topology == spec::Topology::contrastive;
+    const long long batch = contrastive ? run.training.contrastive_batch : run.training.global_batch;
+    if (batch % (static_cast<long long>(p.dp) * p.microbatch_size) != 0) {
+      const std::string what = "microbatches of " + std::to_string(p.microbatch_size) + " on " + std::to_string(p.dp) +
+                               " DP replicas do not split the " + (contrastive ? "contrastive batch" : "global batch") +
+                               " of " + std::to_string(batch) + " (training." +
+                               (contrastive ? "contrastive_batch" : "global_batch") + " of " + run.source + ")";
+      (item.has("microbatch_size") ? item.at("microbatch_size") : item).fail(what);
+    }
     if (auto layers = item.find("layers_per_stage")) {
       for (const auto& n : layers->items()) p.layers_per_stage.push_back(static_cast<int>(n.as_int_at_least(0)));
     } else {

@@ -63,7 +63,10 @@ std::string chrome_trace(const pipeline::Program& p, const Result& r, const std:
       events.push_back({{"name", "process_name"},
                         {"ph", "M"},
                         {"pid", e.rank},
-                        {"args", {{"name", st.name + ", replica " + std::to_string(replica) + " (" + devices + ")"}}}});
+                        {"args",
+                         {{"name", st.name + ", replica " + std::to_string(replica) + " (" + devices + ")"},
+                          {"stage", e.stage},
+                          {"replica", replica}}}});
       events.push_back(
           {{"name", "process_sort_index"}, {"ph", "M"}, {"pid", e.rank}, {"args", {{"sort_index", e.rank}}}});
       for (int lane = 0; lane < 3; ++lane) {
@@ -76,8 +79,9 @@ std::string chrome_trace(const pipeline::Program& p, const Result& r, const std:
     }
     const Instruction& i =
         p.stages[static_cast<std::size_t>(e.stage)].instructions[static_cast<std::size_t>(e.instruction)];
-    nlohmann::ordered_json args{{"op", pipeline::op_name(i.op)}};
+    nlohmann::ordered_json args{{"op", pipeline::op_name(i.op)}, {"index", e.instruction}};
     if (i.microbatch >= 0) args["microbatch"] = i.microbatch;
+    if (i.flags & pipeline::kSyncOnly) args["ordering_only"] = true;
     if (p.virtual_stages > 1) args["chunk"] = i.chunk;
     events.push_back({{"name", event_name(p, e)},
                       {"cat", lane_name(e.lane)},
@@ -88,13 +92,16 @@ std::string chrome_trace(const pipeline::Program& p, const Result& r, const std:
                       {"tid", e.lane},
                       {"args", args}});
   }
+  nlohmann::ordered_json stages = nlohmann::ordered_json::array();
+  for (const auto& st : p.stages) stages.push_back({{"name", st.name}, {"instructions", st.instructions.size()}});
   nlohmann::ordered_json doc{{"traceEvents", events},
                              {"displayTimeUnit", "ms"},
                              {"otherData",
                               {{"generator", generator},
                                {"schedule", p.schedule},
                                {"step_time_s", r.step_time_s},
-                               {"bubble_fraction", r.bubble_fraction}}}};
+                               {"bubble_fraction", r.bubble_fraction},
+                               {"stages", stages}}}};
   return doc.dump() + "\n";
 }
 

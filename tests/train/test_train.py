@@ -159,8 +159,31 @@ def relative_error(a, b, floor=1e-30):
     return norm([x - y for x, y in zip(a, b)]) / max(norm(b), floor)
 
 
+# Instructions that may run ahead of a wait under optimus-online: encoder tasks and the
+# ordering messages of the encoder's side (its tokens out, their gradients back in).
+def movable(event):
+    args = event["args"]
+    return args["op"] == "EncoderTask" or (args.get("ordering_only") and args["op"] in ("SendActivation", "RecvGrad"))
+
+
+def executed(trace_path):
+    """Per rank of a `braid train --trace` file: its stage's instruction count and the
+    instruction events in the order they started."""
+    with open(trace_path) as f:
+        doc = json.load(f)
+    counts = [s["instructions"] for s in doc["otherData"]["stages"]]
+    stage_of = {e["pid"]: e["args"]["stage"] for e in doc["traceEvents"] if e.get("name") == "process_name"}
+    ran = {}
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "X":
+            ran.setdefault(e["pid"], []).append(e)
+    return {pid: (counts[stage_of[pid]], sorted(events, key=lambda e: e["ts"])) for pid, events in ran.items()}
+
+
 class LayoutEquivalence(unittest.TestCase):
-    """3 steps of each layout against one process: losses and every parameter's gradient."""
+    """3 steps of each layout and schedule against one process: losses and every parameter's
+    gradient; and each rank ran its stage's instruction list of the plan's program, once each
+    and in order (under optimus-online, movable instructions may run early, in their own order)."""
 
     steps = 3
 
@@ -177,7 +200,7 @@ class LayoutEquivalence(unittest.TestCase):
         d = os.path.join(self.tmp.name, name)
         os.makedirs(d)
         r = train(ranks, "--config", config, "--steps", str(self.steps), "--quiet", "--metrics", d + "/m.jsonl",
-                  "--dump-gradients", d + "/grads", *args)
+                  "--dump-gradients", d + "/grads", "--trace", d + "/trace.json", *args)
         check(self, r)
         return d
 
@@ -187,10 +210,25 @@ class LayoutEquivalence(unittest.TestCase):
             self.reference[key] = self.run_layout(config, 1, f"single{len(self.reference)}", *args)
         return self.reference[key]
 
+    def check_executed(self, d, ranks, online):
+        per_rank = executed(d + "/trace.json")
+        self.assertEqual(sorted(per_rank), list(range(ranks)), "every rank's last step is in the trace")
+        for rank, (count, events) in per_rank.items():
+            order = [e["args"]["index"] for e in events]
+            self.assertEqual(sorted(order), list(range(count)), f"rank {rank} ran each instruction once")
+            if not online:
+                self.assertEqual(order, list(range(count)), f"rank {rank} ran its program in order")
+                continue
+            fixed = [e["args"]["index"] for e in events if not movable(e)]
+            early = [e["args"]["index"] for e in events if movable(e)]
+            self.assertEqual(fixed, sorted(fixed), f"rank {rank}: the llm's instructions in program order")
+            self.assertEqual(early, sorted(early), f"rank {rank}: encoder work in program order among itself")
+        return per_rank
+
     def assert_same(self, config, ranks, *args, reference_args=()):
         ref = self.single(config, *reference_args)
-        got = self.run_layout(config, ranks, "-".join([os.path.basename(config), str(ranks), *args]).replace("/", "_"),
-                              *args)
+        name = "-".join([os.path.basename(config), str(ranks), *args]).replace("/", "_")
+        got = self.run_layout(config, ranks, name, *args)
         ref_losses, got_losses = losses(ref + "/m.jsonl"), losses(got + "/m.jsonl")
         self.assertEqual(len(got_losses), self.steps)
         for step, (a, b) in enumerate(zip(got_losses, ref_losses), 1):
@@ -203,15 +241,25 @@ class LayoutEquivalence(unittest.TestCase):
             for name in want:
                 self.assertLessEqual(relative_error(have[name], want[name], 1e-3 * total), TOLERANCE,
                                      f"step {step}: {name}")
+        per_rank = self.check_executed(got, ranks, online="optimus-online" in args)
+        return got, per_rank
+
+    def assert_schedules(self, config, ranks, schedules, *args):
+        """Each schedule against one process; returns {schedule: (run dir, executed)}."""
+        out = {}
+        for schedule in schedules:
+            with self.subTest(schedule=schedule):
+                out[schedule] = self.assert_same(config, ranks, *args, "--schedule", schedule)
+        return out
 
     def test_clip_data_parallel_2(self):
-        self.assert_same(CLIP, 2)
+        self.assert_schedules(CLIP, 2, ["batch-sync", "distmm-pipe", "two-phase"])
 
     def test_clip_data_parallel_4(self):
         self.assert_same(CLIP, 4)
 
     def test_clip_distmm_2(self):
-        self.assert_same(CLIP, 2, "--strategy", "distmm")
+        self.assert_schedules(CLIP, 2, ["distmm-pipe", "batch-sync", "two-phase"], "--strategy", "distmm")
 
     def test_clip_distmm_unequal_towers(self):
         # One image rank, two text ranks: the towers split the batch differently (and only the
@@ -223,42 +271,71 @@ class LayoutEquivalence(unittest.TestCase):
 
     def test_clip_distmm_pipe_two_groups(self):
         config = variant(self.tmp.name, CLIP, "clip-groups.yaml", training={"contrastive_batch": 64})
-        self.assert_same(config, 2, "--strategy", "distmm", "--schedule", "distmm-pipe")
+        self.assert_schedules(config, 2, ["distmm-pipe", "two-phase"], "--strategy", "distmm")
 
     def test_clip_towers_pipelined(self):
+        # Four contrastive groups: under DistMM-Pipe group g's forwards run while g-1's
+        # gradients travel back; two-phase recomputes each stage's forward before its backward.
         plan = os.path.join(self.tmp.name, "clip-pp2.yaml")
         with open(plan, "w") as f:
             f.write(CLIP_PP2)
-        self.assert_same(CLIP, 2, "--plan", plan)
-
-    def test_clip_towers_pipelined_distmm_pipe(self):
-        # Four contrastive groups: group g's forwards run while g-1's gradients travel back.
-        plan = os.path.join(self.tmp.name, "clip-pp2-groups.yaml")
-        with open(plan, "w") as f:
-            f.write(CLIP_PP2)
         config = variant(self.tmp.name, CLIP, "clip-4-groups.yaml", training={"contrastive_batch": 32})
-        self.assert_same(config, 2, "--plan", plan, "--schedule", "distmm-pipe")
+        self.assert_schedules(config, 2, ["batch-sync", "distmm-pipe", "two-phase"], "--plan", plan)
+
+    def test_plan_microbatch_size_runs_as_planned(self):
+        # The run file says 16 per microbatch, the plan 8: twice the microbatches, the same step.
+        plan = os.path.join(self.tmp.name, "clip-pp2-mb8.yaml")
+        with open(plan, "w") as f:
+            f.write(CLIP_PP2.replace("microbatch_size: 16", "microbatch_size: 8"))
+        _, per_rank = self.assert_same(CLIP, 2, "--plan", plan)
+        forwards = [e for e in per_rank[0][1] if e["args"]["op"] == "Forward"]
+        self.assertEqual(len(forwards), 128 // 8)
+
+    def test_plan_microbatch_size_that_cannot_split_is_refused_by_line(self):
+        plan = os.path.join(self.tmp.name, "clip-pp2-mb5.yaml")
+        with open(plan, "w") as f:
+            f.write(CLIP_PP2.replace("microbatch_size: 16", "microbatch_size: 5"))
+        r = train(2, "--config", CLIP, "--steps", "1", "--plan", plan)
+        self.assertEqual(r.returncode, 2)
+        self.assertRegex(r.stderr, r"clip-pp2-mb5\.yaml:\d+:\d+: modules\[0\]\.microbatch_size: microbatches of 5 on "
+                                   r"1 DP replicas do not split the contrastive batch of 128")
 
     def test_mllm_data_parallel_2(self):
-        self.assert_same(MLLM, 2)
+        self.assert_schedules(MLLM, 2, ["1f1b", "gpipe"])
 
-    def test_mllm_encoder_on_every_rank_llm_pipelined(self):
-        # Optimus's layout (a): the encoder data parallel over both ranks, the llm in 2 stages.
-        self.assert_same(MLLM, 2, "--strategy", "optimus", "--pp", "2")
+    def test_mllm_colocated_every_schedule(self):
+        # Optimus's layout: the encoder data parallel over both ranks, the llm in 2 stages; the
+        # encoder runs kernel by kernel as the bubble scheduler's tasks. The programs only
+        # reorder work; online filling moves encoder tasks but keeps their order among
+        # themselves and the llm's, so every parameter sums its gradients in the fine
+        # program's order: the same losses, bit for bit.
+        runs = self.assert_schedules(MLLM, 2, ["encoder-first", "optimus-coarse", "optimus-fine", "optimus-online"],
+                                     "--strategy", "optimus", "--pp", "2")
+        for schedule, (_, per_rank) in runs.items():
+            for rank, (_, events) in per_rank.items():
+                self.assertTrue(any(e["args"]["op"] == "EncoderTask" for e in events), f"{schedule} rank {rank}")
+        self.assertEqual(losses(runs["optimus-online"][0] + "/m.jsonl"), losses(runs["optimus-fine"][0] + "/m.jsonl"))
+
+    def test_mllm_colocated_llm_tensor_parallel(self):
+        # 4 ranks: the llm 2 stages x TP 2, the encoder on every rank with TP 1: each TP pair
+        # of a stage shares its lane's samples and exchanges the tokens.
+        self.assert_schedules(MLLM, 4, ["optimus-fine", "optimus-online"], "--strategy", "optimus", "--pp", "2",
+                              "--tp", "2")
 
     def test_mllm_llm_tensor_parallel(self):
         # Layout (c): the llm's blocks split over 2 tensor-parallel ranks.
         self.assert_same(MLLM, 2, "--strategy", "megatron", "--tp", "2")
 
     def test_mllm_megatron_pipeline(self):
-        self.assert_same(MLLM, 2, "--strategy", "megatron", "--pp", "2")
+        # The encoder and projector run in the first stage's forward and backward.
+        self.assert_schedules(MLLM, 2, ["1f1b", "gpipe"], "--strategy", "megatron", "--pp", "2")
 
     def test_mllm_disaggregated_encoder(self):
-        # DistTrain: encoder and projector on ranks of their own, the llm on the others.
-        self.assert_same(MLLM, 2, "--strategy", "disttrain")
+        # DistTrain: encoder and projector on ranks of their own, a stage of the llm's pipeline.
+        self.assert_schedules(MLLM, 2, ["1f1b", "gpipe"], "--strategy", "disttrain")
 
     def test_mllm_fan_in_pipeline_and_data_parallel(self):
-        # 4 ranks: 4 encoder replicas feed 2 llm replicas of 2 stages each.
+        # 4 ranks: 4 encoder replicas feed 2 llm replicas of 2 stages each (colocated).
         self.assert_same(MLLM, 4, "--strategy", "optimus", "--pp", "2")
 
 
@@ -326,6 +403,45 @@ class Cli(unittest.TestCase):
         self.assertRegex(r.stdout, r"step 1/2  loss \d+\.\d{4}  [\d.]+ samples/s  ETA \d+:\d\d:\d\d")
         self.assertRegex(r.stdout, r"eval at step 2: caption_loss [\d.]+ token_accuracy [\d.]+")
         self.assertIn("trained steps 1-2 of 2", r.stdout)
+
+    def test_schedule_must_be_one_the_plan_runs(self):
+        r = train(1, "--config", MLLM, "--steps", "1", "--schedule", "two-phase")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--schedule: a monolithic plan of this model runs 1f1b or gpipe, not 'two-phase'", r.stderr)
+
+    def test_measured_step_next_to_the_simulated_one_and_a_trace_like_simulate(self):
+        with tempfile.TemporaryDirectory() as d:
+            r = train(2, "--config", MLLM, "--steps", "3", "--strategy", "optimus", "--pp", "2", "--schedule",
+                      "optimus-online", "--metrics", d + "/m.jsonl", "--trace", d + "/train.json")
+            check(self, r)
+            self.assertRegex(r.stdout, r"measured step [\d.]+ m?s \(mean of 2 steps, slowest rank\), simulated [\d.]+ m?s "
+                                       r"for the same program \(optimus-online\): measured/simulated [\d.]+")
+            self.assertRegex(r.stdout, r"idle per rank and step, measured   .*pp_")
+            summary = [m for m in metrics(d + "/m.jsonl") if m.get("summary")]
+            self.assertEqual(len(summary), 1)
+            s = summary[0]
+            self.assertEqual(s["step"], 3)
+            self.assertEqual(s["schedule"], "optimus-online")
+            self.assertAlmostEqual(s["measured_over_simulated"], s["measured_step_s"] / s["simulated_step_s"])
+            self.assertEqual(set(s["measured_idle_s"]), set(s["simulated_idle_s"]))
+            # The measured trace is laid out as braid simulate's: the same metadata, events and arguments.
+            sim = subprocess.run([CLI, "simulate", "--config", MLLM, "--strategy", "optimus", "--pp", "2", "--schedule",
+                                  "optimus-online", "--trace", d + "/sim.json"], cwd=SOURCE_DIR, capture_output=True,
+                                 text=True)
+            check(self, sim)
+            with open(d + "/train.json") as f:
+                measured = json.load(f)
+            with open(d + "/sim.json") as f:
+                simulated = json.load(f)
+            self.assertEqual(measured["otherData"]["generator"], "braid train")
+            self.assertEqual(set(measured["otherData"]), set(simulated["otherData"]))
+            kinds = lambda doc: {(e["ph"], e.get("name") if e["ph"] == "M" else e.get("cat")) for e in doc["traceEvents"]}
+            self.assertLessEqual(kinds(simulated), kinds(measured))
+            per_rank = executed(d + "/train.json")
+            self.assertEqual(sorted(per_rank), [0, 1])
+            for count, events in per_rank.values():
+                self.assertEqual(len(events), count)
+                self.assertLessEqual({"op", "index"}, set(events[0]["args"]))
 
     def test_progress_lines_every_n_steps(self):
         # Not a terminal: a line for the first step, every multiple of N, and the last.
