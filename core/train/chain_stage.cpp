@@ -29,8 +29,8 @@ std::span<std::byte> bytes(std::vector<float>& v) { return std::as_writable_byte
 
 ChainStage::ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, const plan::Plan& plan, nn::Model& model,
                        const data::ShapesDataset& dataset, const RankLayout& layout, const RankProgram& program,
-                       runtime::World& world, nn::Ops& ops, bool reorder)
-    : run_(run), model_(model), layout_(layout), program_(program), ops_(ops) {
+                       runtime::World& world, nn::Ops& ops, const DataOptions& data)
+    : run_(run), model_(model), layout_(layout), program_(program), ops_(ops), data_(data) {
   vision_ = role_of(layout, spec::Role::encoder);
   projector_ = role_of(layout, spec::Role::projector);
   llm_ = role_of(layout, spec::Role::llm);
@@ -90,7 +90,7 @@ ChainStage::ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, co
   llm_replica_ = llm_.held ? llm_.replica : vision_.replica / fan_in_;
   encoder_part_ = encoder_stage_ ? vision_.replica % fan_in_ : 0;
   loader_ = std::make_unique<Loader>(
-      dataset, LoaderOptions{run.training.global_batch, llm_.replicas, reorder && llm_.replicas > 1});
+      dataset, LoaderOptions{run.training.global_batch, llm_.replicas, data.reorder && llm_.replicas > 1});
 
   if (colocated_ && chain.vision) {
     if (llm_.tp % vision_.tp != 0)
@@ -182,7 +182,9 @@ void ChainStage::begin_step(std::int64_t step, StepResult& r) {
   loss_ = 0;
   in_flight_.clear();
   encoded_.clear();
-  samples_ = loader_->samples(step, llm_replica_);
+  if (!prefetch_)
+    prefetch_ = std::make_unique<Prefetcher>(*loader_, llm_replica_, step, data_.last_step, data_.prefetch);
+  samples_ = prefetch_->take(step, &r.data_seconds);
   // The loss is a mean over the step's counted tokens: one count per llm replica.
   std::int64_t count[1] = {llm_.held && llm_.stage == 0 && llm_.tp_rank == 0 ? counted_tokens(samples_) : 0};
   auto req = comm_->iallreduce(std::span<std::int64_t>(count));

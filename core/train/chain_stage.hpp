@@ -53,7 +53,7 @@ class ChainStage : public StageWork {
   // run, Error(bad_config) naming the training field when the batch does not split.
   ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, const plan::Plan& plan, nn::Model& model,
              const data::ShapesDataset& dataset, const RankLayout& layout, const RankProgram& program,
-             runtime::World& world, nn::Ops& ops, bool reorder);
+             runtime::World& world, nn::Ops& ops, const DataOptions& data);
   ~ChainStage() override;
 
   void begin_step(std::int64_t step, StepResult& r) override;
@@ -112,6 +112,7 @@ class ChainStage : public StageWork {
   const RankLayout& layout_;
   const RankProgram& program_;
   nn::Ops& ops_;
+  DataOptions data_;
   ModuleRole vision_, projector_, llm_;
   bool colocated_ = false;
   bool encoder_stage_ = false;         // chain: this stage runs the encoder and the projector
@@ -125,6 +126,7 @@ class ChainStage : public StageWork {
   int microbatches_ = 1;
   nn::DecoderPart part_;
   std::unique_ptr<Loader> loader_;
+  std::unique_ptr<Prefetcher> prefetch_;  // made at the first step
   std::unique_ptr<ColocatedEncoder> encoder_;
   FillRules fill_;
   runtime::Communicator* comm_ = nullptr;

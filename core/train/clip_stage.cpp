@@ -24,8 +24,8 @@ Message hidden_message(int tower, bool forward) {
 
 ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model& model,
                      const data::ShapesDataset& dataset, const RankLayout& layout, const RankProgram& program,
-                     runtime::World& world, nn::Ops& ops, bool reorder)
-    : run_(run), model_(model), layout_(layout), program_(program), ops_(ops) {
+                     runtime::World& world, nn::Ops& ops, const DataOptions& data)
+    : run_(run), model_(model), layout_(layout), program_(program), ops_(ops), data_(data) {
   world_ = &world.communicator();
   const auto& clip = *model.clip;
   const long long global = run.training.global_batch, group_rows = run.training.contrastive_batch;
@@ -66,7 +66,7 @@ ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model
                          " samples per contrastive group, which the program's " + std::to_string(per_group) +
                          " microbatches do not split into the plan's microbatches of " + std::to_string(planned));
     tower.loader =
-        std::make_unique<Loader>(dataset, LoaderOptions{global, role.replicas, reorder && role.replicas > 1});
+        std::make_unique<Loader>(dataset, LoaderOptions{global, role.replicas, data.reorder && role.replicas > 1});
     // The part's blocks, and the projection head with the last part.
     const auto params =
         t == 0 ? clip.image_encoder->part_parameters(tower.part) : clip.text_encoder->part_parameters(tower.part);
@@ -103,7 +103,9 @@ void ClipStage::begin_step(std::int64_t step, StepResult& r) {
   loss_ = logit_grad_ = 0;
   for (auto& t : towers_) {
     if (!t.here) continue;
-    t.samples = t.loader->samples(step, t.role->replica);
+    if (!t.prefetch)
+      t.prefetch = std::make_unique<Prefetcher>(*t.loader, t.role->replica, step, data_.last_step, data_.prefetch);
+    t.samples = t.prefetch->take(step, &r.data_seconds);
     t.mbs.assign(t.samples.size() / static_cast<std::size_t>(t.microbatch), {});
     t.kept.assign(t.mbs.size(), {});
   }

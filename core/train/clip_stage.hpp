@@ -40,7 +40,8 @@ class ClipStage : public StageWork {
   // Throws Error(bad_config) naming the training field when the batch does not split into
   // the plan's replicas and microbatches, Error(unsupported) for a tower split by TP.
   ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model& model, const data::ShapesDataset& dataset,
-            const RankLayout& layout, const RankProgram& program, runtime::World& world, nn::Ops& ops, bool reorder);
+            const RankLayout& layout, const RankProgram& program, runtime::World& world, nn::Ops& ops,
+            const DataOptions& data);
 
   void begin_step(std::int64_t step, StepResult& r) override;
   void install(Interpreter& interpreter) override;
@@ -55,6 +56,7 @@ class ClipStage : public StageWork {
     nn::EncoderPart part;
     std::int64_t microbatch = 0;  // samples per microbatch
     std::unique_ptr<Loader> loader;
+    std::unique_ptr<Prefetcher> prefetch;  // made at the first step
     std::optional<runtime::Communicator> dp;
     std::vector<nn::Parameter*> params;
     // Per step.
@@ -75,6 +77,7 @@ class ClipStage : public StageWork {
   const RankLayout& layout_;
   const RankProgram& program_;
   nn::Ops& ops_;
+  DataOptions data_;
   runtime::Communicator* world_ = nullptr;
   std::optional<runtime::Communicator> sync_;  // the batch-sync group, when this stage joins it
   Tower towers_[2];                            // image, text

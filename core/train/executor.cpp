@@ -20,10 +20,9 @@ Executor::Executor(const spec::RunSpec& run, const cost::CostModel& cost, const 
   world_comm_ = &world.communicator();
   program_ = rank_program(cost, plan, options_.schedule, topology, world.rank());
   if (model.topology == spec::Topology::contrastive)
-    work_ = std::make_unique<ClipStage>(run, plan, model, dataset, layout_, program_, world, ops, options_.reorder);
+    work_ = std::make_unique<ClipStage>(run, plan, model, dataset, layout_, program_, world, ops, options_.data);
   else
-    work_ =
-        std::make_unique<ChainStage>(run, cost, plan, model, dataset, layout_, program_, world, ops, options_.reorder);
+    work_ = std::make_unique<ChainStage>(run, cost, plan, model, dataset, layout_, program_, world, ops, options_.data);
   params_ = work_->parameters();
   work_->install(interpreter_);
   interpreter_.set(Op::optimizer_step, [this](const Instruction&) { return optimizer_step(lr_, *result_); });
@@ -70,9 +69,7 @@ StepResult Executor::step(std::int64_t step, double lr) {
   step_ = step;
   lr_ = lr;
   for (auto& p : params_) std::fill(p.param->grad.data.begin(), p.param->grad.data.end(), 0.0f);
-  const double before_data = now_seconds();
   work_->begin_step(step, r);
-  r.data_seconds = now_seconds() - before_data;
   executed_ = interpreter_.run(program_.instructions(), program_.online ? work_->fill_rules() : nullptr);
   for (const auto& e : executed_) r.idle[static_cast<std::size_t>(cause_of(e.index))] += e.waited;
   for (double s : r.idle) r.wait_seconds += s;

@@ -33,7 +33,7 @@
 namespace braid::train {
 
 struct ExecutorOptions {
-  bool reorder = true;   // DistTrain intra-step reordering of samples over DP replicas
+  DataOptions data;      // which samples, and the workers that render them ahead
   std::string schedule;  // one the plan runs ("" its default), as `braid simulate --schedule` takes
   std::function<void(std::int64_t step)> after_reduce;  // called between reduce_grads and optimizer_step
 };

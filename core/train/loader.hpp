@@ -34,6 +34,7 @@ class Loader {
   // Those samples, rendered, in indices() order.
   std::vector<data::Sample> samples(std::int64_t step, int replica) const;
   const LoaderOptions& options() const { return options_; }
+  const data::ShapesDataset& dataset() const { return dataset_; }
 
  private:
   const data::ShapesDataset& dataset_;

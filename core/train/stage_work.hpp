@@ -16,6 +16,7 @@
 #include "core/runtime/communicator.hpp"
 #include "core/sim/simulator.hpp"
 #include "core/train/interpreter.hpp"
+#include "core/train/prefetcher.hpp"
 
 namespace braid::train {
 
@@ -27,6 +28,13 @@ struct StepResult {
   double data_seconds = 0;                      // waiting for the step's samples
   std::array<double, sim::kCauseCount> idle{};  // blocked seconds by cause, as the simulator counts them
   std::int64_t samples = 0;                     // the global batch
+};
+
+// How a stage work gets its samples: which, and from how many workers ahead of training.
+struct DataOptions {
+  bool reorder = true;         // DistTrain intra-step reordering over DP replicas
+  PrefetchOptions prefetch;    // rendering workers and how far ahead they go
+  std::int64_t last_step = 1;  // the run's last step (the workers stop there)
 };
 
 // A held parameter and its optimizer state.

@@ -169,7 +169,9 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   nn::Model model = nn::build_model(run.model, seed);
   const data::ShapesDataset dataset = make_dataset(run, seed);
   ExecutorOptions eo;
-  eo.reorder = o.reorder;
+  eo.data.reorder = o.reorder;
+  eo.data.prefetch.workers = o.data_workers;
+  eo.data.last_step = total;
   eo.schedule = o.schedule;
   const std::string meta = metadata(o, seed, size);
   Executor* executor_ptr = nullptr;

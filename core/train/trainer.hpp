@@ -29,6 +29,7 @@ struct TrainOptions {
   bool resume = false;                // continue from the newest valid checkpoint in checkpoint_dir
   std::string gradients_dir;          // tests: each step's reduced gradients, as checkpoint shards
   bool reorder = true;                // DistTrain intra-step reordering over DP replicas
+  int data_workers = 1;               // threads rendering the next steps' samples ahead (0: none)
   std::string schedule;               // the program's schedule ("": the plan's default)
   std::string trace_path;             // "": none; else a Chrome trace of the last step as measured
   int threads = 0;                    // host threads; 0: the run file's, else cores / local processes

@@ -404,6 +404,16 @@ class Cli(unittest.TestCase):
         self.assertRegex(r.stdout, r"eval at step 2: caption_loss [\d.]+ token_accuracy [\d.]+")
         self.assertIn("trained steps 1-2 of 2", r.stdout)
 
+    def test_data_workers_change_nothing_but_the_wait(self):
+        with tempfile.TemporaryDirectory() as d:
+            for workers in ["0", "2"]:
+                check(self, train(2, "--config", CLIP, "--steps", "3", "--quiet", "--data-workers", workers,
+                                  "--metrics", f"{d}/{workers}.jsonl"))
+            self.assertEqual(losses(d + "/0.jsonl"), losses(d + "/2.jsonl"))
+            r = train(1, "--config", CLIP, "--data-workers", "-1")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("--data-workers must be >= 0", r.stderr)
+
     def test_schedule_must_be_one_the_plan_runs(self):
         r = train(1, "--config", MLLM, "--steps", "1", "--schedule", "two-phase")
         self.assertEqual(r.returncode, 2)

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <numeric>
 #include <set>
 
@@ -14,6 +15,7 @@
 #include "core/train/evaluate.hpp"
 #include "core/train/inputs.hpp"
 #include "core/train/loader.hpp"
+#include "core/train/prefetcher.hpp"
 #include "tests/unit/support.hpp"
 
 namespace braid {
@@ -178,6 +180,60 @@ std::vector<data::Sample> first_samples(const data::ShapesDataset& d, std::int64
   std::vector<data::Sample> out;
   for (std::int64_t i = 0; i < count; ++i) out.push_back(d.get(i));
   return out;
+}
+
+// --- prefetching workers (DistTrain's decoupled preprocessing) ---
+
+int threads_of_this_process() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) n += e.is_directory() ? 1 : 0;
+  return n;
+}
+
+TEST(Prefetcher, WorkersGiveTheLoadersSamplesInOrder) {
+  const data::ShapesDataset d = skewed_dataset(11);
+  const Loader loader(d, LoaderOptions{64, 4, true});
+  for (int workers : {0, 1, 3}) {
+    SCOPED_TRACE(workers);
+    train::Prefetcher prefetch(loader, 2, 3, 9, train::PrefetchOptions{workers, 2});
+    for (std::int64_t step = 3; step <= 9; ++step) {
+      double waited = 0;
+      const auto got = prefetch.take(step, &waited);
+      const auto want = loader.samples(step, 2);
+      ASSERT_EQ(got.size(), want.size());
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(got[i].index, want[i].index);
+        EXPECT_EQ(got[i].pixels, want[i].pixels);
+        EXPECT_EQ(got[i].tokens, want[i].tokens);
+      }
+      EXPECT_GE(waited, 0.0);
+    }
+    test::expect_error([&] { prefetch.take(10); }, Status::invalid_argument, {"step 10 asked", "of 9"});
+  }
+  train::Prefetcher prefetch(loader, 0, 1, 5);
+  test::expect_error([&] { prefetch.take(2); }, Status::invalid_argument, {"step 2 asked, step 1 is next"});
+}
+
+TEST(Prefetcher, AWorkersFailureNamesTheSampleAndNoThreadIsLeftBehind) {
+  const data::ShapesDataset d = skewed_dataset(12);
+  const Loader loader(d, LoaderOptions{16, 2, false});
+  const int before = threads_of_this_process();
+  // Sample 37 (step 3, replica 0 takes 32..39) cannot be rendered.
+  auto render = [&](std::int64_t i) {
+    if (i == 37) throw Error(Status::io, "cannot decode the image");
+    return d.get(i);
+  };
+  for (int workers : {0, 2}) {
+    SCOPED_TRACE(workers);
+    {
+      train::Prefetcher prefetch(loader, 0, 1, 6, train::PrefetchOptions{workers, 3}, render);
+      EXPECT_EQ(prefetch.take(1).size(), 8u);
+      EXPECT_EQ(prefetch.take(2).size(), 8u);
+      test::expect_error([&] { prefetch.take(3); }, Status::io,
+                         {"data worker: sample 37 of step 3", "cannot decode the image"});
+    }
+    EXPECT_EQ(threads_of_this_process(), before);
+  }
 }
 
 TEST(Inputs, SideGroupsPutEachSamplesPixelsInItsRow) {

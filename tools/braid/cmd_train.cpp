@@ -51,7 +51,7 @@ int run_train(const std::vector<std::string>& args) {
   PlanOptions plan_opts;
   plan_opts.strategy = "megatron";
   long long steps = 0, seed = -1, progress_every = 0;
-  int threads = 0;
+  int threads = 0, data_workers = 1;
   std::string metrics, checkpoint_dir, gradients_dir, schedule, trace;
   po::options_description opts(kTrainUsage);
   opts.add_options()("help,h", "show this help");
@@ -72,8 +72,10 @@ int run_train(const std::vector<std::string>& args) {
                         "write the last step, as every rank executed it, as a Chrome trace (the format of braid "
                         "simulate --trace)")(
       "no-reorder", "keep the loader's sample order (no DistTrain reordering over DP replicas)")(
-      "threads", po::value(&threads)->value_name("N"),
-      "host threads per process (default: trainer.threads, else the node's cores / processes on it)")(
+      "data-workers", po::value(&data_workers)->value_name("N"),
+      "threads rendering the next steps' samples ahead of training (default 1; 0: render them in the training "
+      "loop)")("threads", po::value(&threads)->value_name("N"),
+               "host threads per process (default: trainer.threads, else the node's cores / processes on it)")(
       "dump-gradients", po::value(&gradients_dir)->value_name("DIR"),
       "write each step's reduced gradients as checkpoint shards (for layout-equivalence checks)")(
       "progress-every", po::value(&progress_every)->value_name("N"),
@@ -100,6 +102,7 @@ int run_train(const std::vector<std::string>& args) {
   if (problem.empty() && vm.count("seed") && seed < 0) problem = "--seed must be >= 0";
   if (problem.empty() && vm.count("resume") && checkpoint_dir.empty()) problem = "--resume needs --checkpoint-dir DIR";
   if (problem.empty() && threads < 0) problem = "--threads must be >= 0";
+  if (problem.empty() && data_workers < 0) problem = "--data-workers must be >= 0";
   if (problem.empty() && vm.count("progress-every") && progress_every < 1) problem = "--progress-every must be >= 1";
   if (!problem.empty()) {
     std::fprintf(stderr, "braid train: error: %s\n(see 'braid train --help')\n", problem.c_str());
@@ -125,6 +128,7 @@ int run_train(const std::vector<std::string>& args) {
     o.resume = vm.count("resume") > 0;
     o.gradients_dir = gradients_dir;
     o.reorder = !vm.count("no-reorder");
+    o.data_workers = data_workers;
     o.schedule = schedule;
     o.trace_path = trace;
     o.threads = threads;
