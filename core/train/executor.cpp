@@ -39,8 +39,9 @@ Executor::Executor(const spec::RunSpec& run, const cost::CostModel& cost, const 
   first_forward_ = static_cast<int>(list.size());
   for (int k = 0; k < static_cast<int>(list.size()); ++k) {
     const Op op = list[static_cast<std::size_t>(k)].op;
-    if (op == Op::forward || op == Op::encoder_task) first_forward_ = std::min(first_forward_, k);
-    if (op == Op::backward || op == Op::encoder_task) last_backward_ = k;
+    // As the simulator counts: warm-up before the stage's first forward, cool-down after its last backward.
+    if (op == Op::forward) first_forward_ = std::min(first_forward_, k);
+    if (op == Op::backward) last_backward_ = k;
   }
 }
 

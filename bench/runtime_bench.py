@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""The runtime against the simulator: measured steps of `braid train` under mpiexec next to the
+simulated step of the very program the ranks executed, per schedule.
+
+Cases (each schedule's step is the mean of the run's steps after the first, on the slowest rank,
+from the summary line `braid train` writes to its metrics file; the simulated step is the one
+the same run computes for its program):
+
+  mllm-2     tiny-mllm-4px, colocated (Optimus): the encoder on both ranks, the llm in 2 stages;
+             encoder-first, optimus-coarse, optimus-fine, optimus-online
+  mllm-4     the same with the llm also TP 2, on 4 ranks
+  clip-2     tiny-clip with both towers in 2 pipeline stages, 4 contrastive groups per step;
+             batch-sync, distmm-pipe, two-phase
+  data       tiny-clip data parallel on 2 ranks, with and without the prefetching workers:
+             the time each rank waits for its samples per step
+
+Reports measured/simulated per schedule (the absolute gap is the cost model's: configs/
+clusters/cpu-host.yaml holds nominal figures) and whether the two rank the schedules alike
+(every pair the simulator sets more than 1% apart is ordered the same way when measured).
+For Optimus: the speed-up of optimus-fine and optimus-online over encoder-first, measured and
+predicted; goals: the measured gain is at least 80% of the predicted gain, and online is at
+least as fast as fine. The schedules only reorder work: their losses must agree (relative
+1e-4) or the run fails.
+
+usage: runtime_bench.py --braid build/tools/braid --mpiexec "mpiexec --oversubscribe" [--steps N] [--repeats R]
+                        [--quick] [--format table|json]
+"""
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+
+SOURCE_DIR = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+MLLM = os.path.join(SOURCE_DIR, "configs/runs/tiny-mllm-4px.yaml")
+CLIP = os.path.join(SOURCE_DIR, "configs/runs/tiny-clip.yaml")
+OPTIMUS = ["encoder-first", "optimus-coarse", "optimus-fine", "optimus-online"]
+CONTRASTIVE = ["batch-sync", "distmm-pipe", "two-phase"]
+
+CLIP_PP2 = """strategy: megatron
+layout: monolithic
+devices: 2
+schedule: batch-sync
+virtual_stages: 1
+modules:
+  - {name: image_encoder, role: encoder, tp: 1, pp: 2, dp: 1, first_device: 0, devices: 2, first_stage: 0,
+     microbatch_size: 8, layers_per_stage: [1, 1]}
+  - {name: text_encoder, role: encoder, tp: 1, pp: 2, dp: 1, first_device: 0, devices: 2, first_stage: 0,
+     microbatch_size: 8, layers_per_stage: [1, 1]}
+"""
+
+
+def clip_groups_run(directory):
+    """tiny-clip with 4 contrastive groups of 32 per step, microbatches of 8."""
+    with open(CLIP) as f:
+        text = f.read()
+    configs = os.path.join(SOURCE_DIR, "configs") + "/"
+    text = text.replace("model: ../", "model: " + configs).replace("cluster: ../", "cluster: " + configs)
+    text = text.replace("contrastive_batch: 128", "contrastive_batch: 32").replace("microbatch: 16", "microbatch: 8")
+    path = os.path.join(directory, "clip-groups.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def train(args, ranks, config, extra, directory, name):
+    """Runs braid train; returns (its summary line, its losses)."""
+    metrics = os.path.join(directory, name + ".jsonl")
+    cmd = [*shlex.split(args.mpiexec), "-n", str(ranks), args.braid, "train", "--config", config, "--steps",
+           str(args.steps), "--threads", "1", "--quiet", "--metrics", metrics, *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=SOURCE_DIR)
+    if r.returncode != 0:
+        sys.exit(f"runtime_bench: {' '.join(cmd)} failed:\n{r.stdout}{r.stderr}")
+    with open(metrics) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    summary = [m for m in lines if m.get("summary")][-1]
+    losses = [m["loss"] for m in lines if "loss" in m]
+    return summary, losses
+
+
+def same_training(rows, case):
+    names = list(rows)
+    base = rows[names[0]]["losses"]
+    for n in names[1:]:
+        worst = max(abs(a - b) / abs(b) for a, b in zip(rows[n]["losses"], base))
+        if worst > 1e-4:
+            sys.exit(f"runtime_bench: {case}: {n} trained differently from {names[0]} (relative loss gap {worst:.2e})")
+
+
+def ranking_agrees(rows):
+    names = list(rows)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            sa, sb = rows[a]["simulated_step_s"], rows[b]["simulated_step_s"]
+            if abs(sa - sb) <= 0.01 * max(sa, sb):
+                continue  # the simulator calls them even
+            ma, mb = rows[a]["measured_step_s"], rows[b]["measured_step_s"]
+            if (sa < sb) != (ma < mb):
+                return False
+    return True
+
+
+def schedules_case(args, directory, name, ranks, config, base, schedules):
+    # Each schedule `repeats` times, the schedules interleaved so that a slow spell of the host
+    # does not land on one of them; the median run of each.
+    runs = {s: [] for s in schedules}
+    for k in range(args.repeats):
+        for s in schedules:
+            runs[s].append(train(args, ranks, config, [*base, "--schedule", s], directory, f"{name}-{s}-{k}"))
+    rows = {}
+    for s in schedules:
+        summary, losses = sorted(runs[s], key=lambda run: run[0]["measured_step_s"])[len(runs[s]) // 2]
+        rows[s] = {"measured_step_s": summary["measured_step_s"], "simulated_step_s": summary["simulated_step_s"],
+                   "measured_over_simulated": summary["measured_over_simulated"],
+                   "measured_idle_s": summary["measured_idle_s"], "losses": losses}
+    same_training(rows, name)
+    out = {"ranks": ranks, "schedules": {s: {k: v for k, v in r.items() if k != "losses"} for s, r in rows.items()},
+           "ranking_agrees": ranking_agrees(rows)}
+    if schedules == OPTIMUS:
+        first = rows["encoder-first"]
+        out["speedup"] = {}
+        for s in ["optimus-fine", "optimus-online"]:
+            measured = first["measured_step_s"] / rows[s]["measured_step_s"]
+            predicted = first["simulated_step_s"] / rows[s]["simulated_step_s"]
+            share = (measured - 1) / (predicted - 1) if predicted > 1 else float("nan")
+            out["speedup"][s] = {"measured": measured, "predicted": predicted, "share_of_predicted_gain": share}
+        out["goals"] = {
+            "gain_at_least_80_percent": all(v["share_of_predicted_gain"] >= 0.8 for v in out["speedup"].values()),
+            "online_at_least_fine": rows["optimus-online"]["measured_step_s"] <= rows["optimus-fine"]["measured_step_s"],
+        }
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--braid", required=True)
+    p.add_argument("--mpiexec", default="mpiexec")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--repeats", type=int, default=3, help="runs of each schedule; the median one counts")
+    p.add_argument("--quick", action="store_true", help="4 steps of the 2-rank cases, once: checks they run and agree")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    args = p.parse_args()
+    if args.quick:
+        args.steps, args.repeats = 4, 1
+    result = {"steps": args.steps, "repeats": args.repeats, "cores": os.cpu_count(), "cases": {}}
+    with tempfile.TemporaryDirectory() as d:
+        plan = os.path.join(d, "clip-pp2.yaml")
+        with open(plan, "w") as f:
+            f.write(CLIP_PP2)
+        cases = [("mllm-2", 2, MLLM, ["--strategy", "optimus", "--pp", "2"], OPTIMUS),
+                 ("clip-2", 2, clip_groups_run(d), ["--plan", plan], CONTRASTIVE)]
+        if not args.quick:
+            cases.insert(1, ("mllm-4", 4, MLLM, ["--strategy", "optimus", "--pp", "2", "--tp", "2"], OPTIMUS))
+        for name, ranks, config, base, schedules in cases:
+            print(f"runtime_bench: {name} ...", file=sys.stderr, flush=True)
+            result["cases"][name] = schedules_case(args, d, name, ranks, config, base, schedules)
+        data = {}
+        for workers in [0, 1]:
+            summary, _ = train(args, 2, CLIP, ["--data-workers", str(workers)], d, f"data-{workers}")
+            data[workers] = {"data_wait_s": summary["data_wait_s"], "measured_step_s": summary["measured_step_s"]}
+        result["data"] = data
+
+    if args.format == "json":
+        print(json.dumps(result, indent=2))
+        return
+    print(f"measured (mean of steps 2-{args.steps} on the slowest rank, median of {args.repeats} runs) against "
+          f"simulated, the same program; {result['cores']} cores")
+    for name, case in result["cases"].items():
+        crowded = case["ranks"] > (result["cores"] or 1)
+        print(f"\n{name}: {case['ranks']} ranks" + (" (more ranks than cores: they take turns, the figures say "
+                                                      "little)" if crowded else ""))
+        print(f"  {'schedule':<16} {'measured':>10} {'simulated':>10} {'measured/sim':>13}")
+        for s, r in case["schedules"].items():
+            print(f"  {s:<16} {r['measured_step_s'] * 1e3:>8.2f}ms {r['simulated_step_s'] * 1e3:>8.2f}ms "
+                  f"{r['measured_over_simulated']:>13.2f}")
+        print(f"  ranking of the schedules agrees: {'yes' if case['ranking_agrees'] else 'no'}")
+        for s, v in case.get("speedup", {}).items():
+            print(f"  {s} over encoder-first: measured {v['measured']:.3f}x, predicted {v['predicted']:.3f}x "
+                  f"({v['share_of_predicted_gain'] * 100:.0f}% of the predicted gain)")
+        for goal, met in case.get("goals", {}).items():
+            print(f"  goal {goal.replace('_', ' ')}: {'met' if met else 'not met'}")
+    print("\nwaiting for data per rank and step, tiny-clip on 2 ranks")
+    for workers, v in result["data"].items():
+        print(f"  {workers} prefetch workers: {v['data_wait_s'] * 1e6:8.1f} us of a {v['measured_step_s'] * 1e3:.2f} ms step")
+
+
+if __name__ == "__main__":
+    main()
