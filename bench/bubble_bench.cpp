@@ -13,10 +13,10 @@
 #include "bench/quick_flag.hpp"
 #include "core/bubble/checker.hpp"
 #include "core/bubble/scheduler.hpp"
+#include "core/orchestrate/planning.hpp"
+#include "core/orchestrate/simulate_plan.hpp"
 #include "core/plan/evaluate.hpp"
-#include "core/plan/planner.hpp"
 #include "core/plan/strategies.hpp"
-#include "core/sim/simulate_plan.hpp"
 
 namespace {
 
@@ -68,9 +68,9 @@ int main(int argc, char** argv) {
     const cost::CostModel cost(run);
     plan::PlanRequest req;
     req.strategy = plan::Strategy::megatron;
-    const double megatron = sim::simulate_plan(cost, plan::make_plan(cost, req).best).step_time_s;
+    const double megatron = orchestrate::simulate_plan(cost, orchestrate::make_plan(cost, req).best).step_time_s;
     req.strategy = plan::Strategy::optimus;
-    const plan::Plan optimus = plan::make_plan(cost, req).best;
+    const plan::Plan optimus = orchestrate::make_plan(cost, req).best;
     for (const auto& [label, plan] : variants(cost, optimus)) {
       const auto t0 = std::chrono::steady_clock::now();
       const bubble::Schedules s = bubble::schedule(cost, plan);

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "core/orchestrate/planning.hpp"
 #include "core/plan/brute_force.hpp"
-#include "core/plan/planner.hpp"
 
 // ---- heap accounting: every operator new/delete of this process --------------------
 namespace {
@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
     heap_mib = std::max(heap_mib, heap_peak_of([&] {
                           auto t = Clock::now();
                           cost::CostModel cost(run);
-                          auto result = plan::make_plan(cost, plan::PlanRequest{});
+                          auto result = orchestrate::make_plan(cost, plan::PlanRequest{});
                           times.push_back(seconds_since(t));
                           best_time = result.best.estimate.iteration_time_s;
                           winner = plan::strategy_name(result.best.strategy);

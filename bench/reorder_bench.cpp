@@ -18,8 +18,8 @@
 #include "core/data/reorder.hpp"
 #include "core/data/sample_cost.hpp"
 #include "core/data/step_report.hpp"
-#include "core/pipeline/from_plan.hpp"
-#include "core/plan/planner.hpp"
+#include "core/orchestrate/planning.hpp"
+#include "core/orchestrate/program.hpp"
 
 namespace {
 
@@ -70,8 +70,8 @@ void disttrain_figures(const spec::RunSpec& run, bool quick) {
   const cost::CostModel cost(r);
   plan::PlanRequest req;
   req.strategy = plan::Strategy::disttrain;
-  const plan::Plan plan = plan::make_plan(cost, req).best;
-  const auto program = pipeline::build_program(cost, plan);
+  const plan::Plan plan = orchestrate::make_plan(cost, req).best;
+  const auto program = orchestrate::build_program(cost, plan);
   const auto report = data::data_report(cost, plan, program);
   std::printf("disttrain on %d devices, %lld samples per step, %zu steps (simulated step, s)\n", plan.devices,
               report.samples, report.steps.size());

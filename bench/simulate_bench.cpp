@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "core/pipeline/from_plan.hpp"
-#include "core/plan/planner.hpp"
+#include "core/orchestrate/planning.hpp"
+#include "core/orchestrate/program.hpp"
 #include "core/sim/simulator.hpp"
 
 int main(int argc, char** argv) {
@@ -39,13 +39,13 @@ int main(int argc, char** argv) {
   for (auto s :
        {plan::Strategy::megatron, plan::Strategy::disttrain, plan::Strategy::optimus, plan::Strategy::distmm}) {
     if (!plan::strategy_applies(run.model, s, nullptr)) continue;
-    auto result = plan::make_plan(cost, plan::PlanRequest{s, {}, {}});
+    auto result = orchestrate::make_plan(cost, plan::PlanRequest{s, {}, {}});
     std::vector<double> build, simulate;
     sim::Result r;
     pipeline::Program program;
     for (int rep = 0; rep < (quick ? 1 : 5); ++rep) {
       auto t0 = std::chrono::steady_clock::now();
-      program = pipeline::build_program(cost, result.best);
+      program = orchestrate::build_program(cost, result.best);
       auto t1 = std::chrono::steady_clock::now();
       r = sim::simulate(program);
       auto t2 = std::chrono::steady_clock::now();
@@ -57,8 +57,8 @@ int main(int argc, char** argv) {
     const double b = build[build.size() / 2], t = simulate[simulate.size() / 2];
     met = met && b + t < 1.0;
     std::printf("  %-10s %-12s %7d %9lld %10.4f %10.4f %12.3g %11.3f %+8.2f%%\n", plan::strategy_name(s),
-                program.schedule.c_str(), r.ranks, r.events, b, t, r.events / std::max(t, 1e-9), r.step_time_s,
-                100 * (r.step_time_s / result.best.estimate.iteration_time_s - 1));
+                spec::schedule_name(program.schedule), r.ranks, r.events, b, t, r.events / std::max(t, 1e-9),
+                r.step_time_s, 100 * (r.step_time_s / result.best.estimate.iteration_time_s - 1));
   }
   std::printf("\n  medians of %d runs; goal: build + simulate under 1 s -> %s\n", quick ? 1 : 5,
               met ? "met" : "NOT met");

@@ -13,7 +13,8 @@ namespace {
 
 std::string schedule_choices() {
   std::string out;
-  for (const auto& name : braid::bubble::schedule_names()) out += (out.empty() ? "'" : ", '") + name + "'";
+  for (auto s : braid::bubble::colocated_schedules())
+    out += (out.empty() ? "'" : ", '") + std::string(braid::spec::schedule_name(s)) + "'";
   return out;
 }
 
@@ -93,14 +94,15 @@ BRAID_API braid_status braid_bubble_scheduler_program(const braid_bubble_schedul
   BRAID_REQUIRE(out, "out is NULL");
   *out = nullptr;
   BRAID_REQUIRE(scheduler, "scheduler is NULL");
-  const auto names = braid::bubble::schedule_names();
-  const std::string name = schedule && *schedule ? schedule : names.front();
-  BRAID_REQUIRE(std::find(names.begin(), names.end(), name) != names.end(),
+  const auto schedules = braid::bubble::colocated_schedules();
+  const std::string name = schedule && *schedule ? schedule : braid::spec::schedule_name(schedules.front());
+  const auto parsed = braid::spec::parse_schedule(name);
+  BRAID_REQUIRE(parsed && std::find(schedules.begin(), schedules.end(), *parsed) != schedules.end(),
                 "schedule '" + name + "' is not one of the bubble scheduler's: " + schedule_choices());
   std::lock_guard<std::mutex> lock(scheduler->mutex);
   BRAID_REQUIRE(scheduler->schedules, "the scheduler has not run yet; call braid_bubble_scheduler_run first");
   auto program = std::make_unique<braid_program>();
-  program->program = braid::bubble::program_named(*scheduler->schedules, name);
+  program->program = braid::bubble::program_named(*scheduler->schedules, *parsed);
   for (const auto& st : program->program.stages) {
     program->prev.emplace_back(st.prev.begin(), st.prev.end());
     program->next.emplace_back(st.next.begin(), st.next.end());

@@ -6,8 +6,8 @@
 
 #include "capi/src/guard.hpp"
 #include "capi/src/handles.hpp"
-#include "core/data/sample_cost.hpp"
-#include "core/pipeline/from_plan.hpp"
+#include "core/data/batch_reorder.hpp"
+#include "core/orchestrate/program.hpp"
 
 namespace {
 
@@ -30,29 +30,6 @@ std::vector<braid::data::SampleSizes> read_sizes(const braid_sample_batch& b, co
   fill(b.audio_tokens, &braid::data::SampleSizes::audio_tokens);
   fill(b.generated_image_resolution, &braid::data::SampleSizes::generated_image_resolution);
   return sizes;
-}
-
-// The caller's per-plan-module costs as a samples x model-modules matrix, and each
-// module's mean as the reference load (the caller's unit is unknown; ratios are not).
-void read_costs(const braid_sample_batch& b, const braid_plan& plan, std::vector<double>& costs,
-                std::vector<double>& reference) {
-  const auto& placements = plan.result.best.modules;
-  const std::size_t M = plan.config->run.model.modules.size(), P = placements.size();
-  costs.assign(b.samples * M, 0);
-  reference.assign(M, 0);
-  for (std::size_t i = 0; i < b.samples; ++i) {
-    for (std::size_t j = 0; j < P; ++j) {
-      const double c = b.module_costs[i * P + j];
-      if (!(c >= 0 && c < 1e300)) {
-        throw braid::Error(braid::Status::invalid_argument, "module_costs of sample " + std::to_string(i) +
-                                                                ", module " + std::to_string(j) +
-                                                                " is not a finite non-negative number");
-      }
-      const auto m = static_cast<std::size_t>(placements[j].module);
-      costs[i * M + m] += c;
-      reference[m] += c / static_cast<double>(b.samples);
-    }
-  }
 }
 
 }  // namespace
@@ -91,34 +68,19 @@ BRAID_API braid_status braid_reorder_create(const braid_plan* plan, const braid_
 
   const auto& run = plan->config->run;
   const auto& chosen = plan->result.best;
-  const auto program = braid::pipeline::build_program(*plan->config->cost, chosen);
-  auto r = std::make_unique<braid_reorder>();
-  r->layout = braid::data::batch_layout(run, chosen, program, static_cast<long long>(b.samples));
-  std::vector<double> costs, reference;
+  braid::data::HostBatch host;
+  host.samples = b.samples;
   if (b.module_costs) {
-    read_costs(b, *plan, costs, reference);
+    host.placement_costs = std::span<const double>(b.module_costs, b.samples * chosen.modules.size());
   } else {
-    const auto sizes = read_sizes(b, run.data);
-    braid::spec::RunSpec priced = run;
-    priced.data = braid::data::covering(run.data, sizes);
-    const braid::data::SampleCost pricing(priced);
-    costs = pricing.batch_costs(sizes);
-    for (int m = 0; m < pricing.modules(); ++m) reference.push_back(pricing.nominal_seconds(m));
+    host.sizes = read_sizes(b, run.data);
   }
   braid::data::OrderOptions search;
   if (opts.max_evaluations > 0) search.max_evaluations = opts.max_evaluations;
-  r->arrangement = braid::data::arrange(r->layout, program, costs, reference,
-                                        static_cast<braid::data::Reordering>(reordering), search);
-  std::vector<double> total(b.samples, 0);
-  const std::size_t M = static_cast<std::size_t>(r->layout.modules);
-  for (std::size_t i = 0; i < b.samples; ++i)
-    for (std::size_t m = 0; m < M; ++m) total[i] += costs[i * M + m];
-  r->straggler_before = braid::data::straggler(braid::data::assign_in_order(total, r->layout.grid.cells).load).ratio;
-  r->straggler_after = braid::data::straggler(r->arrangement.cell_load).ratio;
-  for (const auto& p : chosen.modules) {
-    const int dp = r->layout.module_dp[static_cast<std::size_t>(p.module)];
-    r->module_dp.push_back(dp == p.dp ? dp : 0);
-  }
+  const auto program = braid::orchestrate::build_program(*plan->config->cost, chosen);
+  auto r = std::make_unique<braid_reorder>();
+  r->batch =
+      braid::data::reorder_batch(run, chosen, program, host, static_cast<braid::data::Reordering>(reordering), search);
   *out = r.release();
   return BRAID_OK;
   BRAID_API_END
@@ -134,15 +96,15 @@ BRAID_API braid_status braid_reorder_info_get(const braid_reorder* reorder, brai
   BRAID_REQUIRE(reorder, "reorder is NULL");
   BRAID_REQUIRE_STRUCT(info, braid_reorder_info, offsetof(braid_reorder_info, samples) + sizeof(size_t));
   braid_reorder_info v = BRAID_REORDER_INFO_INIT;
-  const auto& L = reorder->layout;
+  const auto& L = reorder->batch.layout;
   v.samples = static_cast<size_t>(L.samples);
   v.cells = L.grid.cells;
   v.pipeline_groups = L.grid.groups;
   v.microbatches = L.slots;
   v.cell_microbatch = L.cell_slot;
-  v.straggler_before = reorder->straggler_before;
-  v.straggler_after = reorder->straggler_after;
-  v.evaluations = reorder->arrangement.evaluations;
+  v.straggler_before = reorder->batch.straggler_before;
+  v.straggler_after = reorder->batch.straggler_after;
+  v.evaluations = reorder->batch.arrangement.evaluations;
   braid::capi::copy_out(v, info);
   return BRAID_OK;
   BRAID_API_END
@@ -150,25 +112,25 @@ BRAID_API braid_status braid_reorder_info_get(const braid_reorder* reorder, brai
 
 #define BRAID_REQUIRE_SAMPLES(array, count)                                  \
   BRAID_REQUIRE(array, #array " is NULL");                                   \
-  BRAID_REQUIRE((count) == reorder->arrangement.cell.size(),                 \
+  BRAID_REQUIRE((count) == reorder->batch.arrangement.cell.size(),           \
                 #count " is " + std::to_string(count) + "; the batch has " + \
-                    std::to_string(reorder->arrangement.cell.size()) + " samples")
+                    std::to_string(reorder->batch.arrangement.cell.size()) + " samples")
 
 BRAID_API braid_status braid_reorder_ranks(const braid_reorder* reorder, size_t module, int32_t* ranks, size_t count) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(reorder, "reorder is NULL");
   BRAID_REQUIRE_SAMPLES(ranks, count);
-  BRAID_REQUIRE(module < reorder->module_dp.size(), "module " + std::to_string(module) +
-                                                        " is out of range (the plan has " +
-                                                        std::to_string(reorder->module_dp.size()) + " modules)");
-  const int dp = reorder->module_dp[module];
+  BRAID_REQUIRE(module < reorder->batch.module_dp.size(),
+                "module " + std::to_string(module) + " is out of range (the plan has " +
+                    std::to_string(reorder->batch.module_dp.size()) + " modules)");
+  const int dp = reorder->batch.module_dp[module];
   if (dp == 0) {
     throw braid::Error(braid::Status::unsupported,
                        "module " + std::to_string(module) +
                            " is not on the data-parallel grid (a colocated encoder runs as encoder tasks)");
   }
-  const auto& cell = reorder->arrangement.cell;
-  for (std::size_t i = 0; i < count; ++i) ranks[i] = reorder->layout.grid.rank_of(cell[i], dp);
+  const auto& cell = reorder->batch.arrangement.cell;
+  for (std::size_t i = 0; i < count; ++i) ranks[i] = reorder->batch.layout.grid.rank_of(cell[i], dp);
   return BRAID_OK;
   BRAID_API_END
 }
@@ -177,7 +139,7 @@ BRAID_API braid_status braid_reorder_cells(const braid_reorder* reorder, int32_t
   BRAID_API_BEGIN
   BRAID_REQUIRE(reorder, "reorder is NULL");
   BRAID_REQUIRE_SAMPLES(cells, count);
-  for (std::size_t i = 0; i < count; ++i) cells[i] = reorder->arrangement.cell[i];
+  for (std::size_t i = 0; i < count; ++i) cells[i] = reorder->batch.arrangement.cell[i];
   return BRAID_OK;
   BRAID_API_END
 }
@@ -186,7 +148,7 @@ BRAID_API braid_status braid_reorder_microbatches(const braid_reorder* reorder, 
   BRAID_API_BEGIN
   BRAID_REQUIRE(reorder, "reorder is NULL");
   BRAID_REQUIRE_SAMPLES(microbatches, count);
-  for (std::size_t i = 0; i < count; ++i) microbatches[i] = reorder->arrangement.slot[i];
+  for (std::size_t i = 0; i < count; ++i) microbatches[i] = reorder->batch.arrangement.slot[i];
   return BRAID_OK;
   BRAID_API_END
 }
@@ -195,7 +157,7 @@ BRAID_API braid_status braid_reorder_order(const braid_reorder* reorder, size_t 
   BRAID_API_BEGIN
   BRAID_REQUIRE(reorder, "reorder is NULL");
   BRAID_REQUIRE(order, "order is NULL");
-  const auto& orders = reorder->arrangement.orders;
+  const auto& orders = reorder->batch.arrangement.orders;
   BRAID_REQUIRE(group < orders.size(), "group " + std::to_string(group) + " is out of range (" +
                                            std::to_string(orders.size()) + " pipeline groups)");
   BRAID_REQUIRE(count == orders[group].size(), "count is " + std::to_string(count) + "; a pipeline runs " +

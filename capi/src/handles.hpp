@@ -9,7 +9,7 @@
 
 #include "core/bubble/scheduler.hpp"
 #include "core/cost/cost_model.hpp"
-#include "core/data/arrangement.hpp"
+#include "core/data/batch_reorder.hpp"
 #include "core/pipeline/program.hpp"
 #include "core/plan/planner.hpp"
 #include "core/sim/simulator.hpp"
@@ -43,10 +43,7 @@ struct braid_simulation {
 };
 
 struct braid_reorder {
-  braid::data::BatchLayout layout;
-  braid::data::Arrangement arrangement;
-  std::vector<int> module_dp;  // per plan module: its DP width on the grid, 0 when off it
-  double straggler_before = 1, straggler_after = 1;
+  braid::data::ReorderedBatch batch;
 };
 
 struct braid_bubble_scheduler {

@@ -7,7 +7,7 @@
 
 #include "capi/src/guard.hpp"
 #include "capi/src/handles.hpp"
-#include "core/pipeline/from_plan.hpp"
+#include "core/orchestrate/program.hpp"
 #include "core/sim/trace.hpp"
 
 namespace {
@@ -97,7 +97,10 @@ BRAID_API braid_status braid_program_create(const braid_plan* plan, const char* 
   *out = nullptr;
   BRAID_REQUIRE(plan, "plan is NULL");
   auto program = std::make_unique<braid_program>();
-  program->program = braid::pipeline::build_program(*plan->config->cost, plan->result.best, schedule ? schedule : "");
+  const auto& cost = *plan->config->cost;
+  const auto& chosen = plan->result.best;
+  program->program = braid::orchestrate::build_program(
+      cost, chosen, braid::orchestrate::parse_schedule_for(cost, chosen, schedule ? schedule : ""));
   for (const auto& s : program->program.stages) {
     program->prev.emplace_back(s.prev.begin(), s.prev.end());
     program->next.emplace_back(s.next.begin(), s.next.end());
@@ -116,7 +119,7 @@ BRAID_API braid_status braid_program_schedule(const braid_program* program, cons
   BRAID_API_BEGIN
   BRAID_REQUIRE(program, "program is NULL");
   BRAID_REQUIRE(schedule, "schedule is NULL");
-  *schedule = program->program.schedule.c_str();
+  *schedule = braid::spec::schedule_name(program->program.schedule);  // static storage
   return BRAID_OK;
   BRAID_API_END
 }

@@ -3,8 +3,8 @@
 
 #include "capi/src/guard.hpp"
 #include "capi/src/handles.hpp"
+#include "core/orchestrate/planning.hpp"
 #include "core/plan/plan_io.hpp"
-#include "core/sim/simulate_plan.hpp"
 
 namespace {
 
@@ -57,9 +57,7 @@ braid_strategy strategy_to_c(Strategy s) {
 }
 
 braid::plan::PlanReport report(const braid_plan* plan) {
-  braid::plan::PlanReport r{&plan->result, plan->requested, plan->config->cost.get()};
-  r.simulated_step_s = braid::sim::simulated_step(*plan->config->cost, plan->result.best, &r.simulation_error);
-  return r;
+  return braid::orchestrate::plan_report(*plan->config->cost, plan->result, plan->requested);
 }
 
 }  // namespace
@@ -95,7 +93,7 @@ BRAID_API braid_status braid_plan_create(const braid_config* config, const braid
   auto plan = std::make_unique<braid_plan>();
   plan->config = config;
   plan->requested = request.strategy;
-  plan->result = braid::plan::make_plan(*config->cost, request);
+  plan->result = braid::orchestrate::make_plan(*config->cost, request);
   for (const auto& m : plan->result.best.modules)
     plan->layers.emplace_back(m.layers_per_stage.begin(), m.layers_per_stage.end());
   *out = plan.release();

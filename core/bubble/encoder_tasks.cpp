@@ -76,7 +76,7 @@ Colocated decompose(const cost::CostModel& cost, const plan::Plan& plan) {
   std::erase_if(llm_grid.modules, [](const plan::ModulePlacement& m) { return m.role == spec::Role::encoder; });
   llm_grid.layout = plan::Layout::monolithic;
   Colocated c;
-  c.llm = pipeline::build_program(cost, llm_grid, "1f1b");
+  c.llm = pipeline::build_program(cost, llm_grid, spec::Schedule::one_f_one_b);
   c.llm.model_flops = double(run.training.global_batch) * cost.model_flops_per_sample();
   c.microbatches = c.llm.microbatches;
   const int P = c.stages();
@@ -89,7 +89,7 @@ Colocated decompose(const cost::CostModel& cost, const plan::Plan& plan) {
     const int e = static_cast<int>(c.encoders.size());
     Encoder enc;
     enc.name = m.name;
-    enc.microbatches = static_cast<int>(run.training.global_batch / (static_cast<long long>(m.dp) * m.microbatch_size));
+    enc.microbatches = plan::microbatches_per_step(run.training, m);
     enc.stages = m.pp;
     enc.span = P / m.pp;
     if (enc.microbatches >= (1 << 16)) throw Error(Status::bad_config, m.name + ": too many encoder microbatches");

@@ -6,6 +6,7 @@
 
 #include "core/bubble/emit.hpp"
 #include "core/common/error.hpp"
+#include "core/common/text.hpp"
 
 namespace braid::bubble {
 namespace {
@@ -407,15 +408,27 @@ double idle(const std::array<double, sim::kCauseCount>& b) {
 
 }  // namespace
 
-std::vector<std::string> schedule_names() {
-  return {"optimus-fine", "optimus-coarse", "encoder-first", "optimus-online"};
+std::vector<spec::Schedule> colocated_schedules() {
+  using spec::Schedule;
+  return {Schedule::optimus_fine, Schedule::optimus_coarse, Schedule::encoder_first, Schedule::optimus_online};
 }
 
-const pipeline::Program& program_named(const Schedules& s, const std::string& name) {
-  if (name == "optimus-online") return s.online;
-  if (name == "optimus-coarse") return s.coarse;
-  if (name == "encoder-first") return s.plain;
-  return s.fine;
+const pipeline::Program& program_named(const Schedules& s, spec::Schedule schedule) {
+  switch (schedule) {
+    case spec::Schedule::optimus_fine:
+      return s.fine;
+    case spec::Schedule::optimus_coarse:
+      return s.coarse;
+    case spec::Schedule::encoder_first:
+      return s.plain;
+    case spec::Schedule::optimus_online:
+      return s.online;
+    default:
+      break;
+  }
+  throw Error(Status::unsupported, std::string("the bubble scheduler makes no '") + spec::schedule_name(schedule) +
+                                       "' program; it makes " +
+                                       join_choices(spec::schedule_names(colocated_schedules())));
 }
 
 Schedules schedule(const cost::CostModel& cost, const plan::Plan& plan) {
@@ -444,11 +457,11 @@ Schedules schedule(const cost::CostModel& cost, const plan::Plan& plan) {
   out.plain = full(plain.placement);
   out.coarse = full(coarse.placement);
   out.fine = full(fine.placement);
-  out.plain.schedule = "encoder-first";
-  out.coarse.schedule = "optimus-coarse";
-  out.fine.schedule = "optimus-fine";
+  out.plain.schedule = spec::Schedule::encoder_first;
+  out.coarse.schedule = spec::Schedule::optimus_coarse;
+  out.fine.schedule = spec::Schedule::optimus_fine;
   out.online = out.fine;
-  out.online.schedule = "optimus-online";
+  out.online.schedule = spec::Schedule::optimus_online;
   Report& r = out.report;
   r.plain_step_s = plain.result.step_time_s;
   r.coarse_step_s = coarse.result.step_time_s;

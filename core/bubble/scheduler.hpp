@@ -52,9 +52,10 @@ struct Schedules {
 // Throws Error(Status::bad_config) when the plan is not a runnable colocated plan.
 Schedules schedule(const cost::CostModel& cost, const plan::Plan& plan);
 
-// Names of the schedules of a colocated plan, the first being the default: optimus-fine,
+// The schedules of a colocated plan, the first being the default: optimus-fine,
 // optimus-coarse, encoder-first, optimus-online.
-std::vector<std::string> schedule_names();
-const pipeline::Program& program_named(const Schedules& s, const std::string& name);
+std::vector<spec::Schedule> colocated_schedules();
+// The program of `schedule`; Error(Status::unsupported) for one that is not colocated_schedules'.
+const pipeline::Program& program_named(const Schedules& s, spec::Schedule schedule);
 
 }  // namespace braid::bubble

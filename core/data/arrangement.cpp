@@ -64,11 +64,14 @@ const char* reordering_name(Reordering r) {
 
 BatchLayout batch_layout(const spec::RunSpec& run, const plan::Plan& plan, const pipeline::Program& program,
                          long long samples) {
-  const std::string& schedule = program.schedule;
+  using spec::Schedule;
+  const Schedule schedule = program.schedule;
+  const std::string name = spec::schedule_name(schedule);
   // Colocated programs (whichever way encoder tasks are placed) run the llm's 1F1B.
   const bool colocated = plan.layout == plan::Layout::colocated;
-  if (!colocated && schedule != "1f1b" && schedule != "gpipe" && schedule != "interleaved") {
-    throw Error(Status::unsupported, "data reordering needs one stream of microbatches per pipeline; the '" + schedule +
+  if (!colocated && schedule != Schedule::one_f_one_b && schedule != Schedule::gpipe &&
+      schedule != Schedule::interleaved) {
+    throw Error(Status::unsupported, "data reordering needs one stream of microbatches per pipeline; the '" + name +
                                          "' schedule groups them for a contrastive batch-sync, which it does not "
                                          "handle yet");
   }
@@ -87,7 +90,7 @@ BatchLayout batch_layout(const spec::RunSpec& run, const plan::Plan& plan, const
       if (p.dp != st.replicas) continue;
       const int total = std::accumulate(p.layers_per_stage.begin(), p.layers_per_stage.end(), 0);
       for (int k = 0; k < p.pp; ++k) {
-        if (p.first_device + k * p.tp * p.dp != st.first_device) continue;
+        if (plan::module_stage_devices(p, k).first_device != st.first_device) continue;
         const double layers = k < static_cast<int>(p.layers_per_stage.size()) ? p.layers_per_stage[at(k)] : 0;
         L.stage_work[s].push_back({p.module, total > 0 ? layers / total : 1.0 / p.pp});
         L.module_dp[at(p.module)] = p.dp;
@@ -104,8 +107,8 @@ BatchLayout batch_layout(const spec::RunSpec& run, const plan::Plan& plan, const
                                               std::to_string(L.grid.cells) + " data-parallel cells");
   }
   L.cell_slot = static_cast<int>(samples / per_slot);
-  L.orderable = schedule == "1f1b" || colocated;
-  if (!L.orderable) L.unordered_why = "inter-microbatch ordering is for 1F1B, not the " + schedule + " schedule";
+  L.orderable = schedule == Schedule::one_f_one_b || colocated;
+  if (!L.orderable) L.unordered_why = "inter-microbatch ordering is for 1F1B, not the " + name + " schedule";
   return L;
 }
 

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "core/bubble/scheduler.hpp"
 #include "core/common/error.hpp"
 #include "core/common/text.hpp"
 #include "core/pipeline/schedules.hpp"
@@ -38,14 +37,14 @@ double input_bytes(const cost::CostModel& cost, const ModulePlacement& p) {
   return p.microbatch_size * cost.tokens(p.module) * m.hidden * cost.element_bytes() / p.tp;
 }
 
-StageProgram stage_from(const cost::CostModel& cost, const StageLoad& l, const std::string& name, int replicas, int tp,
-                        int first_device) {
+StageProgram stage_from(const cost::CostModel& cost, const StageLoad& l, const std::string& name,
+                        const plan::StageDevices& devices) {
   StageProgram st;
   st.name = name;
-  st.replicas = replicas;
-  st.devices_per_replica = tp;
-  st.first_device = first_device;
-  st.device_stride = tp;
+  st.replicas = devices.replicas;
+  st.devices_per_replica = devices.devices_per_replica;
+  st.first_device = devices.first_device;
+  st.device_stride = devices.stride;
   // Exposed DP reduction, as the evaluators charge it.
   st.reduce_grads_s =
       cost.run().training.overlap_grad_reduce ? std::max(0.0, l.dp_sync_s - l.work.backward_time()) : l.dp_sync_s;
@@ -77,8 +76,7 @@ int add_grid(Program& p, const cost::CostModel& cost, const ModulePlacement& m, 
   const int first = static_cast<int>(p.stages.size());
   for (int s = 0; s < m.pp; ++s) {
     const auto& l = a.loads[static_cast<std::size_t>(s)];
-    StageProgram st =
-        stage_from(cost, l, m.name + " stage " + std::to_string(s), m.dp, m.tp, m.first_device + s * m.tp * m.dp);
+    StageProgram st = stage_from(cost, l, m.name + " stage " + std::to_string(s), plan::module_stage_devices(m, s));
     st.module = m.module;
     st.depth = depth_offset + s;
     st.units.push_back(unit_of(l, st.name, input_bytes(cost, m)));
@@ -92,12 +90,6 @@ int add_grid(Program& p, const cost::CostModel& cost, const ModulePlacement& m, 
 
 bool contrastive(const cost::CostModel& cost) { return cost.run().model.topology == spec::Topology::contrastive; }
 
-BatchSyncKind batch_sync_kind(const std::string& s) {
-  return s == "distmm-pipe" ? BatchSyncKind::distmm_pipe
-         : s == "two-phase" ? BatchSyncKind::two_phase
-                            : BatchSyncKind::plain;
-}
-
 void finish(const cost::CostModel& cost, Program& p) {
   finish_step(p);
   p.model_flops = double(cost.run().training.global_batch) * cost.model_flops_per_sample();
@@ -106,11 +98,11 @@ void finish(const cost::CostModel& cost, Program& p) {
   for (const auto& s : p.stages) p.devices += s.replicas * s.devices_per_replica;
 }
 
-Program monolithic(const cost::CostModel& cost, const plan::Plan& plan, const std::string& schedule) {
+Program monolithic(const cost::CostModel& cost, const plan::Plan& plan, spec::Schedule schedule) {
   plan::MonolithicStages g;
   std::string why;
   if (!plan::analyze_monolithic(cost, plan, g, &why)) cannot_run(why);
-  const int v = schedule == "interleaved" ? g.virtual_stages : 1;
+  const int v = schedule == spec::Schedule::interleaved ? g.virtual_stages : 1;
   Program p;
   p.stages.reserve(static_cast<std::size_t>(g.stages));
   for (int s = 0; s < g.stages; ++s) {
@@ -130,7 +122,7 @@ Program monolithic(const cost::CostModel& cost, const plan::Plan& plan, const st
       }
     }
     StageProgram st =
-        stage_from(cost, l, "stage " + std::to_string(s) + " (" + names + ")", g.dp, g.tp, s * g.tp * g.dp);
+        stage_from(cost, l, "stage " + std::to_string(s) + " (" + names + ")", plan::grid_stage_devices(g.tp, g.dp, s));
     st.module = count == 1 ? module : -1;
     st.depth = s;
     st.send_activation_s = s + 1 < g.stages ? g.send_s[static_cast<std::size_t>(s)] : g.wrap_send_s;
@@ -151,12 +143,12 @@ Program monolithic(const cost::CostModel& cost, const plan::Plan& plan, const st
       dim = model.modules[static_cast<std::size_t>(m.module)].embed_dim;
       bytes += R * dim * cost.element_bytes();
     }
-    p.batch_sync_s =
-        plan::batch_sync_seconds(cost, bytes, dim, plan::dp_group_of(cost, 0, g.tp, g.dp, g.stages - 1), g.dp);
-    batch_sync(p, g.groups, g.group_microbatches, batch_sync_kind(schedule));
-  } else if (schedule == "gpipe") {
+    p.batch_sync_s = plan::batch_sync_seconds(
+        cost, bytes, dim, plan::dp_group_of(cost, plan::grid_stage_devices(g.tp, g.dp, g.stages - 1)), g.dp);
+    batch_sync(p, g.groups, g.group_microbatches, schedule);
+  } else if (schedule == spec::Schedule::gpipe) {
     gpipe(p, g.microbatches);
-  } else if (schedule == "interleaved") {
+  } else if (schedule == spec::Schedule::interleaved) {
     interleaved(p, g.microbatches, v);
   } else {
     one_f_one_b(p, g.microbatches);
@@ -164,7 +156,7 @@ Program monolithic(const cost::CostModel& cost, const plan::Plan& plan, const st
   return p;
 }
 
-Program branches(const cost::CostModel& cost, const plan::Plan& plan, const std::string& schedule) {
+Program branches(const cost::CostModel& cost, const plan::Plan& plan, spec::Schedule schedule) {
   const auto& run = cost.run();
   std::string why;
   if (!plan::check_disjoint(cost, plan, &why)) cannot_run(why);
@@ -174,25 +166,24 @@ Program branches(const cost::CostModel& cost, const plan::Plan& plan, const std:
   for (const auto& m : plan.modules) {
     plan::ModuleAnalysis a;
     if (!plan::analyze_branch(cost, m, a, &why)) cannot_run(why);
-    const long long R = run.training.contrastive_batch;
-    const int K = static_cast<int>(R / (static_cast<long long>(m.dp) * m.microbatch_size));
-    groups = static_cast<int>(run.training.global_batch / R);
+    const int K = plan::microbatches_per_group(run.training, m);
+    groups = plan::contrastive_groups(run.training);
     if (first_k == 0) first_k = K;
     const int first = add_grid(p, cost, m, a, 0);
     for (int st = first; st < first + m.pp; ++st) p.stages[static_cast<std::size_t>(st)].group_microbatches = K;
     dim = run.model.modules[static_cast<std::size_t>(m.module)].embed_dim;
-    embed_bytes += double(R) * dim * cost.element_bytes();
+    embed_bytes += double(run.training.contrastive_batch) * dim * cost.element_bytes();
     devices += m.devices;
     lowest = std::min(lowest, m.first_device);
   }
   gradients_mirror_activations(p);
   auto everyone = cost::group_shape(lowest, 1, devices, run.cluster.devices_per_node);
   p.batch_sync_s = plan::batch_sync_seconds(cost, embed_bytes, dim, everyone, devices);
-  batch_sync(p, groups, first_k, batch_sync_kind(schedule));
+  batch_sync(p, groups, first_k, schedule);
   return p;
 }
 
-Program chain(const cost::CostModel& cost, const plan::Plan& plan, const std::string& schedule) {
+Program chain(const cost::CostModel& cost, const plan::Plan& plan, spec::Schedule schedule) {
   const auto& run = cost.run();
   const auto& model = run.model;
   std::string why;
@@ -208,9 +199,7 @@ Program chain(const cost::CostModel& cost, const plan::Plan& plan, const std::st
     if (m.role == spec::Role::encoder) enc_depth = std::max(enc_depth, m.pp);
     if (m.role == spec::Role::generator) gen_depth = std::max(gen_depth, m.pp);
   }
-  const int m_slots =
-      static_cast<int>(run.training.global_batch / (static_cast<long long>(llm->dp) * llm->microbatch_size));
-  const auto sched = schedule == "gpipe" ? spec::Schedule::gpipe : spec::Schedule::one_f_one_b;
+  const int m_slots = plan::microbatches_per_step(run.training, *llm);
   Program p;
   std::vector<int> enc_last, gen_first;
   int llm_first = -1, llm_last = -1;
@@ -226,7 +215,7 @@ Program chain(const cost::CostModel& cost, const plan::Plan& plan, const std::st
     const int after = m.role == spec::Role::encoder ? llm->pp + gen_depth : m.role == spec::Role::llm ? gen_depth : 0;
     const int consumers = plan::chain_consumers(model, model.modules[static_cast<std::size_t>(m.module)]);
     plan::ModuleAnalysis a;
-    if (!plan::analyze_chain_module(cost, m, riders, m_slots, after, consumers, sched, a, &why)) cannot_run(why);
+    if (!plan::analyze_chain_module(cost, m, riders, m_slots, after, consumers, schedule, a, &why)) cannot_run(why);
     const int offset = m.role == spec::Role::encoder ? enc_depth - m.pp
                        : m.role == spec::Role::llm   ? enc_depth
                                                      : enc_depth + llm->pp + gen_depth - m.pp;
@@ -243,7 +232,7 @@ Program chain(const cost::CostModel& cost, const plan::Plan& plan, const std::st
   for (int e : enc_last) link(p, e, llm_first);
   for (int g : gen_first) link(p, llm_last, g);
   gradients_mirror_activations(p);
-  if (schedule == "gpipe") {
+  if (schedule == spec::Schedule::gpipe) {
     gpipe(p, m_slots);
   } else {
     one_f_one_b(p, m_slots);
@@ -253,30 +242,36 @@ Program chain(const cost::CostModel& cost, const plan::Plan& plan, const std::st
 
 }  // namespace
 
-std::vector<std::string> schedules_for(const cost::CostModel& cost, const plan::Plan& plan) {
+std::vector<spec::Schedule> schedules_for(const cost::CostModel& cost, const plan::Plan& plan) {
+  using spec::Schedule;
   switch (plan.layout) {
     case Layout::monolithic:
-      if (contrastive(cost)) return {"batch-sync", "distmm-pipe", "two-phase"};
-      if (plan.virtual_stages > 1) return {"interleaved", "1f1b", "gpipe"};
-      return {plan.schedule == spec::Schedule::gpipe ? "gpipe" : "1f1b",
-              plan.schedule == spec::Schedule::gpipe ? "1f1b" : "gpipe"};
+      if (contrastive(cost)) return {Schedule::batch_sync, Schedule::distmm_pipe, Schedule::two_phase};
+      if (plan.virtual_stages > 1) return {Schedule::interleaved, Schedule::one_f_one_b, Schedule::gpipe};
+      if (plan.schedule == Schedule::gpipe) return {Schedule::gpipe, Schedule::one_f_one_b};
+      return {Schedule::one_f_one_b, Schedule::gpipe};
     case Layout::branches:
-      return {"distmm-pipe", "batch-sync", "two-phase"};
+      return {Schedule::distmm_pipe, Schedule::batch_sync, Schedule::two_phase};
     case Layout::chain:
-      return {"1f1b", "gpipe"};
+      return {Schedule::one_f_one_b, Schedule::gpipe};
     case Layout::colocated:
-      return bubble::schedule_names();
+      break;
   }
-  return {};
+  throw Error(Status::internal,
+              "the programs of a colocated plan come from the bubble scheduler (orchestrate::build_program)");
 }
 
-Program build_program(const cost::CostModel& cost, const plan::Plan& plan, const std::string& requested) {
+std::string schedule_refusal(const plan::Plan& plan, const std::vector<spec::Schedule>& allowed,
+                             std::string_view name) {
+  return "a " + std::string(plan::layout_name(plan.layout)) + " plan of this model runs " +
+         join_choices(spec::schedule_names(allowed)) + ", not '" + std::string(name) + "'";
+}
+
+Program build_program(const cost::CostModel& cost, const plan::Plan& plan, std::optional<spec::Schedule> requested) {
   const auto allowed = schedules_for(cost, plan);
-  const std::string schedule = requested.empty() ? allowed.front() : requested;
-  if (std::find(allowed.begin(), allowed.end(), schedule) == allowed.end()) {
-    throw Error(Status::unsupported, "a " + std::string(plan::layout_name(plan.layout)) + " plan of this model runs " +
-                                         join_choices(allowed) + ", not '" + schedule + "'");
-  }
+  const spec::Schedule schedule = requested.value_or(allowed.front());
+  if (std::find(allowed.begin(), allowed.end(), schedule) == allowed.end())
+    throw Error(Status::unsupported, schedule_refusal(plan, allowed, spec::schedule_name(schedule)));
   Program p;
   switch (plan.layout) {
     case Layout::monolithic:
@@ -289,8 +284,7 @@ Program build_program(const cost::CostModel& cost, const plan::Plan& plan, const
       p = chain(cost, plan, schedule);
       break;
     case Layout::colocated:
-      // Complete programs from the bubble scheduler (the step's tail included).
-      return bubble::program_named(bubble::schedule(cost, plan), schedule);
+      break;  // refused by schedules_for
   }
   finish(cost, p);
   return p;

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "core/spec/schedule.hpp"
+
 namespace braid::pipeline {
 
 enum class Op : std::uint8_t {
@@ -100,8 +102,8 @@ struct StageProgram {
 };
 
 struct Program {
-  std::string schedule;  // "1f1b", "gpipe", "interleaved", "batch-sync", "distmm-pipe", "two-phase"
-  int microbatches = 1;  // per pipeline
+  spec::Schedule schedule = spec::Schedule::one_f_one_b;  // set by the generator that fills the instructions
+  int microbatches = 1;                                   // per pipeline
   int virtual_stages = 1;
   int groups = 1;  // contrastive groups per step
   int group_microbatches = 0;

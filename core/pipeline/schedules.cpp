@@ -50,18 +50,6 @@ int interleaved_sink(int s, int c, int stages, int v) {
 
 }  // namespace
 
-const char* batch_sync_name(BatchSyncKind k) {
-  switch (k) {
-    case BatchSyncKind::plain:
-      return "batch-sync";
-    case BatchSyncKind::distmm_pipe:
-      return "distmm-pipe";
-    case BatchSyncKind::two_phase:
-      return "two-phase";
-  }
-  return "?";
-}
-
 void emit_forward(Program& p, int s, int mb, int chunk, std::uint8_t flags) {
   const auto& st = stage(p, s);
   if (st.prev.empty()) emit(p, s, make(Op::load_microbatch, mb, chunk));
@@ -84,7 +72,7 @@ void gpipe(Program& p, int m) {
     for (int i = 0; i < m; ++i) emit_forward(p, s, i);
     for (int i = 0; i < m; ++i) emit_backward(p, s, i);
   }
-  p.schedule = "gpipe";
+  p.schedule = spec::Schedule::gpipe;
   p.microbatches = m;
 }
 
@@ -99,7 +87,7 @@ void one_f_one_b(Program& p, int m) {
     }
     for (int i = m - warmup; i < m; ++i) emit_backward(p, s, i);
   }
-  p.schedule = "1f1b";
+  p.schedule = spec::Schedule::one_f_one_b;
   p.microbatches = m;
 }
 
@@ -142,12 +130,16 @@ void interleaved(Program& p, int m, int v) {
     }
     for (int k = total - warmup; k < total; ++k) bwd(s, k);
   }
-  p.schedule = "interleaved";
+  p.schedule = spec::Schedule::interleaved;
   p.microbatches = m;
   p.virtual_stages = v;
 }
 
-void batch_sync(Program& p, int groups, int default_k, BatchSyncKind kind) {
+void batch_sync(Program& p, int groups, int default_k, spec::Schedule kind) {
+  if (kind != spec::Schedule::batch_sync && kind != spec::Schedule::distmm_pipe && kind != spec::Schedule::two_phase) {
+    throw Error(Status::invalid_argument,
+                std::string("'") + spec::schedule_name(kind) + "' is not a batch-sync schedule");
+  }
   const auto after = stages_after(p);
   for (int s = 0; s < static_cast<int>(p.stages.size()); ++s) {
     const bool last = stage(p, s).next.empty();
@@ -167,14 +159,14 @@ void batch_sync(Program& p, int groups, int default_k, BatchSyncKind kind) {
       for (int j = 0; j < K; ++j) emit_backward(p, s, g * K + j);
     };
     switch (kind) {
-      case BatchSyncKind::plain:
+      case spec::Schedule::batch_sync:
         for (int g = 0; g < groups; ++g) {
           forwards(g);
           sync(g);
           backwards(g);
         }
         break;
-      case BatchSyncKind::distmm_pipe: {
+      case spec::Schedule::distmm_pipe: {
         // Like 1F1B with group g's forwards as the warm-up and steady-state forwards
         // and group g-1's backwards as its backwards: while g-1's gradients travel back
         // from the sync, this stage already runs g's forwards.
@@ -193,7 +185,7 @@ void batch_sync(Program& p, int groups, int default_k, BatchSyncKind kind) {
         backwards(groups - 1);
         break;
       }
-      case BatchSyncKind::two_phase:
+      case spec::Schedule::two_phase:
         for (int g = 0; g < groups; ++g) {
           forwards(g, kNoStore);
           sync(g);
@@ -213,9 +205,11 @@ void batch_sync(Program& p, int groups, int default_k, BatchSyncKind kind) {
           for (int j = K - warmup; j < K; ++j) emit_backward(p, s, g * K + j);
         }
         break;
+      default:
+        break;  // refused above
     }
   }
-  p.schedule = batch_sync_name(kind);
+  p.schedule = kind;
   p.groups = groups;
   p.group_microbatches = default_k;
   p.microbatches = groups * default_k;

@@ -43,7 +43,7 @@ std::vector<ModulePlacement> riders_for(const cost::CostModel& cost, const Chain
   if (it == c.projectors.end()) return out;
   for (int q : it->second) {
     ModulePlacement r = grid_placement(cost, q, p.tp, 1, p.dp, p.microbatch_size);
-    r.first_device = p.first_device + (p.pp - 1) * p.tp * p.dp;
+    r.first_device = module_stage_devices(p, p.pp - 1).first_device;  // its encoder's last stage
     out.push_back(std::move(r));
   }
   return out;
@@ -112,9 +112,9 @@ std::optional<Plan> search_disttrain(const cost::CostModel& cost, const Constrai
     if (!allowed_module_size(d, per_node)) continue;
     for (const auto& p : module_grids(cost, mods.llm, d, mb, Constraints{c.tp, c.pp, 0})) {
       if (c.dp && p.dp != c.dp) continue;
-      if (B % (static_cast<long long>(p.dp) * mb) != 0) continue;
-      const int slot = p.dp * mb;
-      const int m = static_cast<int>(B / slot);
+      if (B % samples_per_microbatch(p) != 0) continue;
+      const int slot = static_cast<int>(samples_per_microbatch(p));  // p's microbatch size is mb
+      const int m = microbatches_per_step(run.training, p);
       // Generators first: their depth decides how long the llm and encoders hold activations.
       std::vector<std::vector<const ModuleAnalysis*>> gen_opts;
       bool ok = true;

@@ -101,14 +101,13 @@ bool analyze_branch(const cost::CostModel& cost, const ModulePlacement& p, Modul
   if (p.role != spec::Role::encoder) return reject(why, p.name + ": only encoders are placed in a branches plan");
   if (!check_tp(cost, p, why) || !check_stages(cost, p, why)) return false;
   const long long R = train.contrastive_batch;
-  const long long per_step = static_cast<long long>(p.dp) * p.microbatch_size;
-  if (R % per_step != 0) {
+  if (R % samples_per_microbatch(p) != 0) {
     return why ? reject(why, p.name + ": contrastive batch " + std::to_string(R) + " does not split into dp " +
                                  std::to_string(p.dp) + " x microbatch " + std::to_string(p.microbatch_size))
                : false;
   }
-  const int groups = static_cast<int>(train.global_batch / R);
-  const int K = static_cast<int>(R / per_step);  // microbatches per group per replica
+  const int groups = contrastive_groups(train);
+  const int K = microbatches_per_group(train, p);  // microbatches per group per replica
   out.placement = p;
   out.loads = grid_loads(cost, p, p.microbatch_size);
   out.held.clear();
@@ -128,7 +127,7 @@ double combine_branches(const cost::CostModel& cost, const std::vector<const Mod
   const auto& run = cost.run();
   const auto& train = run.training;
   const double R = double(train.contrastive_batch);
-  const double groups = double(train.global_batch) / R;
+  const double groups = contrastive_groups(train);
   double span = 0, tail = 0, embed_bytes = 0, dim = 0;
   int devices = 0, lowest = run.devices();
   for (const auto* a : modules) {
@@ -179,9 +178,9 @@ bool evaluate_branches(const cost::CostModel& cost, Plan& plan, std::string* why
     dim = run.model.modules[static_cast<std::size_t>(a->placement.module)].embed_dim;
   }
   const double R = double(run.training.contrastive_batch);
-  hardware += double(run.training.global_batch) / R * contrastive_loss_flops(R, dim);
+  hardware += contrastive_groups(run.training) * contrastive_loss_flops(R, dim);
   const auto& p = slowest->placement;
-  const double mbs = double(run.training.global_batch) / (p.dp * p.microbatch_size);
+  const double mbs = microbatches_per_step(run.training, p);
   const auto worst = std::max_element(slowest->loads.begin(), slowest->loads.end(),
                                       [](const StageLoad& a, const StageLoad& b) { return a.time() < b.time(); });
   e.dp_comm_s = last_out->tail_dp;
@@ -193,8 +192,7 @@ bool evaluate_branches(const cost::CostModel& cost, Plan& plan, std::string* why
   plan.devices = devices;
   plan.microbatches = 0;
   for (const auto& q : plan.modules) {
-    plan.microbatches =
-        std::max(plan.microbatches, static_cast<int>(run.training.global_batch / (q.dp * q.microbatch_size)));
+    plan.microbatches = std::max(plan.microbatches, microbatches_per_step(run.training, q));
   }
   return check_memory(cost, e, why);
 }

@@ -18,13 +18,13 @@ bool analyze_chain_module(const cost::CostModel& cost, const ModulePlacement& p,
   out.loads = grid_loads(cost, p, p.microbatch_size);
   double out_bytes = cost.module(p.module, p.tp, p.microbatch_size).output_bytes;
   for (const auto* q : riders) {
-    if (q->first_device != p.first_device + (p.pp - 1) * p.tp * p.dp || q->tp != p.tp || q->dp != p.dp ||
+    if (q->first_device != module_stage_devices(p, p.pp - 1).first_device || q->tp != p.tp || q->dp != p.dp ||
         q->microbatch_size != p.microbatch_size) {
       return reject(
           why, q->name + ": a projector runs on the devices of its encoder's last stage (same tp, dp, microbatch)");
     }
     out.loads.back().add(cost, q->module, model.modules[static_cast<std::size_t>(q->module)].layers, true, true, p.tp,
-                         p.microbatch_size, dp_group_of(cost, p.first_device, p.tp, p.dp, p.pp - 1));
+                         p.microbatch_size, dp_group_of(cost, module_stage_devices(p, p.pp - 1)));
     out_bytes = cost.module(q->module, p.tp, p.microbatch_size).output_bytes;
   }
   // Modules sit on disjoint devices, so hand-overs leave the node; TP ranks split them.
@@ -74,13 +74,13 @@ bool evaluate_chain(const cost::CostModel& cost, Plan& plan, std::string* why) {
     if (p.role == spec::Role::generator) gen_depth = std::max(gen_depth, p.pp);
   }
   if (!llm) return reject(why, "the plan does not place the llm");
-  const long long slot = static_cast<long long>(llm->dp) * llm->microbatch_size;  // samples per pipeline slot
+  const long long slot = samples_per_microbatch(*llm);  // samples per pipeline slot
   if (train.global_batch % slot != 0) {
     return why ? reject(why, "global batch " + std::to_string(train.global_batch) + " does not split into llm dp " +
                                  std::to_string(llm->dp) + " x microbatch " + std::to_string(llm->microbatch_size))
                : false;
   }
-  const int m = static_cast<int>(train.global_batch / slot);
+  const int m = microbatches_per_step(train, *llm);
   std::vector<ModuleAnalysis> analyses;
   analyses.reserve(plan.modules.size());
   std::vector<const ModuleAnalysis*> encoders, generators;

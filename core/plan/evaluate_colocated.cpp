@@ -58,11 +58,10 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
     if (g.tp % p.tp != 0 || g.stages % p.pp != 0) {
       return reject(why, p.name + ": encoder tp must divide the llm tp and encoder pp the llm pp");
     }
-    const long long per_step = static_cast<long long>(p.dp) * p.microbatch_size;
-    if (train.global_batch % per_step != 0) {
+    if (train.global_batch % samples_per_microbatch(p) != 0) {
       return reject(why, p.name + ": global batch does not split into encoder dp x microbatch");
     }
-    const double K = double(train.global_batch / per_step);
+    const double K = microbatches_per_step(train, p);
     auto loads = grid_loads(cost, p, p.microbatch_size);
     // Each microbatch's encoder output goes to the llm's first stage, on other nodes
     // whenever the cluster has several; its gradient comes back.

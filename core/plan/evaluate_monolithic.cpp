@@ -43,8 +43,9 @@ bool analyze_monolithic(const cost::CostModel& cost, const Plan& plan, Monolithi
                                  " devices, the cluster has " + std::to_string(run.devices()))
                : false;
   }
-  const int mb = plan.modules.front().microbatch_size;
-  const long long per_step = static_cast<long long>(dp) * mb;
+  const ModulePlacement& head = plan.modules.front();  // every module has its tp, dp and microbatch size
+  const int mb = head.microbatch_size;
+  const long long per_step = samples_per_microbatch(head);
   if (train.global_batch % per_step != 0) {
     return why ? reject(why, "global batch " + std::to_string(train.global_batch) + " does not split into dp " +
                                  std::to_string(dp) + " x microbatch " + std::to_string(mb))
@@ -54,15 +55,15 @@ bool analyze_monolithic(const cost::CostModel& cost, const Plan& plan, Monolithi
   out.tp = tp;
   out.dp = dp;
   out.stages = stages;
-  out.microbatches = static_cast<int>(train.global_batch / per_step);
+  out.microbatches = microbatches_per_step(train, head);
   out.virtual_stages = plan.virtual_stages;
   out.contrastive = run.model.topology == spec::Topology::contrastive;
   out.group_microbatches = out.microbatches;
   if (out.contrastive) {
     if (train.contrastive_batch % per_step != 0)
       return reject(why, "contrastive batch does not split into dp x microbatch");
-    out.group_microbatches = static_cast<int>(train.contrastive_batch / per_step);
-    out.groups = static_cast<int>(train.global_batch / train.contrastive_batch);
+    out.group_microbatches = microbatches_per_group(train, head);
+    out.groups = contrastive_groups(train);
   }
   const int v = plan.virtual_stages;
   if (v > 1) {
@@ -95,7 +96,7 @@ bool analyze_monolithic(const cost::CostModel& cost, const Plan& plan, Monolithi
     for (int k = 0; k < p.pp; ++k) {
       const int s = p.first_stage + k;
       loads[static_cast<std::size_t>(s)].add(cost, p.module, p.layers_per_stage[static_cast<std::size_t>(k)], k == 0,
-                                             k == p.pp - 1, tp, mb, dp_group_of(cost, 0, tp, dp, s));
+                                             k == p.pp - 1, tp, mb, dp_group_of(cost, grid_stage_devices(tp, dp, s)));
     }
   }
   // Pipeline sends: hidden states of every module whose stages (or whose consumer)
@@ -160,7 +161,8 @@ bool evaluate_monolithic(const cost::CostModel& cost, Plan& plan, std::string* w
       dim = model.modules[static_cast<std::size_t>(p.module)].embed_dim;
       bytes += R * dim * cost.element_bytes();
     }
-    e.sync_s = g.groups * batch_sync_seconds(cost, bytes, dim, dp_group_of(cost, 0, g.tp, g.dp, g.stages - 1), g.dp);
+    e.sync_s = g.groups * batch_sync_seconds(cost, bytes, dim,
+                                             dp_group_of(cost, grid_stage_devices(g.tp, g.dp, g.stages - 1)), g.dp);
     hardware += g.groups * contrastive_loss_flops(R, dim);
   }
   const auto slowest = static_cast<std::size_t>(std::max_element(g.times.begin(), g.times.end()) - g.times.begin());

@@ -70,7 +70,7 @@ Plan megatron_plan(const cost::CostModel& cost, int tp, int pp, int dp) {
     p.first_stage = first_stage;
     p.layers_per_stage = std::move(layers);
     p.devices = tp * dp * p.pp;
-    p.first_device = first_stage * tp * dp;
+    p.first_device = grid_stage_devices(tp, dp, first_stage).first_device;
     p.microbatch_size = run.training.microbatch;
     plan.modules.push_back(std::move(p));
   };

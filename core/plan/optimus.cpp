@@ -2,7 +2,7 @@
 // 3D grid, enumerate encoder grids with TP dividing the llm's TP and PP dividing
 // its PP, and score each with the colocated closed form (encoder work before and
 // after the llm). The closed form ranks the whole space; the bubble scheduler then
-// re-scores a shortlist (plan::make_plan), as it is too slow to run on every grid.
+// re-scores a shortlist (orchestrate::make_plan), as it is too slow to run on every grid.
 #include <algorithm>
 #include <functional>
 

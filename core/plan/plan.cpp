@@ -49,4 +49,22 @@ std::optional<Layout> parse_layout(const std::string& name) {
   return std::nullopt;
 }
 
+long long samples_per_microbatch(const ModulePlacement& p) { return static_cast<long long>(p.dp) * p.microbatch_size; }
+
+int microbatches_per_step(const spec::TrainingSpec& t, const ModulePlacement& p) {
+  return static_cast<int>(t.global_batch / samples_per_microbatch(p));
+}
+
+int microbatches_per_group(const spec::TrainingSpec& t, const ModulePlacement& p) {
+  return static_cast<int>(t.contrastive_batch / samples_per_microbatch(p));
+}
+
+int contrastive_groups(const spec::TrainingSpec& t) { return static_cast<int>(t.global_batch / t.contrastive_batch); }
+
+StageDevices module_stage_devices(const ModulePlacement& p, int s) {
+  return StageDevices{p.first_device + s * p.tp * p.dp, p.dp, p.tp, p.tp};
+}
+
+StageDevices grid_stage_devices(int tp, int dp, int s) { return StageDevices{s * tp * dp, dp, tp, tp}; }
+
 }  // namespace braid::plan

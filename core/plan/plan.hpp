@@ -37,6 +37,29 @@ struct ModulePlacement {
   std::vector<int> layers_per_stage;
 };
 
+// The counts every layer derives from a placement and the training knobs, in one place.
+// Samples one microbatch of `p` takes over its DP replicas: dp x microbatch size.
+long long samples_per_microbatch(const ModulePlacement& p);
+// Microbatches each DP replica of `p` runs per step: global batch / (dp x microbatch size).
+int microbatches_per_step(const spec::TrainingSpec& t, const ModulePlacement& p);
+// Contrastive: microbatches each DP replica of `p` runs per group (DistMM's K).
+int microbatches_per_group(const spec::TrainingSpec& t, const ModulePlacement& p);
+// Contrastive groups (one batch-sync each) per step: global batch / contrastive batch.
+int contrastive_groups(const spec::TrainingSpec& t);
+
+// The devices of one pipeline stage: DP replica r holds `devices_per_replica` devices
+// (its TP group) from first_device + r * stride.
+struct StageDevices {
+  int first_device = 0;
+  int replicas = 1;
+  int devices_per_replica = 1;
+  int stride = 1;
+};
+// Stage `s` of a module's own tp-dp-pp grid, which starts at its first device.
+StageDevices module_stage_devices(const ModulePlacement& p, int s);
+// Global stage `s` of a monolithic grid from device 0 (a monolithic plan, a colocated llm).
+StageDevices grid_stage_devices(int tp, int dp, int s);
+
 struct MemoryBreakdown {
   double weights = 0, gradients = 0, optimizer = 0, activations = 0, reserved = 0;
   double total() const { return weights + gradients + optimizer + activations + reserved; }

@@ -124,7 +124,8 @@ std::string to_yaml(const PlanReport& r) {
   out << YAML::Key << "devices" << YAML::Value << plan.devices;
   // Contrastive plans run batch-sync whatever the run file's schedule says.
   out << YAML::Key << "schedule" << YAML::Value
-      << (run.model.topology == spec::Topology::contrastive ? "batch-sync" : spec::schedule_name(plan.schedule));
+      << spec::schedule_name(run.model.topology == spec::Topology::contrastive ? spec::Schedule::batch_sync
+                                                                               : plan.schedule);
   out << YAML::Key << "virtual_stages" << YAML::Value << plan.virtual_stages;
   out << YAML::Key << "modules" << YAML::Value << YAML::BeginSeq;
   for (const auto& p : plan.modules) {
@@ -222,14 +223,14 @@ Plan parse_plan(const spec::Node& root, const spec::RunSpec& run) {
   plan.cluster_devices = run.devices();
   plan.schedule = run.training.schedule;
   if (auto s = root.find("schedule")) {
-    std::string v = s->as_choice({"1f1b", "interleaved", "gpipe", "batch-sync"});
-    if ((v == "batch-sync") != (run.model.topology == spec::Topology::contrastive)) {
-      s->fail(v == "batch-sync" ? "batch-sync is the schedule of contrastive models only"
-                                : "a contrastive model runs the batch-sync schedule");
+    const spec::Schedule v = *spec::parse_schedule(s->as_choice({"1f1b", "interleaved", "gpipe", "batch-sync"}));
+    const bool batch_sync = v == spec::Schedule::batch_sync;
+    if (batch_sync != (run.model.topology == spec::Topology::contrastive)) {
+      s->fail(batch_sync ? "batch-sync is the schedule of contrastive models only"
+                         : "a contrastive model runs the batch-sync schedule");
     }
-    plan.schedule = v == "gpipe"         ? spec::Schedule::gpipe
-                    : v == "interleaved" ? spec::Schedule::interleaved
-                                         : spec::Schedule::one_f_one_b;
+    // A contrastive plan's program is chosen by its topology; its pipeline order stays 1f1b.
+    plan.schedule = batch_sync ? spec::Schedule::one_f_one_b : v;
   }
   if (auto v = root.find("virtual_stages")) plan.virtual_stages = static_cast<int>(v->as_int_at_least(1));
   if (auto s = root.find("strategy")) {
@@ -257,7 +258,7 @@ Plan parse_plan(const spec::Node& root, const spec::RunSpec& run) {
     // Each replica's share of a (contrastive) batch must split into whole microbatches.
     const bool contrastive = run.model.topology == spec::Topology::contrastive;
     const long long batch = contrastive ? run.training.contrastive_batch : run.training.global_batch;
-    if (batch % (static_cast<long long>(p.dp) * p.microbatch_size) != 0) {
+    if (batch % samples_per_microbatch(p) != 0) {
       const std::string what = "microbatches of " + std::to_string(p.microbatch_size) + " on " + std::to_string(p.dp) +
                                " DP replicas do not split the " + (contrastive ? "contrastive batch" : "global batch") +
                                " of " + std::to_string(batch) + " (training." +

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "core/bubble/score.hpp"
 #include "core/common/error.hpp"
 #include "core/plan/evaluate.hpp"
 #include "core/plan/stage_load.hpp"
@@ -53,12 +52,13 @@ Plan evaluate_fixed(const cost::CostModel& cost, Plan plan) {
 }
 
 // A strategy's best plan as the runtime will execute it: optimus plans run with
-// the bubble scheduler's fine schedule, so its shortlist is re-scored by that.
-std::optional<Plan> search_scored(const cost::CostModel& cost, Strategy s, const Constraints& c, std::string* why) {
-  if (s != Strategy::optimus) return search(cost, s, c, nullptr, why);
+// the bubble scheduler's fine schedule, so the request's hook re-scores their shortlist.
+std::optional<Plan> search_scored(const cost::CostModel& cost, Strategy s, const PlanRequest& request,
+                                  std::string* why) {
+  if (s != Strategy::optimus || !request.rescore_colocated) return search(cost, s, request.constraints, nullptr, why);
   std::vector<Plan> shortlist;
-  if (!search_optimus(cost, c, nullptr, why, &shortlist)) return std::nullopt;
-  return bubble::best_scheduled(cost, std::move(shortlist));
+  if (!search_optimus(cost, request.constraints, nullptr, why, &shortlist)) return std::nullopt;
+  return request.rescore_colocated(cost, std::move(shortlist));
 }
 
 }  // namespace
@@ -94,7 +94,8 @@ PlanResult make_plan(const cost::CostModel& cost, const PlanRequest& request) {
   if (request.strategy == Strategy::fixed) {
     if (!request.fixed) throw Error(Status::invalid_argument, "strategy 'fixed' needs a plan to evaluate");
     result.best = evaluate_fixed(cost, *request.fixed);
-    if (result.best.layout == Layout::colocated) result.best = bubble::best_scheduled(cost, {result.best});
+    if (result.best.layout == Layout::colocated && request.rescore_colocated)
+      result.best = request.rescore_colocated(cost, {result.best});
     return result;
   }
   std::vector<Strategy> order;
@@ -114,7 +115,7 @@ PlanResult make_plan(const cost::CostModel& cost, const PlanRequest& request) {
     std::string why;
     if (!strategy_applies(run.model, s, &why)) {
       alt.reason = "not applicable: " + why;
-    } else if (auto plan = search_scored(cost, s, request.constraints, &why)) {
+    } else if (auto plan = search_scored(cost, s, request, &why)) {
       alt.feasible = true;
       alt.iteration_time_s = plan->estimate.iteration_time_s;
       alt.plan = std::move(plan);

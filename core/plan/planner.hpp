@@ -1,8 +1,11 @@
 // The planner's entry point: run one strategy, or all of them (auto) and rank
-// them, or evaluate a plan the user wrote. Used by the CLI and the C ABI.
+// them, or evaluate a plan the user wrote. The CLI, the C ABI and the benchmarks call it
+// through orchestrate::make_plan, which lets the bubble scheduler re-score optimus plans.
 #pragma once
 
+#include <functional>
 #include <optional>
+#include <vector>
 
 #include "core/cost/cost_model.hpp"
 #include "core/plan/plan.hpp"
@@ -14,6 +17,10 @@ struct PlanRequest {
   Strategy strategy = Strategy::automatic;
   Constraints constraints;
   std::optional<Plan> fixed;  // the plan to evaluate, with Strategy::fixed
+  // Re-scores a colocated plan's candidates (best first by the closed form, never empty)
+  // and returns the best; empty: the closed form stands. Set by orchestrate::make_plan.
+  // (`= {}` lets PlanRequest{strategy, constraints, fixed} leave it out without a warning.)
+  std::function<Plan(const cost::CostModel&, std::vector<Plan>)> rescore_colocated = {};
 };
 
 // Runs one strategy's search.

@@ -79,8 +79,9 @@ void record_peak_memory(Estimate& e, const std::vector<StageLoad>& loads, const 
   e.peak_memory_gib = peak / kGiB;
 }
 
-cost::GroupShape dp_group_of(const cost::CostModel& cost, int first, int tp, int dp, int stage) {
-  return cost::group_shape(first + stage * tp * dp, tp, dp, cost.run().cluster.devices_per_node);
+cost::GroupShape dp_group_of(const cost::CostModel& cost, const StageDevices& stage) {
+  return cost::group_shape(stage.first_device, stage.devices_per_replica, stage.replicas,
+                           cost.run().cluster.devices_per_node);
 }
 
 bool stage_boundary_crosses_nodes(const cost::CostModel& cost, int first, int tp, int dp, int stage) {
@@ -99,11 +100,11 @@ std::vector<StageLoad> grid_loads(const cost::CostModel& cost, const ModulePlace
     auto& l = loads[static_cast<std::size_t>(s)];
     const bool first = s == 0, last = s == p.pp - 1;
     const int layers = p.layers_per_stage[static_cast<std::size_t>(s)];
-    const cost::GroupShape dp_group = dp_group_of(cost, p.first_device, p.tp, p.dp, s);
+    const cost::GroupShape dp_group = dp_group_of(cost, module_stage_devices(p, s));
     // Middle stages of an even split are usually identical: reuse the previous one.
     const StageLoad* prev = s > 0 ? &loads[static_cast<std::size_t>(s - 1)] : nullptr;
     if (prev && !first && !last && s - 1 > 0 && layers == p.layers_per_stage[static_cast<std::size_t>(s - 1)] &&
-        dp_group_of(cost, p.first_device, p.tp, p.dp, s - 1) == dp_group) {
+        dp_group_of(cost, module_stage_devices(p, s - 1)) == dp_group) {
       l = *prev;
       l.p2p_s = 0;
     } else {

@@ -65,9 +65,8 @@ void record_peak_memory(Estimate& e, const std::vector<StageLoad>& loads, const 
 // microbatches of `samples`, with the pipeline sends between its own stages.
 std::vector<StageLoad> grid_loads(const cost::CostModel& cost, const ModulePlacement& p, int samples);
 
-// The DP group of a grid laid out tp-dp-pp from `first`: the devices of stage `stage`
-// with the same TP rank.
-cost::GroupShape dp_group_of(const cost::CostModel& cost, int first, int tp, int dp, int stage);
+// The DP group of a pipeline stage: its replicas' devices with the same TP rank.
+cost::GroupShape dp_group_of(const cost::CostModel& cost, const StageDevices& stage);
 // Whether stage `stage` and the next one of that grid are on different nodes.
 bool stage_boundary_crosses_nodes(const cost::CostModel& cost, int first, int tp, int dp, int stage);
 

@@ -33,7 +33,7 @@ std::optional<Plan> search_disttrain(const cost::CostModel& cost, const Constrai
                                      std::string* why);
 // Optimus' closed form scores encoder-first execution; `shortlist`, when given,
 // receives the best kOptimusShortlist candidates by it (best first) for the bubble
-// scheduler to re-score (plan::make_plan does).
+// scheduler to re-score (PlanRequest::rescore_colocated, as orchestrate::make_plan sets it).
 inline constexpr std::size_t kOptimusShortlist = 4;
 std::optional<Plan> search_optimus(const cost::CostModel& cost, const Constraints& c, SearchStats* stats,
                                    std::string* why, std::vector<Plan>* shortlist = nullptr);

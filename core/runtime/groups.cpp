@@ -42,6 +42,14 @@ ModuleGrid grid_of(const spec::ModelSpec& model, const ModulePlacement& p, int i
   return m;
 }
 
+// A program stage on the devices the plan gives it (as pipeline::build_program puts it).
+void place(ProgramStage& st, const plan::StageDevices& d) {
+  st.replicas = d.replicas;
+  st.devices_per_replica = d.devices_per_replica;
+  st.device_stride = d.stride;
+  st.first_device = d.first_device;
+}
+
 // Monolithic grids (the whole model, or a colocated plan's llm with its projectors
 // and generators): one program stage per global pipeline stage.
 void add_global_stages(Topology& t, const plan::Plan& plan, bool skip_encoders) {
@@ -68,7 +76,8 @@ void add_global_stages(Topology& t, const plan::Plan& plan, bool skip_encoders) 
   for (std::size_t i : members) {
     const ModulePlacement& p = plan.modules[i];
     const long long last = static_cast<long long>(p.first_stage) + p.pp - 1;
-    if (p.first_stage < 0 || last >= stages || p.first_device != p.first_stage * width) {
+    if (p.first_stage < 0 || last >= stages ||
+        p.first_device != plan::grid_stage_devices(tp, dp, p.first_stage).first_device) {
       bad_plan(p.name + ": stages " + std::to_string(p.first_stage) + ".." + std::to_string(last) + " from device " +
                std::to_string(p.first_device) + " do not lie on the " + std::to_string(stages) + " stages of " +
                std::to_string(width) + " devices each");
@@ -88,9 +97,7 @@ void add_global_stages(Topology& t, const plan::Plan& plan, bool skip_encoders) 
     }
     if (count != 1) st.module = -1;
     st.name = "stage " + std::to_string(s) + " (" + names + ")";
-    st.replicas = dp;
-    st.devices_per_replica = st.device_stride = tp;
-    st.first_device = s * width;
+    place(st, plan::grid_stage_devices(tp, dp, s));
     t.stages.push_back(std::move(st));
   }
 }
@@ -105,9 +112,7 @@ void add_module_stages(Topology& t, const plan::Plan& plan) {
       ProgramStage st;
       st.name = p.name + " stage " + std::to_string(s);
       st.module = static_cast<int>(i);
-      st.replicas = p.dp;
-      st.devices_per_replica = st.device_stride = p.tp;
-      st.first_device = p.first_device + s * p.tp * p.dp;
+      place(st, plan::module_stage_devices(p, s));
       t.stages.push_back(std::move(st));
     }
   }

@@ -98,7 +98,7 @@ std::string chrome_trace(const pipeline::Program& p, const Result& r, const std:
                              {"displayTimeUnit", "ms"},
                              {"otherData",
                               {{"generator", generator},
-                               {"schedule", p.schedule},
+                               {"schedule", spec::schedule_name(p.schedule)},
                                {"step_time_s", r.step_time_s},
                                {"bubble_fraction", r.bubble_fraction},
                                {"stages", stages}}}};

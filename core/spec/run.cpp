@@ -42,18 +42,6 @@ bool DataSpec::heterogeneous() const {
 
 const char* attention_name(Attention a) { return a == Attention::flash ? "flash" : "standard"; }
 
-const char* schedule_name(Schedule s) {
-  switch (s) {
-    case Schedule::one_f_one_b:
-      return "1f1b";
-    case Schedule::interleaved:
-      return "interleaved";
-    case Schedule::gpipe:
-      return "gpipe";
-  }
-  return "?";
-}
-
 namespace {
 
 // A `model:` or `cluster:` field: a path relative to the run file, or an inline mapping.
@@ -111,8 +99,7 @@ TrainingSpec parse_training(const Node& n) {
   }
   if (auto s = n.find("sequence_parallel")) t.sequence_parallel = s->as_bool();
   if (auto s = n.find("schedule")) {
-    std::string v = s->as_choice({"1f1b", "interleaved", "gpipe"});
-    t.schedule = v == "1f1b" ? Schedule::one_f_one_b : v == "interleaved" ? Schedule::interleaved : Schedule::gpipe;
+    t.schedule = *parse_schedule(s->as_choice({"1f1b", "interleaved", "gpipe"}));
   }
   if (auto v = n.find("virtual_stages")) {
     t.virtual_stages = static_cast<int>(v->as_int_at_least(1));

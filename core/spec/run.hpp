@@ -7,16 +7,15 @@
 
 #include "core/spec/cluster.hpp"
 #include "core/spec/model.hpp"
+#include "core/spec/schedule.hpp"
 
 namespace braid::spec {
 
 enum class Recompute { none, selective, full };
 enum class Attention { flash, standard };
-enum class Schedule { one_f_one_b, interleaved, gpipe };
 
 const char* recompute_name(Recompute r);
 const char* attention_name(Attention a);
-const char* schedule_name(Schedule s);
 
 struct TrainingSpec {
   long long global_batch = 0;       // samples per optimizer step
@@ -27,9 +26,9 @@ struct TrainingSpec {
   Recompute recompute = Recompute::selective;
   Attention attention = Attention::flash;
   bool sequence_parallel = false;
-  Schedule schedule = Schedule::one_f_one_b;
-  int virtual_stages = 1;            // interleaved 1F1B model chunks per device
-  bool overlap_grad_reduce = false;  // DP gradient reduction overlapped with the last backward
+  Schedule schedule = Schedule::one_f_one_b;  // the run file takes 1f1b, interleaved or gpipe
+  int virtual_stages = 1;                     // interleaved 1F1B model chunks per device
+  bool overlap_grad_reduce = false;           // DP gradient reduction overlapped with the last backward
 };
 
 enum class SizeKind { fixed, lognormal, histogram };

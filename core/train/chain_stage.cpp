@@ -72,12 +72,15 @@ ChainStage::ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, co
                       (projector_on_encoder_ ? "the encoder '" + vision_.name + "'" : "the llm's first stage") +
                       " and nowhere else; rank " + std::to_string(layout.rank) + " does not match");
   }
+  const plan::ModulePlacement* llm_plan = nullptr;
   for (const auto& m : plan.modules)
-    if (m.role == spec::Role::llm) microbatch_ = m.microbatch_size;
+    if (m.role == spec::Role::llm) llm_plan = &m;
+  if (llm_plan) microbatch_ = llm_plan->microbatch_size;
   microbatches_ = program.program.microbatches;
-  const long long rows = run.training.global_batch / llm_.replicas;
-  if (run.training.global_batch % llm_.replicas != 0 || rows != microbatch_ * microbatches_ ||
-      microbatch_ % fan_in_ != 0)
+  // The program runs the plan's microbatches of the llm, each shared by whole encoder replicas.
+  const bool as_planned = llm_plan && run.training.global_batch % plan::samples_per_microbatch(*llm_plan) == 0 &&
+                          plan::microbatches_per_step(run.training, *llm_plan) == microbatches_;
+  if (!as_planned || microbatch_ % fan_in_ != 0)
     throw Error(Status::bad_config,
                 run.source + ": training: " + std::to_string(run.training.global_batch) + " samples over " +
                     std::to_string(llm_.replicas) + " llm replicas do not split into the program's " +

@@ -29,7 +29,7 @@ ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model
   world_ = &world.communicator();
   const auto& clip = *model.clip;
   const long long global = run.training.global_batch, group_rows = run.training.contrastive_batch;
-  groups_ = static_cast<int>(global / group_rows);
+  groups_ = plan::contrastive_groups(run.training);
   std::string names[2];
   for (const auto& s : run.model.modules)
     if (s.role == spec::Role::encoder) names[s.modality == spec::Modality::image ? 0 : 1] = s.name;
@@ -55,13 +55,14 @@ ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model
     if (!tower.here) continue;
     tower.part = nn::split_encoder(layers[t], role.stages)[static_cast<std::size_t>(role.stage)];
     const long long rows = group_rows / role.replicas;
-    tower.microbatch = rows / per_group;
-    const int planned = [&] {
-      for (const auto& m : plan.modules)
-        if (m.name == role.name) return m.microbatch_size;
-      return 0;
-    }();
-    if (rows % per_group != 0 || tower.microbatch != planned)
+    const plan::ModulePlacement* placed = nullptr;
+    for (const auto& m : plan.modules)
+      if (m.name == role.name) placed = &m;
+    const int planned = placed ? placed->microbatch_size : 0;
+    tower.microbatch = planned;
+    // The program runs the plan's microbatches per group, of the plan's size.
+    if (!placed || group_rows % plan::samples_per_microbatch(*placed) != 0 ||
+        plan::microbatches_per_group(run.training, *placed) != per_group)
       bad_split(run, "a replica of '" + role.name + "' holds " + std::to_string(rows) +
                          " samples per contrastive group, which the program's " + std::to_string(per_group) +
                          " microbatches do not split into the plan's microbatches of " + std::to_string(planned));

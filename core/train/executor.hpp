@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,8 +34,8 @@
 namespace braid::train {
 
 struct ExecutorOptions {
-  DataOptions data;      // which samples, and the workers that render them ahead
-  std::string schedule;  // one the plan runs ("" its default), as `braid simulate --schedule` takes
+  DataOptions data;                                     // which samples, and the workers that render them ahead
+  std::optional<spec::Schedule> schedule;               // one the plan runs (nullopt: its default)
   std::function<void(std::int64_t step)> after_reduce;  // called between reduce_grads and optimizer_step
 };
 

@@ -1,5 +1,5 @@
 // The one interpreter of pipeline programs: a rank runs its stage's instruction list (the
-// plan's program, pipeline::build_program or the bubble scheduler's) through a table of
+// plan's program, orchestrate::build_program's) through a table of
 // handlers keyed by opcode, as DeepSpeed's PipelineEngine does with its _INSTRUCTION_MAP.
 // The reference trainer's stage work (core/train clip_stage, chain_stage) fills the table;
 // a host engine's or a GPU backend's handlers can fill it just as well.

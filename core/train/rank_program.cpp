@@ -1,7 +1,7 @@
 #include "core/train/rank_program.hpp"
 
 #include "core/common/error.hpp"
-#include "core/pipeline/from_plan.hpp"
+#include "core/orchestrate/program.hpp"
 
 namespace braid::train {
 
@@ -10,11 +10,11 @@ int RankProgram::rank_of(int s, int r, int t) const {
   return st.first_device + r * st.device_stride + t;
 }
 
-RankProgram rank_program(const cost::CostModel& cost, const plan::Plan& plan, const std::string& schedule,
+RankProgram rank_program(const cost::CostModel& cost, const plan::Plan& plan, std::optional<spec::Schedule> schedule,
                          const runtime::Topology& topology, int rank) {
   RankProgram out;
-  out.program = pipeline::build_program(cost, plan, schedule);
-  out.online = out.program.schedule == "optimus-online";
+  out.program = orchestrate::build_program(cost, plan, schedule);
+  out.online = out.program.schedule == spec::Schedule::optimus_online;
   const auto& stages = out.program.stages;
   if (stages.size() != topology.stages.size())
     throw Error(Status::internal, "the program has " + std::to_string(stages.size()) + " stages, the groups " +

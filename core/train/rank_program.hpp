@@ -1,10 +1,10 @@
-// What one rank executes in a step: the plan's program (pipeline::build_program, which for
+// What one rank executes in a step: the plan's program (orchestrate::build_program, which for
 // a colocated plan is the bubble scheduler's), and this rank's place in it, found from the
 // plan's process groups: its stage, its DP replica of that stage and its tensor-parallel
 // rank. The program is the one `braid simulate` prices and the C ABI hands to host engines.
 #pragma once
 
-#include <string>
+#include <optional>
 #include <vector>
 
 #include "core/cost/cost_model.hpp"
@@ -28,10 +28,10 @@ struct RankProgram {
   int rank_of(int stage, int replica, int tp_rank) const;
 };
 
-// `schedule` "" runs the plan's default. Throws Error(Status::unsupported) listing the
+// `schedule` nullopt runs the plan's default. Throws Error(Status::unsupported) listing the
 // schedules the plan runs when it runs no `schedule`, Error(Status::internal) when the
 // program's stages and the groups' disagree.
-RankProgram rank_program(const cost::CostModel& cost, const plan::Plan& plan, const std::string& schedule,
+RankProgram rank_program(const cost::CostModel& cost, const plan::Plan& plan, std::optional<spec::Schedule> schedule,
                          const runtime::Topology& topology, int rank);
 
 }  // namespace braid::train

@@ -57,10 +57,11 @@ std::string idle_list(const std::array<double, sim::kCauseCount>& idle) {
 
 std::string format_comparison(const StepComparison& c) {
   return "measured step " + seconds(c.measured_step_s) + " (mean of " + std::to_string(c.steps) +
-         " steps, slowest rank), simulated " + seconds(c.simulated_step_s) + " for the same program (" + c.schedule +
-         "): measured/simulated " + fixed(c.ratio(), 2) + "\n" + "idle per rank and step, measured   " +
-         idle_list(c.measured_idle_s) + "\n" + "idle per rank and step, simulated  " + idle_list(c.simulated_idle_s) +
-         "\n" + "waiting for data per rank and step " + seconds(c.data_wait_s) + "\n";
+         " steps, slowest rank), simulated " + seconds(c.simulated_step_s) + " for the same program (" +
+         spec::schedule_name(c.schedule) + "): measured/simulated " + fixed(c.ratio(), 2) + "\n" +
+         "idle per rank and step, measured   " + idle_list(c.measured_idle_s) + "\n" +
+         "idle per rank and step, simulated  " + idle_list(c.simulated_idle_s) + "\n" +
+         "waiting for data per rank and step " + seconds(c.data_wait_s) + "\n";
 }
 
 std::string comparison_json(const StepComparison& c, std::int64_t step) {
@@ -71,7 +72,7 @@ std::string comparison_json(const StepComparison& c, std::int64_t step) {
   }
   nlohmann::ordered_json j{{"step", step},
                            {"summary", true},
-                           {"schedule", c.schedule},
+                           {"schedule", spec::schedule_name(c.schedule)},
                            {"steps", c.steps},
                            {"measured_step_s", c.measured_step_s},
                            {"simulated_step_s", c.simulated_step_s},

@@ -29,7 +29,7 @@ struct MeasuredSteps {
 };
 
 struct StepComparison {
-  std::string schedule;
+  spec::Schedule schedule = spec::Schedule::one_f_one_b;
   std::int64_t steps = 0;
   double measured_step_s = 0;                                                  // the slowest rank's mean step
   double simulated_step_s = 0;                                                 // the program's simulated step

@@ -22,19 +22,19 @@ namespace braid::train {
 struct TrainOptions {
   spec::RunSpec run;  // its cluster holds the world's devices (see fit_cluster_to_world)
   plan::Plan plan;
-  std::int64_t steps = 0;             // 0: the run file's trainer.steps
-  std::optional<std::uint64_t> seed;  // weights and data; default: the run's data seed
-  std::string metrics_path;           // JSON lines; "" for none
-  std::string checkpoint_dir;         // "" for no checkpoints
-  bool resume = false;                // continue from the newest valid checkpoint in checkpoint_dir
-  std::string gradients_dir;          // tests: each step's reduced gradients, as checkpoint shards
-  bool reorder = true;                // DistTrain intra-step reordering over DP replicas
-  int data_workers = 1;               // threads rendering the next steps' samples ahead (0: none)
-  std::string schedule;               // the program's schedule ("": the plan's default)
-  std::string trace_path;             // "": none; else a Chrome trace of the last step as measured
-  int threads = 0;                    // host threads; 0: the run file's, else cores / local processes
-  std::int64_t progress_every = 1;    // rank 0 prints a progress line every N steps; 0: none
-  bool live_progress = false;         // a terminal: one progress line rewritten after every step
+  std::int64_t steps = 0;                  // 0: the run file's trainer.steps
+  std::optional<std::uint64_t> seed;       // weights and data; default: the run's data seed
+  std::string metrics_path;                // JSON lines; "" for none
+  std::string checkpoint_dir;              // "" for no checkpoints
+  bool resume = false;                     // continue from the newest valid checkpoint in checkpoint_dir
+  std::string gradients_dir;               // tests: each step's reduced gradients, as checkpoint shards
+  bool reorder = true;                     // DistTrain intra-step reordering over DP replicas
+  int data_workers = 1;                    // threads rendering the next steps' samples ahead (0: none)
+  std::optional<spec::Schedule> schedule;  // the program's schedule (nullopt: the plan's default)
+  std::string trace_path;                  // "": none; else a Chrome trace of the last step as measured
+  int threads = 0;                         // host threads; 0: the run file's, else cores / local processes
+  std::int64_t progress_every = 1;         // rank 0 prints a progress line every N steps; 0: none
+  bool live_progress = false;              // a terminal: one progress line rewritten after every step
 };
 
 struct TrainReport {

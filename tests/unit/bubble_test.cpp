@@ -8,8 +8,8 @@
 #include "core/bubble/checker.hpp"
 #include "core/bubble/emit.hpp"
 #include "core/bubble/scheduler.hpp"
+#include "core/orchestrate/planning.hpp"
 #include "core/plan/plan_io.hpp"
-#include "core/plan/planner.hpp"
 #include "tests/unit/support.hpp"
 
 namespace braid {
@@ -32,7 +32,7 @@ Case optimus_case(const std::string& run_file, int enc_tp = 0, int enc_pp = 0) {
   c.cost = std::make_unique<cost::CostModel>(*c.run);
   plan::PlanRequest req;
   req.strategy = plan::Strategy::optimus;
-  c.plan = plan::make_plan(*c.cost, req).best;
+  c.plan = orchestrate::make_plan(*c.cost, req).best;
   if (enc_tp > 0) {
     for (auto& m : c.plan.modules) {
       if (m.role != spec::Role::encoder) continue;
@@ -81,9 +81,9 @@ TEST(Bubble, EveryScheduleOfTheBundledRunsPassesTheChecker) {
     SCOPED_TRACE(run);
     auto c = optimus_case(run);
     const auto s = bubble::schedule(*c.cost, c.plan);
-    for (const auto& name : bubble::schedule_names()) {
-      SCOPED_TRACE(name);
-      EXPECT_NO_THROW(bubble::check(s.layout, bubble::program_named(s, name)));
+    for (auto schedule : bubble::colocated_schedules()) {
+      SCOPED_TRACE(spec::schedule_name(schedule));
+      EXPECT_NO_THROW(bubble::check(s.layout, bubble::program_named(s, schedule)));
     }
     EXPECT_LE(s.report.coarse_step_s, s.report.plain_step_s * (1 + 1e-12));
     EXPECT_LE(s.report.fine_step_s, s.report.coarse_step_s * (1 + 1e-12));
@@ -103,8 +103,8 @@ TEST(Bubble, FinePassRecoversAtLeastAsMuchAsCoarseAndBothBeatEncoderFirst) {
   EXPECT_GT(r.recovered_coarse, 0);
   EXPECT_GE(r.recovered_fine, r.recovered_coarse);
   EXPECT_GT(r.tp_bubble_tasks, 0);
-  for (const auto& name : bubble::schedule_names())
-    EXPECT_NO_THROW(bubble::check(s.layout, bubble::program_named(s, name)));
+  for (auto schedule : bubble::colocated_schedules())
+    EXPECT_NO_THROW(bubble::check(s.layout, bubble::program_named(s, schedule)));
 }
 
 class BrokenSchedule : public ::testing::Test {

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "core/plan/planner.hpp"
+#include "core/orchestrate/planning.hpp"
 #include "tests/unit/support.hpp"
 
 namespace braid {
@@ -53,7 +53,7 @@ TEST(Calibration, MegatronSc21WeakScalingWithin15Percent) {
     auto run = test::load(r.run);
     ASSERT_EQ(run.devices(), r.gpus) << r.run;
     cost::CostModel cost(run);
-    auto result = plan::make_plan(cost, plan::PlanRequest{plan::Strategy::megatron, {r.tp, r.pp, 0}, {}});
+    auto result = orchestrate::make_plan(cost, plan::PlanRequest{plan::Strategy::megatron, {r.tp, r.pp, 0}, {}});
     double predicted = result.best.estimate.tflops_per_device;
     double error = predicted / r.published - 1;
     worst = std::max(worst, std::abs(error));

@@ -18,10 +18,10 @@
 #include "core/data/reorder.hpp"
 #include "core/data/sample_cost.hpp"
 #include "core/data/step_report.hpp"
-#include "core/pipeline/from_plan.hpp"
+#include "core/orchestrate/planning.hpp"
+#include "core/orchestrate/program.hpp"
 #include "core/pipeline/schedules.hpp"
 #include "core/plan/plan_io.hpp"
-#include "core/plan/planner.hpp"
 #include "core/sim/simulator.hpp"
 #include "tests/unit/support.hpp"
 
@@ -447,8 +447,8 @@ TEST(MicrobatchOrder, SearchIsNearExhaustiveAndNeverWorseThanTheInput) {
 TEST(DataReport, HomogeneousRunsAreEqualInEveryVariant) {
   const auto run = test::parse(llava("  image: {resolution: 336}\n  text: {tokens: 1472}\n  steps: 2\n"));
   const cost::CostModel cost(run);
-  const auto plan = plan::make_plan(cost, plan::PlanRequest{plan::Strategy::disttrain, {}, {}}).best;
-  const auto rep = data::data_report(cost, plan, pipeline::build_program(cost, plan));
+  const auto plan = orchestrate::make_plan(cost, plan::PlanRequest{plan::Strategy::disttrain, {}, {}}).best;
+  const auto rep = data::data_report(cost, plan, orchestrate::build_program(cost, plan));
   EXPECT_FALSE(rep.heterogeneous);
   ASSERT_EQ(rep.steps.size(), 2u);
   for (int v = 0; v < 3; ++v) {
@@ -462,9 +462,9 @@ TEST(DataReport, ReorderingShortensSkewedSteps) {
     SCOPED_TRACE(plan::strategy_name(strategy));
     const auto run = test::parse(llava(kSkewed + "  steps: 3\n"));
     const cost::CostModel cost(run);
-    const auto plan = plan::make_plan(cost, plan::PlanRequest{strategy, {}, {}}).best;
+    const auto plan = orchestrate::make_plan(cost, plan::PlanRequest{strategy, {}, {}}).best;
     int calls = 0;
-    const auto rep = data::data_report(cost, plan, pipeline::build_program(cost, plan), [&](int done, int total) {
+    const auto rep = data::data_report(cost, plan, orchestrate::build_program(cost, plan), [&](int done, int total) {
       EXPECT_EQ(done, ++calls);
       EXPECT_EQ(total, 3);
     });
@@ -488,8 +488,8 @@ TEST(DataReport, ArrangementsKeepEveryRanksShareAndPermuteOnlyWithinAGroup) {
       "  - {name: projector, tp: 1, pp: 1, dp: 8, first_device: 16, microbatch_size: 1}\n"
       "  - {name: llm, tp: 2, pp: 2, dp: 4, first_device: 0, microbatch_size: 2}\n",
       run);
-  const auto plan = plan::make_plan(cost, plan::PlanRequest{plan::Strategy::fixed, {}, fixed}).best;
-  const auto program = pipeline::build_program(cost, plan);
+  const auto plan = orchestrate::make_plan(cost, plan::PlanRequest{plan::Strategy::fixed, {}, fixed}).best;
+  const auto program = orchestrate::build_program(cost, plan);
   const auto layout = data::batch_layout(run, plan, program, 64);
   EXPECT_EQ(layout.grid.cells, 8);
   EXPECT_EQ(layout.grid.groups, 4);

@@ -8,8 +8,8 @@
 
 #include "core/bubble/encoder_tasks.hpp"
 #include "core/common/text.hpp"
-#include "core/pipeline/from_plan.hpp"
-#include "core/plan/planner.hpp"
+#include "core/orchestrate/planning.hpp"
+#include "core/orchestrate/program.hpp"
 #include "core/runtime/groups.hpp"
 #include "core/runtime/groups_io.hpp"
 #include "tests/unit/support.hpp"
@@ -178,7 +178,7 @@ Case planned(const std::string& run_file, plan::Strategy strategy, plan::Constra
   Case c;
   c.run = std::make_unique<spec::RunSpec>(test::load(run_file));
   c.cost = std::make_unique<cost::CostModel>(*c.run);
-  c.plan = plan::make_plan(*c.cost, plan::PlanRequest{strategy, constraints, {}}).best;
+  c.plan = orchestrate::make_plan(*c.cost, plan::PlanRequest{strategy, constraints, {}}).best;
   return c;
 }
 
@@ -189,7 +189,7 @@ const runtime::ModuleGrid& grid_named(const runtime::Topology& t, const std::str
 }
 
 // Properties every topology has, checked against the plan and its pipeline program.
-runtime::Topology check(const Case& c, const std::string& schedule = "") {
+runtime::Topology check(const Case& c, std::optional<spec::Schedule> schedule = std::nullopt) {
   const plan::Plan& plan = c.plan;
   const runtime::Topology t = runtime::build_groups(c.run->model, plan, plan.devices);
   const int n = t.world_size;
@@ -246,7 +246,7 @@ runtime::Topology check(const Case& c, const std::string& schedule = "") {
   }
 
   // The program of the same plan runs its stages on the same devices.
-  const pipeline::Program program = pipeline::build_program(*c.cost, plan, schedule);
+  const pipeline::Program program = orchestrate::build_program(*c.cost, plan, schedule);
   EXPECT_EQ(t.stages.size(), program.stages.size());
   for (std::size_t s = 0; s < std::min(t.stages.size(), program.stages.size()); ++s) {
     const auto& ours = t.stages[s];
@@ -448,7 +448,7 @@ TEST(Groups, FanOutFromAnEncoderWithFewerReplicas) {
 TEST(Groups, OptimusColocatedGridsOverlap) {
   const Case c = planned("mllm-72b-1024gpu.yaml", plan::Strategy::optimus);
   ASSERT_EQ(c.plan.layout, plan::Layout::colocated);
-  const auto t = check(c, "optimus-fine");
+  const auto t = check(c, spec::Schedule::optimus_fine);
   const auto& vision = grid_named(t, "vision");
   const auto& llm = grid_named(t, "llm");
   EXPECT_EQ(vision.grid.size(), t.world_size);
@@ -478,7 +478,7 @@ TEST(Groups, OptimusEncoderStagesMatchTheBubbleScheduler) {
     m.dp = m.devices / 4;
     m.layers_per_stage = {12, 12};
   }
-  const auto t = check(c, "encoder-first");
+  const auto t = check(c, spec::Schedule::encoder_first);
   const bubble::Colocated col = bubble::decompose(*c.cost, c.plan);
   const int e = t.module_index("vision");
   for (int r = 0; r < t.world_size; ++r) {

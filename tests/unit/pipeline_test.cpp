@@ -156,8 +156,7 @@ Program two_branches(int image_stages, int text_stages) {
 }
 
 TEST(Pipeline, BatchSyncPrecedesTheBackwardsItFeeds) {
-  for (auto kind :
-       {pipeline::BatchSyncKind::plain, pipeline::BatchSyncKind::distmm_pipe, pipeline::BatchSyncKind::two_phase}) {
+  for (auto kind : {spec::Schedule::batch_sync, spec::Schedule::distmm_pipe, spec::Schedule::two_phase}) {
     Program prog = two_branches(3, 2);
     pipeline::batch_sync(prog, 3, 4, kind);
     for (const auto& st : prog.stages) {
@@ -166,7 +165,7 @@ TEST(Pipeline, BatchSyncPrecedesTheBackwardsItFeeds) {
       for (const auto& i : st.instructions) {
         if (i.op == Op::batch_sync) synced.insert(i.group);
         if (i.op == Op::backward) {
-          EXPECT_TRUE(synced.count(i.microbatch / 4)) << st.name << " " << pipeline::batch_sync_name(kind);
+          EXPECT_TRUE(synced.count(i.microbatch / 4)) << st.name << " " << spec::schedule_name(kind);
         }
       }
       EXPECT_EQ(synced, (std::set<int>{0, 1, 2}));  // every group synced once
@@ -182,21 +181,21 @@ double step(Program prog) {
 TEST(Pipeline, DistmmPipeBeatsPlainBatchSyncWithSeveralGroups) {
   for (int groups : {2, 3, 8}) {
     Program plain = two_branches(4, 2), pipe = two_branches(4, 2);
-    pipeline::batch_sync(plain, groups, 4, pipeline::BatchSyncKind::plain);
-    pipeline::batch_sync(pipe, groups, 4, pipeline::BatchSyncKind::distmm_pipe);
+    pipeline::batch_sync(plain, groups, 4, spec::Schedule::batch_sync);
+    pipeline::batch_sync(pipe, groups, 4, spec::Schedule::distmm_pipe);
     EXPECT_LT(step(pipe), step(plain)) << groups << " groups";
   }
   // One group: nothing to overlap, the same step.
   Program plain = two_branches(4, 2), pipe = two_branches(4, 2);
-  pipeline::batch_sync(plain, 1, 4, pipeline::BatchSyncKind::plain);
-  pipeline::batch_sync(pipe, 1, 4, pipeline::BatchSyncKind::distmm_pipe);
+  pipeline::batch_sync(plain, 1, 4, spec::Schedule::batch_sync);
+  pipeline::batch_sync(pipe, 1, 4, spec::Schedule::distmm_pipe);
   EXPECT_DOUBLE_EQ(step(pipe), step(plain));
 }
 
 TEST(Pipeline, TwoPhaseKeepsOneFOneBMemory) {
   Program plain = two_branches(4, 2), two = two_branches(4, 2);
-  pipeline::batch_sync(plain, 1, 32, pipeline::BatchSyncKind::plain);
-  pipeline::batch_sync(two, 1, 32, pipeline::BatchSyncKind::two_phase);
+  pipeline::batch_sync(plain, 1, 32, spec::Schedule::batch_sync);
+  pipeline::batch_sync(two, 1, 32, spec::Schedule::two_phase);
   pipeline::finish_step(plain);
   pipeline::finish_step(two);
   auto a = sim::simulate(plain), b = sim::simulate(two);
@@ -239,7 +238,7 @@ TEST(Pipeline, MalformedProgramsAreRejected) {
   test::expect_error([&] { sim::simulate(sync_alone); }, Status::invalid_argument,
                      {"stage 'text stage 0' ends a branch but never joins the BatchSync of group 0"});
   Program early = two_branches(1, 1);
-  pipeline::batch_sync(early, 1, 2, pipeline::BatchSyncKind::plain);
+  pipeline::batch_sync(early, 1, 2, spec::Schedule::batch_sync);
   auto& ins = early.stages[0].instructions;
   auto sync =
       std::find_if(ins.begin(), ins.end(), [](const pipeline::Instruction& i) { return i.op == Op::batch_sync; });
@@ -357,7 +356,7 @@ namespace {
 TEST(Pipeline, ShortBranchesWarmUpByTheirOwnDepth) {
   // Image pipeline of 3 stages, text of 1: the text stage needs no warm-up forward.
   Program prog = two_branches(3, 1);
-  pipeline::batch_sync(prog, 2, 4, pipeline::BatchSyncKind::distmm_pipe);
+  pipeline::batch_sync(prog, 2, 4, spec::Schedule::distmm_pipe);
   pipeline::finish_step(prog);
   auto r = sim::simulate(prog);
   EXPECT_DOUBLE_EQ(r.stages[3].peak_memory_bytes, 4 * 100.0);  // one group's 4 microbatches, never a fifth
@@ -365,7 +364,7 @@ TEST(Pipeline, ShortBranchesWarmUpByTheirOwnDepth) {
 
 TEST(Pipeline, TwoPhaseRecomputesFromKeptInputsWithoutResending) {
   Program prog = two_branches(2, 1);
-  pipeline::batch_sync(prog, 1, 4, pipeline::BatchSyncKind::two_phase);
+  pipeline::batch_sync(prog, 1, 4, spec::Schedule::two_phase);
   int sends = 0;
   for (const auto& i : prog.stages[0].instructions) sends += i.op == Op::send_activation;
   EXPECT_EQ(sends, 4);  // the no-store forwards only

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "core/bubble/scheduler.hpp"
+#include "core/orchestrate/planning.hpp"
 #include "core/plan/brute_force.hpp"
 #include "core/plan/evaluate.hpp"
 #include "core/plan/plan_io.hpp"
@@ -141,7 +142,7 @@ INSTANTIATE_TEST_SUITE_P(Planner, MatchesBruteForce,
 TEST(Planner, DistmmGivesTheSmallTextEncoderDataParallelismOnly) {
   auto run = test::load("clip-vit-l14-64gpu.yaml");
   cost::CostModel cost(run);
-  auto result = plan::make_plan(cost, plan::PlanRequest{Strategy::distmm, {}, {}});
+  auto result = orchestrate::make_plan(cost, plan::PlanRequest{Strategy::distmm, {}, {}});
   const auto& modules = result.best.modules;
   ASSERT_EQ(modules.size(), 2u);
   const auto& image = modules[0].name == "image_encoder" ? modules[0] : modules[1];
@@ -159,8 +160,8 @@ TEST(Planner, MegatronIsNeverBetterThanAuto) {
     SCOPED_TRACE(name);
     auto run = test::load(name);
     cost::CostModel cost(run);
-    auto best = plan::make_plan(cost, plan::PlanRequest{});
-    auto megatron = plan::make_plan(cost, plan::PlanRequest{Strategy::megatron, {}, {}});
+    auto best = orchestrate::make_plan(cost, plan::PlanRequest{});
+    auto megatron = orchestrate::make_plan(cost, plan::PlanRequest{Strategy::megatron, {}, {}});
     EXPECT_LE(best.best.estimate.iteration_time_s, megatron.best.estimate.iteration_time_s * (1 + 1e-12));
     // auto ranks every strategy, feasible ones first and fastest first.
     ASSERT_EQ(best.alternatives.size(), 4u);
@@ -183,8 +184,8 @@ TEST(Planner, MultimodalLayoutsBeatMegatronOnTheViT22bRun) {
   // Optimus' setting: megatron puts ViT-22B into the first pipeline stage.
   auto run = test::load("vit22b-gpt175b-3072gpu.yaml");
   cost::CostModel cost(run);
-  auto megatron = plan::make_plan(cost, plan::PlanRequest{Strategy::megatron, {}, {}});
-  auto optimus = plan::make_plan(cost, plan::PlanRequest{Strategy::optimus, {}, {}});
+  auto megatron = orchestrate::make_plan(cost, plan::PlanRequest{Strategy::megatron, {}, {}});
+  auto optimus = orchestrate::make_plan(cost, plan::PlanRequest{Strategy::optimus, {}, {}});
   EXPECT_LT(optimus.best.estimate.iteration_time_s, megatron.best.estimate.iteration_time_s);
   std::string table = plan::to_table({&optimus, Strategy::optimus, &cost});
   EXPECT_NE(table.find("bubble scheduler's fine schedule"), std::string::npos) << table;
@@ -202,8 +203,11 @@ TEST(Planner, OptimusScoresItsShortlistWithTheBubbleScheduler) {
   for (std::size_t i = 1; i < shortlist.size(); ++i) {
     EXPECT_FALSE(plan::better(shortlist[i], shortlist[i - 1]));
   }
-  // The chosen plan's step time is its fine schedule's, the best of the shortlist's.
-  auto chosen = plan::make_plan(cost, plan::PlanRequest{Strategy::optimus, {}, {}}).best;
+  // Without a re-scoring hook the plan layer keeps the closed form's choice and estimate.
+  auto unscored = plan::make_plan(cost, plan::PlanRequest{Strategy::optimus, {}, {}}).best;
+  EXPECT_EQ(unscored.estimate.iteration_time_s, closed->estimate.iteration_time_s);
+  // Through orchestrate, the chosen plan's step time is its fine schedule's, the best of the shortlist's.
+  auto chosen = orchestrate::make_plan(cost, plan::PlanRequest{Strategy::optimus, {}, {}}).best;
   double best_fine = 0;
   for (const auto& candidate : shortlist) {
     const double fine = bubble::schedule(cost, candidate).report.fine_step_s;
@@ -218,7 +222,7 @@ TEST(Planner, OptimusScoresItsShortlistWithTheBubbleScheduler) {
 TEST(Planner, MegatronHonoursConstraints) {
   auto run = test::load("vit22b-gpt175b-3072gpu.yaml");
   cost::CostModel cost(run);
-  auto r = plan::make_plan(cost, plan::PlanRequest{Strategy::megatron, {8, 8, 0}, {}});
+  auto r = orchestrate::make_plan(cost, plan::PlanRequest{Strategy::megatron, {8, 8, 0}, {}});
   for (const auto& m : r.best.modules) {
     EXPECT_EQ(m.tp, 8);
     EXPECT_EQ(m.dp, 48);
@@ -226,14 +230,14 @@ TEST(Planner, MegatronHonoursConstraints) {
   EXPECT_EQ(r.best.devices, 3072);
   test::expect_error(
       [&] {
-        plan::make_plan(cost, plan::PlanRequest{Strategy::megatron, {3, 0, 0}, {}});
+        orchestrate::make_plan(cost, plan::PlanRequest{Strategy::megatron, {3, 0, 0}, {}});
       },
       Status::infeasible,
       {"megatron: infeasible: tp 3 must divide the 8 devices of a node",
        "without the tp/pp/dp constraints megatron finds a plan"});
   test::expect_error(
       [&] {
-        plan::make_plan(cost, plan::PlanRequest{Strategy::megatron, {8, 7, 0}, {}});
+        orchestrate::make_plan(cost, plan::PlanRequest{Strategy::megatron, {8, 7, 0}, {}});
       },
       Status::infeasible, {"tp 8 x pp 7 does not divide the 3072 devices"});
 }
@@ -245,7 +249,7 @@ TEST(Planner, InfeasibleSaysWhyAndWhatWouldFit) {
       "training: {global_batch: 64, microbatch: 1, zero_stage: 1, recompute: full}\ndata: {text: {tokens: 2048}}\n");
   cost::CostModel cost(run);
   test::expect_error(
-      [&] { plan::make_plan(cost, plan::PlanRequest{}); }, Status::infeasible,
+      [&] { orchestrate::make_plan(cost, plan::PlanRequest{}); }, Status::infeasible,
       {"no plan fits 8 x NVIDIA A100-SXM4-80GB", "megatron: infeasible:", "GiB", "it fits from", "nodes ("});
 }
 
@@ -254,7 +258,7 @@ TEST(Planner, StrategyThatDoesNotApplyIsUnsupported) {
   cost::CostModel cost(run);
   test::expect_error(
       [&] {
-        plan::make_plan(cost, plan::PlanRequest{Strategy::distmm, {}, {}});
+        orchestrate::make_plan(cost, plan::PlanRequest{Strategy::distmm, {}, {}});
       },
       Status::unsupported, {"strategy 'distmm' does not apply", "contrastive loss"});
 }
@@ -266,10 +270,10 @@ TEST(Planner, YamlRoundTripsForEveryStrategy) {
     for (Strategy s : {Strategy::megatron, Strategy::distmm, Strategy::disttrain, Strategy::optimus}) {
       if (!plan::strategy_applies(run.model, s, nullptr)) continue;
       SCOPED_TRACE(std::string(name) + " " + plan::strategy_name(s));
-      auto first = plan::make_plan(cost, plan::PlanRequest{s, {}, {}});
+      auto first = orchestrate::make_plan(cost, plan::PlanRequest{s, {}, {}});
       std::string yaml = plan::to_yaml({&first, s, &cost});
       auto parsed = plan::parse_plan_text(yaml, run);
-      auto again = plan::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, parsed});
+      auto again = orchestrate::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, parsed});
       EXPECT_EQ(again.best.estimate.iteration_time_s, first.best.estimate.iteration_time_s);
       EXPECT_EQ(again.best.estimate.peak_memory_gib, first.best.estimate.peak_memory_gib);
       EXPECT_EQ(again.best.layout, first.best.layout);
@@ -300,7 +304,7 @@ TEST(Planner, FixedPlanErrorsNameTheProblem) {
       run, "plan.yaml");
   test::expect_error(
       [&] {
-        plan::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, bad_tp});
+        orchestrate::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, bad_tp});
       },
       Status::bad_config, {"the given plan cannot run", "vision: tp 3 must divide the 8 devices"});
   test::expect_error(
@@ -321,7 +325,7 @@ TEST(Planner, FixedPlanErrorsNameTheProblem) {
       run, "plan.yaml");
   test::expect_error(
       [&] {
-        plan::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, too_big});
+        orchestrate::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, too_big});
       },
       Status::infeasible, {"the given plan cannot run", "needs", "but a device has 80.0 GiB"});
 }
@@ -334,7 +338,8 @@ TEST(Planner, PlansMustPlaceEveryModuleOnceWithinTheCluster) {
   auto refuse = [&](const std::string& yaml, std::initializer_list<std::string> parts) {
     test::expect_error(
         [&] {
-          plan::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, plan::parse_plan_text(yaml, run, "plan.yaml")});
+          orchestrate::make_plan(cost,
+                                 plan::PlanRequest{Strategy::fixed, {}, plan::parse_plan_text(yaml, run, "plan.yaml")});
         },
         Status::bad_config, parts);
   };
@@ -361,12 +366,12 @@ TEST(Planner, ThreadsMayPlanFromOneCostModel) {
   double sequential = 0;
   {
     cost::CostModel cost(run);
-    sequential = plan::make_plan(cost, plan::PlanRequest{}).best.estimate.iteration_time_s;
+    sequential = orchestrate::make_plan(cost, plan::PlanRequest{}).best.estimate.iteration_time_s;
   }
   cost::CostModel shared(run);  // a fresh cache, filled by both threads at once
   double a = 0, b = 0;
-  std::thread first([&] { a = plan::make_plan(shared, plan::PlanRequest{}).best.estimate.iteration_time_s; });
-  std::thread second([&] { b = plan::make_plan(shared, plan::PlanRequest{}).best.estimate.iteration_time_s; });
+  std::thread first([&] { a = orchestrate::make_plan(shared, plan::PlanRequest{}).best.estimate.iteration_time_s; });
+  std::thread second([&] { b = orchestrate::make_plan(shared, plan::PlanRequest{}).best.estimate.iteration_time_s; });
   first.join();
   second.join();
   EXPECT_EQ(a, sequential);
@@ -379,7 +384,7 @@ TEST(Planner, EstimatesAreSane) {
     SCOPED_TRACE(name);
     auto run = test::load(name);
     cost::CostModel cost(run);
-    auto r = plan::make_plan(cost, plan::PlanRequest{});
+    auto r = orchestrate::make_plan(cost, plan::PlanRequest{});
     for (const auto& a : r.alternatives) {
       if (!a.feasible) continue;
       const auto& e = a.plan->estimate;
@@ -393,6 +398,29 @@ TEST(Planner, EstimatesAreSane) {
       EXPECT_LE(a.plan->devices, run.devices());
     }
   }
+}
+
+TEST(Planner, CountsAndDevicesComeFromThePlacement) {
+  plan::ModulePlacement p;
+  p.tp = 2;
+  p.pp = 3;
+  p.dp = 4;
+  p.first_device = 16;
+  p.microbatch_size = 8;
+  spec::TrainingSpec t;
+  t.global_batch = 1024;
+  t.contrastive_batch = 256;
+  EXPECT_EQ(plan::samples_per_microbatch(p), 32);
+  EXPECT_EQ(plan::microbatches_per_step(t, p), 32);
+  EXPECT_EQ(plan::microbatches_per_group(t, p), 8);
+  EXPECT_EQ(plan::contrastive_groups(t), 4);
+  // Stage s of a tp-dp-pp grid: tp x dp devices from first + s tp dp, replicas tp apart.
+  const plan::StageDevices last = plan::module_stage_devices(p, 2);
+  EXPECT_EQ(last.first_device, 16 + 2 * 8);
+  EXPECT_EQ(last.replicas, 4);
+  EXPECT_EQ(last.devices_per_replica, 2);
+  EXPECT_EQ(last.stride, 2);
+  EXPECT_EQ(plan::grid_stage_devices(2, 4, 3).first_device, 24);
 }
 
 }  // namespace

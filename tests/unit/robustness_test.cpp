@@ -6,7 +6,7 @@
 #include <functional>
 
 #include "core/cost/cost_model.hpp"
-#include "core/plan/planner.hpp"
+#include "core/orchestrate/planning.hpp"
 #include "tests/unit/support.hpp"
 
 namespace braid {
@@ -46,7 +46,7 @@ void check_every_mutation(const std::string& run_file) {
         spec::RunSpec run = spec::parse_run(out.c_str(), test::source_path("configs/runs"), "mutated.yaml");
         ++loaded;
         cost::CostModel cost(run);
-        plan::make_plan(cost, plan::PlanRequest{});
+        orchestrate::make_plan(cost, plan::PlanRequest{});
         ++planned;
       } catch (const Error&) {
         // A clean, reported failure.

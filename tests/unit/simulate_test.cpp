@@ -1,8 +1,9 @@
 // Programs built from real plans: every bundled run, strategy and schedule builds,
 // validates and simulates; the simulation agrees with the planner's closed form.
+#include "core/orchestrate/planning.hpp"
+#include "core/orchestrate/program.hpp"
 #include "core/pipeline/from_plan.hpp"
 #include "core/plan/plan_io.hpp"
-#include "core/plan/planner.hpp"
 #include "core/sim/simulator.hpp"
 #include "tests/unit/support.hpp"
 
@@ -18,12 +19,12 @@ TEST(Simulate, EveryBundledPlanRunsEverySchedule) {
     cost::CostModel cost(run);
     for (Strategy s : {Strategy::megatron, Strategy::distmm, Strategy::disttrain, Strategy::optimus}) {
       if (!plan::strategy_applies(run.model, s, nullptr)) continue;
-      auto result = plan::make_plan(cost, plan::PlanRequest{s, {}, {}});
+      auto result = orchestrate::make_plan(cost, plan::PlanRequest{s, {}, {}});
       const auto& chosen = result.best;
-      auto schedules = pipeline::schedules_for(cost, chosen);
+      auto schedules = orchestrate::schedules_for(cost, chosen);
       for (const auto& schedule : schedules) {
-        SCOPED_TRACE(std::string(name) + " " + plan::strategy_name(s) + " " + schedule);
-        auto program = pipeline::build_program(cost, chosen, schedule);
+        SCOPED_TRACE(std::string(name) + " " + plan::strategy_name(s) + " " + spec::schedule_name(schedule));
+        auto program = orchestrate::build_program(cost, chosen, schedule);
         EXPECT_EQ(program.schedule, schedule);
         EXPECT_EQ(program.devices, chosen.devices);
         auto r = sim::simulate(program);
@@ -48,16 +49,38 @@ TEST(Simulate, EveryBundledPlanRunsEverySchedule) {
 TEST(Simulate, UnsupportedScheduleIsRefused) {
   auto run = test::load("llava-13b-256gpu.yaml");
   cost::CostModel cost(run);
-  auto result = plan::make_plan(cost, plan::PlanRequest{Strategy::disttrain, {}, {}});
-  test::expect_error([&] { pipeline::build_program(cost, result.best, "batch-sync"); }, Status::unsupported,
-                     {"a chain plan of this model runs 1f1b or gpipe, not 'batch-sync'"});
+  auto result = orchestrate::make_plan(cost, plan::PlanRequest{Strategy::disttrain, {}, {}});
+  const std::string refused = "a chain plan of this model runs 1f1b or gpipe, not 'batch-sync'";
+  test::expect_error([&] { pipeline::build_program(cost, result.best, spec::Schedule::batch_sync); },
+                     Status::unsupported, {refused});
+  // Names are parsed where they enter: an unknown one is refused the same way.
+  test::expect_error([&] { orchestrate::parse_schedule_for(cost, result.best, "batch-sync"); }, Status::unsupported,
+                     {refused});
+  test::expect_error([&] { orchestrate::parse_schedule_for(cost, result.best, "zigzag"); }, Status::unsupported,
+                     {"a chain plan of this model runs 1f1b or gpipe, not 'zigzag'"});
+  EXPECT_EQ(orchestrate::parse_schedule_for(cost, result.best, "gpipe"), spec::Schedule::gpipe);
+  EXPECT_EQ(orchestrate::parse_schedule_for(cost, result.best, ""), std::nullopt);
+}
+
+TEST(Simulate, ColocatedProgramsComeFromTheBubbleScheduler) {
+  auto run = test::load("llava-13b-256gpu.yaml");
+  cost::CostModel cost(run);
+  auto result = orchestrate::make_plan(cost, plan::PlanRequest{Strategy::optimus, {}, {}});
+  ASSERT_EQ(result.best.layout, plan::Layout::colocated);
+  test::expect_error([&] { pipeline::build_program(cost, result.best); }, Status::internal,
+                     {"colocated plan", "bubble scheduler"});
+  EXPECT_EQ(orchestrate::build_program(cost, result.best).schedule, spec::Schedule::optimus_fine);
+  test::expect_error([&] { orchestrate::build_program(cost, result.best, spec::Schedule::one_f_one_b); },
+                     Status::unsupported,
+                     {"a colocated plan of this model runs optimus-fine, optimus-coarse, encoder-first or "
+                      "optimus-online, not '1f1b'"});
 }
 
 TEST(Simulate, DisaggregatedPipelinesShowTheirWarmUpAndCoolDown) {
   auto run = test::load("vit22b-gpt175b-3072gpu.yaml");
   cost::CostModel cost(run);
-  auto result = plan::make_plan(cost, plan::PlanRequest{Strategy::disttrain, {}, {}});
-  auto program = pipeline::build_program(cost, result.best);
+  auto result = orchestrate::make_plan(cost, plan::PlanRequest{Strategy::disttrain, {}, {}});
+  auto program = orchestrate::build_program(cost, result.best);
   auto r = sim::simulate(program);
   EXPECT_GT(r.bubbles[static_cast<int>(sim::Cause::pp_warmup)], 0);
   EXPECT_GT(r.bubbles[static_cast<int>(sim::Cause::pp_cooldown)], 0);
@@ -82,10 +105,10 @@ TEST(Simulate, DistmmPipeBeatsPlainBatchSyncOnARealClipPlan) {
       "  - {name: image_encoder, tp: 1, pp: 2, dp: 4, first_device: 0, microbatch_size: 32}\n"
       "  - {name: text_encoder, tp: 1, pp: 1, dp: 8, first_device: 8, microbatch_size: 32}\n",
       run);
-  auto result = plan::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, fixed});
-  auto plain = sim::simulate(pipeline::build_program(cost, result.best, "batch-sync"));
-  auto pipe = sim::simulate(pipeline::build_program(cost, result.best, "distmm-pipe"));
-  auto two = sim::simulate(pipeline::build_program(cost, result.best, "two-phase"));
+  auto result = orchestrate::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, fixed});
+  auto plain = sim::simulate(orchestrate::build_program(cost, result.best, spec::Schedule::batch_sync));
+  auto pipe = sim::simulate(orchestrate::build_program(cost, result.best, spec::Schedule::distmm_pipe));
+  auto two = sim::simulate(orchestrate::build_program(cost, result.best, spec::Schedule::two_phase));
   EXPECT_LT(pipe.step_time_s, plain.step_time_s);
   EXPECT_LT(two.peak_memory_gib, plain.peak_memory_gib);
   EXPECT_GT(plain.bubbles[static_cast<int>(sim::Cause::batch_sync)], 0);
@@ -106,7 +129,7 @@ TEST(Simulate, PlansTheSimulatorCannotRunAreRejectedByTheEvaluator) {
       run);
   test::expect_error(
       [&] {
-        plan::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, uneven});
+        orchestrate::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, uneven});
       },
       Status::bad_config, {"vision: dp 3 and the llm's dp 8 must divide one another"});
   auto demo = test::load("pipeline-demo.yaml");
@@ -115,7 +138,7 @@ TEST(Simulate, PlansTheSimulatorCannotRunAreRejectedByTheEvaluator) {
       "layout: monolithic\nvirtual_stages: 2\nmodules:\n  - {name: gpt, tp: 8, pp: 1, dp: 1}\n", demo);
   test::expect_error(
       [&] {
-        plan::make_plan(demo_cost, plan::PlanRequest{Strategy::fixed, {}, one_stage});
+        orchestrate::make_plan(demo_cost, plan::PlanRequest{Strategy::fixed, {}, one_stage});
       },
       Status::bad_config, {"the interleaved schedule needs at least two pipeline stages"});
 }
@@ -127,8 +150,8 @@ TEST(Simulate, OverlappedGradientReductionIsSimulatedAsEstimated) {
       "data: {image: {resolution: 336}, text: {tokens: 1472}}\n");
   cost::CostModel cost(run);
   for (Strategy s : {Strategy::megatron, Strategy::disttrain, Strategy::optimus}) {
-    auto result = plan::make_plan(cost, plan::PlanRequest{s, {}, {}});
-    auto r = sim::simulate(pipeline::build_program(cost, result.best));
+    auto result = orchestrate::make_plan(cost, plan::PlanRequest{s, {}, {}});
+    auto r = sim::simulate(orchestrate::build_program(cost, result.best));
     EXPECT_NEAR(r.step_time_s / result.best.estimate.iteration_time_s, 1.0, 0.02) << plan::strategy_name(s);
   }
 }

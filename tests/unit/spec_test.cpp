@@ -1,8 +1,10 @@
 // Spec loading and validation: every shipped config loads; every kind of bad input
 // gives one error naming the file, line, column and field.
 #include <filesystem>
+#include <set>
 
 #include "core/spec/run.hpp"
+#include "core/spec/schedule.hpp"
 #include "tests/unit/support.hpp"
 
 namespace braid {
@@ -167,6 +169,20 @@ TEST(Spec, ErrorsInsideAReferencedFileNameThatFile) {
   std::string yaml = clip_run(kTraining);
   yaml.replace(0, yaml.find("cluster:"), "model: ../clusters/dgx-h100.yaml\n");
   expect_error([&] { parse(yaml); }, Status::bad_config, {"dgx-h100.yaml:", "unknown field"});
+}
+
+TEST(Spec, EveryScheduleNameParsesBackToItsSchedule) {
+  std::set<std::string> names;
+  for (spec::Schedule s : spec::all_schedules()) {
+    const std::string name = spec::schedule_name(s);
+    EXPECT_TRUE(names.insert(name).second) << name;  // one name per schedule
+    EXPECT_EQ(spec::parse_schedule(name), s) << name;
+  }
+  EXPECT_EQ(names.size(), 10u);
+  EXPECT_EQ(spec::parse_schedule("zigzag"), std::nullopt);
+  EXPECT_EQ(spec::parse_schedule(""), std::nullopt);
+  EXPECT_EQ(spec::schedule_names({spec::Schedule::one_f_one_b, spec::Schedule::distmm_pipe}),
+            (std::vector<std::string>{"1f1b", "distmm-pipe"}));
 }
 
 }  // namespace

@@ -5,7 +5,7 @@
 
 #include "core/common/error.hpp"
 #include "core/cost/cost_model.hpp"
-#include "core/plan/planner.hpp"
+#include "core/orchestrate/planning.hpp"
 #include "core/runtime/groups.hpp"
 #include "core/runtime/groups_io.hpp"
 #include "tools/braid/commands.hpp"
@@ -70,7 +70,7 @@ int run_groups(const std::vector<std::string>& args) {
 
   const spec::RunSpec run = spec::load_run(plan_opts.config);
   const cost::CostModel cost(run);
-  const plan::Plan plan = plan::make_plan(cost, plan_opts.request(run)).best;
+  const plan::Plan plan = orchestrate::make_plan(cost, plan_opts.request(run)).best;
   runtime::Topology topology;
   try {
     topology = runtime::build_groups(run.model, plan, ranks);

@@ -5,9 +5,8 @@
 
 #include "core/common/error.hpp"
 #include "core/cost/cost_model.hpp"
+#include "core/orchestrate/planning.hpp"
 #include "core/plan/plan_io.hpp"
-#include "core/plan/planner.hpp"
-#include "core/sim/simulate_plan.hpp"
 #include "tools/braid/commands.hpp"
 #include "tools/braid/plan_options.hpp"
 
@@ -60,9 +59,8 @@ int run_plan(const std::vector<std::string>& args) {
   const spec::RunSpec run = spec::load_run(plan_opts.config);
   const cost::CostModel cost(run);
   const plan::PlanRequest request = plan_opts.request(run);
-  const plan::PlanResult result = plan::make_plan(cost, request);
-  plan::PlanReport report{&result, request.strategy, &cost};
-  report.simulated_step_s = sim::simulated_step(cost, result.best, &report.simulation_error);
+  const plan::PlanResult result = orchestrate::make_plan(cost, request);
+  const plan::PlanReport report = orchestrate::plan_report(cost, result, request.strategy);
   if (format == "json") {
     std::cout << plan::to_json(report);
   } else if (format == "yaml") {

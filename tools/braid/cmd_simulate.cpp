@@ -11,7 +11,8 @@
 #include "core/bubble/scheduler.hpp"
 #include "core/common/error.hpp"
 #include "core/common/text.hpp"
-#include "core/pipeline/from_plan.hpp"
+#include "core/orchestrate/planning.hpp"
+#include "core/orchestrate/program.hpp"
 #include "core/plan/plan_io.hpp"
 #include "core/sim/simulator.hpp"
 #include "core/sim/trace.hpp"
@@ -122,21 +123,25 @@ int run_simulate(const std::vector<std::string>& args) {
   const spec::RunSpec run = spec::load_run(plan_opts.config);
   const cost::CostModel cost(run);
   const plan::PlanRequest request = plan_opts.request(run);
-  const plan::PlanResult result = plan::make_plan(cost, request);
+  const plan::PlanResult result = orchestrate::make_plan(cost, request);
   const plan::Plan& chosen = result.best;
-  // Colocated plans: the bubble scheduler makes all three of their programs at once.
+  const auto allowed = orchestrate::schedules_for(cost, chosen);
+  // Colocated plans: the bubble scheduler makes all of their programs at once, with its report.
   std::optional<bubble::Schedules> scheduled;
+  std::optional<spec::Schedule> requested;
   if (chosen.layout == plan::Layout::colocated) {
-    const auto names = bubble::schedule_names();
-    if (!schedule.empty() && std::find(names.begin(), names.end(), schedule) == names.end()) {
-      std::fprintf(stderr, "braid simulate: error: a colocated plan runs %s, not '%s'\n", join_choices(names).c_str(),
-                   schedule.c_str());
+    requested = spec::parse_schedule(schedule);
+    if (!schedule.empty() && (!requested || std::find(allowed.begin(), allowed.end(), *requested) == allowed.end())) {
+      std::fprintf(stderr, "braid simulate: error: a colocated plan runs %s, not '%s'\n",
+                   join_choices(spec::schedule_names(allowed)).c_str(), schedule.c_str());
       return kExitBadInput;
     }
     scheduled = bubble::schedule(cost, chosen);
+  } else {
+    requested = orchestrate::parse_schedule_for(cost, chosen, schedule);
   }
-  const pipeline::Program program =
-      scheduled ? bubble::program_named(*scheduled, schedule) : pipeline::build_program(cost, chosen, schedule);
+  const pipeline::Program program = scheduled ? bubble::program_named(*scheduled, requested.value_or(allowed.front()))
+                                              : orchestrate::build_program(cost, chosen, requested);
   sim::Options sim_opts;
   sim_opts.trace = !trace.empty() || vm.count("gantt");
   // The Gantt draws each stage's first replica: record at least that one.
@@ -153,7 +158,7 @@ int run_simulate(const std::vector<std::string>& args) {
     nlohmann::ordered_json j;
     j["strategy"] = plan::strategy_name(chosen.strategy);
     j["layout"] = plan::layout_name(chosen.layout);
-    j["schedule"] = program.schedule;
+    j["schedule"] = spec::schedule_name(program.schedule);
     j["device_count"] = r.devices;
     j["step_time_s"] = r.step_time_s;
     j["estimate_iteration_time_s"] = estimate;
@@ -183,12 +188,13 @@ int run_simulate(const std::vector<std::string>& args) {
   }
   std::cout << "braid simulate: " << run.source << "\n"
             << "strategy " << plan::strategy_name(chosen.strategy) << " (layout " << plan::layout_name(chosen.layout)
-            << "), schedule " << program.schedule << ", " << r.devices << " devices as " << r.ranks
+            << "), schedule " << spec::schedule_name(program.schedule) << ", " << r.devices << " devices as " << r.ranks
             << " simulated ranks (DP replicas of each stage)\n\n";
-  const std::string scored = pipeline::schedules_for(cost, chosen).front();
+  const spec::Schedule scored = allowed.front();
   std::cout << "  step time          " << seconds(r.step_time_s) << "   (planner's closed form"
-            << (program.schedule == scored ? "" : " for " + scored) << ": " << seconds(estimate) << ", "
-            << (r.step_time_s >= estimate ? "+" : "") << fixed(100 * (r.step_time_s / estimate - 1), 1) << "%)\n"
+            << (program.schedule == scored ? "" : std::string(" for ") + spec::schedule_name(scored)) << ": "
+            << seconds(estimate) << ", " << (r.step_time_s >= estimate ? "+" : "")
+            << fixed(100 * (r.step_time_s / estimate - 1), 1) << "%)\n"
             << "  bubble fraction    " << fixed(100 * r.bubble_fraction, 1) << "%   MFU " << fixed(100 * r.mfu, 1)
             << "%   peak memory " << fixed(r.peak_memory_gib, 1) << " GiB\n"
             << "  idle per device    " << bubbles_text(r.bubbles) << "\n\n";

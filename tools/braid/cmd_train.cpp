@@ -2,16 +2,14 @@
 // process or on every process of an mpiexec launch, with the layout a plan gives.
 #include <unistd.h>
 
-#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
 
 #include "core/common/error.hpp"
-#include "core/common/text.hpp"
 #include "core/cost/cost_model.hpp"
-#include "core/pipeline/from_plan.hpp"
-#include "core/plan/planner.hpp"
+#include "core/orchestrate/planning.hpp"
+#include "core/orchestrate/program.hpp"
 #include "core/runtime/world.hpp"
 #include "core/train/trainer.hpp"
 #include "tools/braid/commands.hpp"
@@ -120,7 +118,7 @@ int run_train(const std::vector<std::string>& args) {
     train::TrainOptions o;
     o.run = train::fit_cluster_to_world(spec::load_run(plan_opts.config), world.size());
     const cost::CostModel cost(o.run);
-    o.plan = plan::make_plan(cost, plan_opts.request(o.run)).best;
+    o.plan = orchestrate::make_plan(cost, plan_opts.request(o.run)).best;
     o.steps = steps;
     if (seed >= 0) o.seed = static_cast<std::uint64_t>(seed);
     o.metrics_path = metrics;
@@ -129,7 +127,6 @@ int run_train(const std::vector<std::string>& args) {
     o.gradients_dir = gradients_dir;
     o.reorder = !vm.count("no-reorder");
     o.data_workers = data_workers;
-    o.schedule = schedule;
     o.trace_path = trace;
     o.threads = threads;
     const std::int64_t total = o.steps ? o.steps : o.run.trainer.steps;
@@ -139,15 +136,16 @@ int run_train(const std::vector<std::string>& args) {
     // mpiexec gives its ranks a pseudo-terminal even when its own output goes to a file: a live
     // line only for a single process on a terminal.
     o.live_progress = o.progress_every > 0 && !vm.count("progress-every") && world.size() == 1 && isatty(STDOUT_FILENO);
-    const auto allowed = pipeline::schedules_for(cost, o.plan);
-    if (!schedule.empty() && std::find(allowed.begin(), allowed.end(), schedule) == allowed.end())
-      throw Error(Status::invalid_argument, "--schedule: a " + std::string(plan::layout_name(o.plan.layout)) +
-                                                " plan of this model runs " + join_choices(allowed) + ", not '" +
-                                                schedule + "'");
+    try {
+      o.schedule = orchestrate::parse_schedule_for(cost, o.plan, schedule);
+    } catch (const Error& e) {
+      throw Error(Status::invalid_argument, std::string("--schedule: ") + e.what());  // an option the plan does not run
+    }
+    const spec::Schedule runs = o.schedule.value_or(orchestrate::schedules_for(cost, o.plan).front());
     if (rank == 0) {
       std::cout << "braid train: " << o.run.model.name << " on " << world.size() << " process"
                 << (world.size() > 1 ? "es" : "") << ", strategy " << plan::strategy_name(o.plan.strategy)
-                << ", schedule " << (schedule.empty() ? allowed.front() : schedule) << ", " << total << " steps of "
+                << ", schedule " << spec::schedule_name(runs) << ", " << total << " steps of "
                 << o.run.training.global_batch << " samples\n"
                 << std::flush;
     }
