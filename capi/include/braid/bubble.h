@@ -11,7 +11,10 @@
  *   "optimus-coarse"  forwards in each stage's PP warm-up bubble, backwards in its
  *                     cool-down bubble;
  *   "optimus-fine"    also every other pipeline wait and, kernel by kernel, the
- *                     tensor-parallel collective waits inside llm forwards and backwards.
+ *                     tensor-parallel collective waits inside llm forwards and backwards;
+ *   "optimus-online"  the fine program, named for executors that also fill waits online
+ *                     (run the next encoder task whose inputs are there while a receive
+ *                     or collective is pending; movable work keeps its order).
  *
  * Each pass is simulated and never ends slower than the one before it. The programs are
  * ordinary braid_program handles (braid/pipeline.h): their ENCODER_TASK instructions say

@@ -61,7 +61,9 @@ typedef enum braid_opcode {
 typedef struct braid_program braid_program;
 
 /* Builds the program `plan` runs with `schedule`: "gpipe", "1f1b", "interleaved",
- * "batch-sync", "distmm-pipe" or "two-phase" (NULL or "": the plan's own).
+ * "batch-sync", "distmm-pipe" or "two-phase"; a colocated plan's are the bubble
+ * scheduler's "optimus-fine", "optimus-coarse", "encoder-first" and "optimus-online"
+ * (the fine program, which an executor also fills online) (NULL or "": the plan's own).
  * BRAID_ERR_UNSUPPORTED when the plan's layout cannot run that schedule. The program
  * is self-contained: it may outlive the plan. */
 BRAID_API braid_status braid_program_create(const braid_plan* plan, const char* schedule, braid_program** out);
