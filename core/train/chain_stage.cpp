@@ -302,16 +302,8 @@ void ChainStage::install(Interpreter& in) {
   });
   in.set(Op::forward, [this](const Instruction& i) { return forward(i); });
   in.set(Op::backward, [this](const Instruction& i) { return backward(i); });
-  in.set(Op::recv_activation, [this](const Instruction& i) { return receive(i); });
-  in.set(Op::recv_grad, [this](const Instruction& i) { return receive(i); });
-  in.set(Op::send_activation, [this](const Instruction& i) {
-    send(i);
-    return Pending{};
-  });
-  in.set(Op::send_grad, [this](const Instruction& i) {
-    send(i);
-    return Pending{};
-  });
+  install_messages(
+      in, [this](const Instruction& i) { return receive(i); }, [this](const Instruction& i) { send(i); });
   in.set(Op::reduce_grads, [this](const Instruction&) { return reduce(); });
   if (encoder_)
     in.set(Op::encoder_task, [this](const Instruction& i) {

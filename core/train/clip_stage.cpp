@@ -129,16 +129,8 @@ void ClipStage::install(Interpreter& in) {
       if (towers_[t].here) backward(towers_[t], t, i.microbatch);
     return Pending{};
   });
-  in.set(Op::recv_activation, [this](const Instruction& i) { return receive(i); });
-  in.set(Op::recv_grad, [this](const Instruction& i) { return receive(i); });
-  in.set(Op::send_activation, [this](const Instruction& i) {
-    send(i);
-    return Pending{};
-  });
-  in.set(Op::send_grad, [this](const Instruction& i) {
-    send(i);
-    return Pending{};
-  });
+  install_messages(
+      in, [this](const Instruction& i) { return receive(i); }, [this](const Instruction& i) { send(i); });
   in.set(Op::batch_sync, [this](const Instruction& i) { return sync(i); });
   in.set(Op::reduce_grads, [this](const Instruction&) { return reduce(); });
 }

@@ -5,6 +5,18 @@
 
 namespace braid::train {
 
+void install_messages(Interpreter& in, std::function<Pending(const pipeline::Instruction&)> receive,
+                      std::function<void(const pipeline::Instruction&)> send) {
+  in.set(pipeline::Op::recv_activation, receive);
+  in.set(pipeline::Op::recv_grad, receive);
+  auto sent = [send](const pipeline::Instruction& i) {
+    send(i);
+    return Pending{};
+  };
+  in.set(pipeline::Op::send_activation, sent);
+  in.set(pipeline::Op::send_grad, sent);
+}
+
 Pending blocked_for(double seconds) {
   return {[] { return true; }, [seconds] { return seconds; }};
 }

@@ -63,6 +63,10 @@ class StageWork {
   virtual void after_optimizer_step() {}
 };
 
+// Sets the handlers of the four point-to-point opcodes: receives through `receive` (which
+// posts them and returns them pending), sends through `send` (non-blocking).
+void install_messages(Interpreter& interpreter, std::function<Pending(const pipeline::Instruction&)> receive,
+                      std::function<void(const pipeline::Instruction&)> send);
 // A Pending for work a handler did itself after blocking `seconds` in it.
 Pending blocked_for(double seconds);
 // A Pending over posted requests: test() when all completed, finish() waits for them, then
