@@ -40,7 +40,9 @@ struct LayerKernel {
 // The kernels of one transformer layer, in forward order; they sum to transformer_layer's
 // times and FLOPs (activations and parameters are the layer's). kLayerKernels of them:
 // norm (attention), qkv, attention, attention out, TP all-reduce (attention), norm (mlp),
-// mlp up, mlp down, TP all-reduce (mlp); nn::TransformerBlock's kernels are the same.
+// mlp up, mlp down, TP all-reduce (mlp). nn::TransformerBlock runs the same nine steps in
+// this order (its row-parallel kernels 3 and 7 include their all-reduce, so its kernels 4
+// and 8 add the residual, and it applies GELU with mlp up).
 inline constexpr int kLayerKernels = 9;
 std::vector<LayerKernel> transformer_layer_kernels(const spec::ModuleSpec& m, double tokens, double samples,
                                                    const BlockContext& ctx);

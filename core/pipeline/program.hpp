@@ -96,6 +96,10 @@ struct StageProgram {
   std::vector<double> work_scale;
   std::vector<Instruction> instructions;
 
+  // The device that runs tensor-parallel rank `tp` of DP replica `replica`; a device's replica.
+  int device(int replica, int tp = 0) const { return first_device + replica * device_stride + tp; }
+  int replica_of(int device) const { return (device - first_device) / device_stride; }
+
   int microbatches_per_group(int program_default) const {
     return group_microbatches > 0 ? group_microbatches : program_default;
   }

@@ -56,7 +56,7 @@ std::string chrome_trace(const pipeline::Program& p, const Result& r, const std:
       named[static_cast<std::size_t>(e.rank)] = true;
       const auto& st = p.stages[static_cast<std::size_t>(e.stage)];
       const int replica = r.rank_replica[static_cast<std::size_t>(e.rank)];
-      const int first = st.first_device + replica * st.device_stride;
+      const int first = st.device(replica);
       std::string devices = st.devices_per_replica > 1 ? "devices " + std::to_string(first) + "-" +
                                                              std::to_string(first + st.devices_per_replica - 1)
                                                        : "device " + std::to_string(first);

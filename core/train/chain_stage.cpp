@@ -1,6 +1,7 @@
 #include "core/train/chain_stage.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <string>
 
 #include "core/bubble/encoder_tasks.hpp"
@@ -30,7 +31,7 @@ std::span<std::byte> bytes(std::vector<float>& v) { return std::as_writable_byte
 ChainStage::ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, const plan::Plan& plan, nn::Model& model,
                        const data::ShapesDataset& dataset, const RankLayout& layout, const RankProgram& program,
                        runtime::World& world, nn::Ops& ops, const DataOptions& data)
-    : run_(run), model_(model), layout_(layout), program_(program), ops_(ops), data_(data) {
+    : model_(model), program_(program), ops_(ops), data_(data) {
   vision_ = role_of(layout, spec::Role::encoder);
   projector_ = role_of(layout, spec::Role::projector);
   llm_ = role_of(layout, spec::Role::llm);
@@ -129,13 +130,17 @@ ChainStage::ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, co
     tp_.size = llm_.tp;
     tp_.allreduce_sum = [this](nn::Tensor& t) {
       auto req = tp_comm_->iallreduce(std::span<float>(t.data));
-      result_->idle[static_cast<std::size_t>(sim::Cause::tp)] += req.wait();
+      const double waited = req.wait();
+      if (result_) result_->idle[static_cast<std::size_t>(sim::Cause::tp)] += waited;
     };
     model.chain->llm->set_tensor_parallel(tp_);
   }
 }
 
-ChainStage::~ChainStage() = default;
+// The model outlives this stage: its TP callback must not call back into it.
+ChainStage::~ChainStage() {
+  if (tp_comm_) model_.chain->llm->set_tensor_parallel({});
+}
 
 std::vector<TrainedParameter> ChainStage::parameters() const {
   std::vector<TrainedParameter> out;
@@ -412,7 +417,8 @@ Pending ChainStage::receive(const Instruction& ins) {
     // Image tokens (forward) or their gradients, into the store.
     if (!forward && !encoder_trains()) return {};
     if (forward) prepare(i);
-    auto inbox = std::make_shared<std::vector<std::pair<std::vector<std::size_t>, std::vector<float>>>>();
+    // A deque: its elements stay where they are while later receives are added.
+    auto inbox = std::make_shared<std::deque<std::pair<std::vector<std::size_t>, std::vector<float>>>>();
     auto rows_from = [&](int from, std::vector<std::size_t> positions) {
       auto& [where, buffer] = inbox->emplace_back(std::move(positions), std::vector<float>());
       buffer = store_.buffer(i, where);

@@ -18,10 +18,16 @@
 // as its own message. Image tokens go through a TokenStore wherever they were computed.
 //
 // Messages, all non-blocking point-to-point through the communication plugin:
-//   encoder replica (tp 0) -> every tp rank of llm stage 0   image tokens of its samples
 //   llm stage s, tp t -> stage s+1, tp t                     hidden states per group
 //   stage s+1 -> stage s                                     their gradients
-//   llm stage 0, tp 0 -> every tp rank of the encoder        gradients of its samples' tokens
+//   DistTrain (an encoder stage):
+//     encoder replica (tp 0) -> every tp rank of llm stage 0  image tokens of its samples
+//     llm stage 0, tp 0 -> every tp rank of the encoder       gradients of its samples' tokens
+//   Optimus (the program's ordering messages; per llm replica d, encoder share c):
+//     stage s, d, first tp rank of share c -> every tp rank of stage 0, d
+//                                                             tokens of share c's samples
+//     stage 0, d, tp t -> stage s, d, tp t                    gradients of t's share
+//     stage 0's tp ranks among themselves                     their own lane's tokens, per share
 #pragma once
 
 #include <cstdint>
@@ -58,10 +64,11 @@ class ChainStage : public StageWork {
 
   void begin_step(std::int64_t step, StepResult& r) override;
   void install(Interpreter& interpreter) override;
-  const FillRules* fill_rules() const override { return colocated_ ? &fill_ : nullptr; }
+  const FillRules* fill_rules() const override { return encoder_ ? &fill_ : nullptr; }
   std::vector<TrainedParameter> parameters() const override;
   void gather_parameters() override;
   void single_process(bool on) override;
+  void end_step() override { result_ = nullptr; }
 
  private:
   struct Group {                       // one image side of an llm microbatch
@@ -107,9 +114,7 @@ class ChainStage : public StageWork {
   std::vector<std::size_t> share_positions(int share) const;  // Optimus: an encoder replica's samples
   bool token_traffic(const pipeline::Instruction& i) const;   // image tokens, not llm hidden states
 
-  const spec::RunSpec& run_;
   nn::Model& model_;
-  const RankLayout& layout_;
   const RankProgram& program_;
   nn::Ops& ops_;
   DataOptions data_;

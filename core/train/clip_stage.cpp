@@ -25,7 +25,7 @@ Message hidden_message(int tower, bool forward) {
 ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model& model,
                      const data::ShapesDataset& dataset, const RankLayout& layout, const RankProgram& program,
                      runtime::World& world, nn::Ops& ops, const DataOptions& data)
-    : run_(run), model_(model), layout_(layout), program_(program), ops_(ops), data_(data) {
+    : model_(model), layout_(layout), program_(program), ops_(ops), data_(data) {
   world_ = &world.communicator();
   const auto& clip = *model.clip;
   const long long global = run.training.global_batch, group_rows = run.training.contrastive_batch;
@@ -80,6 +80,10 @@ ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model
     }
   }
   rows_per_replica_ = group_rows / min_replicas;
+  if (static_cast<long long>(groups_) * per_group > kMaxMicrobatches)
+    throw Error(Status::unsupported, "the CPU trainer runs at most " + std::to_string(kMaxMicrobatches) +
+                                         " microbatches per replica (got " +
+                                         std::to_string(static_cast<long long>(groups_) * per_group) + ")");
   logit_scale_ = clip.loss->parameters().front();
   // Groups in one order on every rank; only their members create them.
   const auto& sync = layout.sync_ranks;

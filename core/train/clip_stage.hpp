@@ -48,6 +48,7 @@ class ClipStage : public StageWork {
   std::vector<TrainedParameter> parameters() const override;
   void gather_parameters() override;
   void after_optimizer_step() override;
+  void end_step() override { result_ = nullptr; }
 
  private:
   struct Tower {
@@ -72,7 +73,6 @@ class ClipStage : public StageWork {
   Pending sync(const pipeline::Instruction& i);
   Pending reduce();
 
-  const spec::RunSpec& run_;
   nn::Model& model_;
   const RankLayout& layout_;
   const RankProgram& program_;

@@ -57,7 +57,10 @@ void ColocatedEncoder::begin_step(const std::vector<data::Sample>& llm_samples, 
 
 bool ColocatedEncoder::ready(const pipeline::Instruction& task) const {
   const Microbatch& mb = mbs_.at(static_cast<std::size_t>(task.microbatch));
-  if (!(task.flags & pipeline::kBackwardTask) || mb.started || vision_.frozen()) return true;
+  return !(task.flags & pipeline::kBackwardTask) || mb.backward_started || vision_.frozen() || grads_ready(mb);
+}
+
+bool ColocatedEncoder::grads_ready(const Microbatch& mb) const {
   for (const auto& [i, q] : mb.entries)
     if (store_->grads(i, q).empty()) return false;
   return true;
@@ -102,7 +105,7 @@ void ColocatedEncoder::run(const pipeline::Instruction& task) {
         start_backward(mb);
         return;
       case UnitKind::encoder_kernel:
-        if (!mb.started) start_backward(mb);
+        if (!mb.backward_started) start_backward(mb);
         for (auto& g : mb.groups) vision_.backward_kernel(ops_, task.chunk, unit.kernel, g.steps);
         return;
       case UnitKind::encoder_embedding:
@@ -132,13 +135,11 @@ void ColocatedEncoder::finish(Microbatch& mb) {
                                   out.tokens.data.begin() + static_cast<std::ptrdiff_t>((m + 1) * n));
     }
   }
-  mb.finished = true;
 }
 
 // The tokens' gradients from the store into the final norm's backward.
 void ColocatedEncoder::start_backward(Microbatch& mb) {
-  if (!ready(pipeline::Instruction{pipeline::Op::encoder_task, static_cast<std::int32_t>(&mb - mbs_.data()), 0, -1, -1,
-                                   0, pipeline::kBackwardTask}))
+  if (!grads_ready(mb))
     throw Error(Status::internal, "an encoder backward ran before the llm returned its tokens' gradients");
   for (auto& g : mb.groups) {
     const auto& tokens = g.steps.cache;
@@ -151,7 +152,7 @@ void ColocatedEncoder::start_backward(Microbatch& mb) {
     }
     vision_.backward_start(ops_, &d, nullptr, g.steps);
   }
-  mb.started = true;
+  mb.backward_started = true;
 }
 
 }  // namespace braid::train

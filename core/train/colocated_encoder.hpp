@@ -53,8 +53,9 @@ class ColocatedEncoder {
   struct Microbatch {
     std::vector<std::pair<int, std::size_t>> entries;  // (llm microbatch, position) per sample
     std::vector<Group> groups;
-    bool finished = false, started = false;
+    bool backward_started = false;
   };
+  bool grads_ready(const Microbatch& mb) const;  // the llm has returned its tokens' gradients
   void finish(Microbatch& mb);
   void start_backward(Microbatch& mb);
 

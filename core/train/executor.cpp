@@ -71,10 +71,12 @@ StepResult Executor::step(std::int64_t step, double lr) {
   lr_ = lr;
   for (auto& p : params_) std::fill(p.param->grad.data.begin(), p.param->grad.data.end(), 0.0f);
   work_->begin_step(step, r);
-  executed_ = interpreter_.run(program_.instructions(), program_.online ? work_->fill_rules() : nullptr);
+  executed_ =
+      interpreter_.run(program_.instructions(), program_.online() ? work_->fill_rules() : nullptr, options_.on_fatal);
   for (const auto& e : executed_) r.idle[static_cast<std::size_t>(cause_of(e.index))] += e.waited;
   for (double s : r.idle) r.wait_seconds += s;
   r.seconds = now_seconds() - start;
+  work_->end_step();
   result_ = nullptr;
   return r;
 }

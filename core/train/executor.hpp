@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -37,6 +38,8 @@ struct ExecutorOptions {
   DataOptions data;                                     // which samples, and the workers that render them ahead
   std::optional<spec::Schedule> schedule;               // one the plan runs (nullopt: its default)
   std::function<void(std::int64_t step)> after_reduce;  // called between reduce_grads and optimizer_step
+  // An error inside a step, while its receives and sends are pending (see Interpreter::run).
+  std::function<void(const std::exception_ptr&)> on_fatal;
 };
 
 class Executor {

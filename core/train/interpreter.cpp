@@ -15,9 +15,8 @@ double now_seconds() {
 
 void Interpreter::set(pipeline::Op op, Handler handler) { table_[static_cast<std::size_t>(op)] = std::move(handler); }
 
-bool Interpreter::has(pipeline::Op op) const { return static_cast<bool>(table_[static_cast<std::size_t>(op)]); }
-
-std::vector<Executed> Interpreter::run(const std::vector<pipeline::Instruction>& list, const FillRules* fill) const {
+std::vector<Executed> Interpreter::run(const std::vector<pipeline::Instruction>& list, const FillRules* fill,
+                                       const std::function<void(const std::exception_ptr&)>& on_error) const {
   const int n = static_cast<int>(list.size());
   std::vector<char> done(static_cast<std::size_t>(n), 0);
   std::map<int, std::pair<Pending, double>> started;  // movable receives posted early, with their start
@@ -60,22 +59,27 @@ std::vector<Executed> Interpreter::run(const std::vector<pipeline::Instruction>&
     return true;
   };
 
-  for (int pc = 0; pc < n; ++pc) {
-    if (done[static_cast<std::size_t>(pc)]) continue;
-    double t0 = now_seconds();
-    Pending p;
-    if (auto it = started.find(pc); it != started.end()) {
-      p = std::move(it->second.first);
-      t0 = it->second.second;
-      started.erase(it);
-    } else {
-      p = start(pc);
-    }
-    if (fill && !p.empty()) {
-      while (!p.test() && fill_one(pc)) {
+  try {
+    for (int pc = 0; pc < n; ++pc) {
+      if (done[static_cast<std::size_t>(pc)]) continue;
+      double t0 = now_seconds();
+      Pending p;
+      if (auto it = started.find(pc); it != started.end()) {
+        p = std::move(it->second.first);
+        t0 = it->second.second;
+        started.erase(it);
+      } else {
+        p = start(pc);
       }
+      if (fill && !p.empty()) {
+        while (!p.test() && fill_one(pc)) {
+        }
+      }
+      complete(pc, p, t0);
     }
-    complete(pc, p, t0);
+  } catch (...) {
+    if (on_error) on_error(std::current_exception());
+    throw;
   }
   return ran;
 }

@@ -9,13 +9,15 @@
 // its offline schedule) it then runs movable instructions from later in the list (encoder
 // tasks and the ordering messages of the encoder's own pipeline) whose inputs are already
 // there, until the wait is over or nothing is ready; a wrong prediction of the bubble
-// scheduler then costs little. Movable instructions keep their order among themselves.
+// scheduler then costs little. Movable instructions start in their order among themselves
+// (a movable receive may finish after later ones; the readiness rules guard their data).
 //
 // What ran is recorded (index, start, end, seconds blocked), so "executed = planned" is a
 // test and a measured step becomes a trace.
 #pragma once
 
 #include <array>
+#include <exception>
 #include <functional>
 #include <vector>
 
@@ -52,12 +54,15 @@ double now_seconds();
 class Interpreter {
  public:
   void set(pipeline::Op op, Handler handler);
-  bool has(pipeline::Op op) const;
   const Handler& handler(pipeline::Op op) const { return table_[static_cast<std::size_t>(op)]; }
   // Runs every instruction of `list` once: in order, or with `fill`, movable ones early
   // while the next instruction waits. Throws Error(Status::internal) naming the opcode when
-  // one has no handler. Returns what ran, in the order it ran.
-  std::vector<Executed> run(const std::vector<pipeline::Instruction>& list, const FillRules* fill = nullptr) const;
+  // one has no handler. Returns what ran, in the order it ran. A handler's exception goes to
+  // `on_error` first, while the receives and collectives already posted are still alive:
+  // tearing them down waits for them, and the peers they wait for may be waiting for this
+  // rank; a multi-process caller ends the world there.
+  std::vector<Executed> run(const std::vector<pipeline::Instruction>& list, const FillRules* fill = nullptr,
+                            const std::function<void(const std::exception_ptr&)>& on_error = {}) const;
 
  private:
   std::array<Handler, pipeline::kOpCount> table_;

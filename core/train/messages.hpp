@@ -3,8 +3,10 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "core/common/error.hpp"
 #include "core/runtime/communicator.hpp"
 
 namespace braid::train {
@@ -22,7 +24,13 @@ enum class Message {
   image_hidden_grads = 6,
   text_hidden_grads = 7,
 };
+// Error(unsupported) past those bounds: tags of other messages would collide.
 inline int message_tag(Message kind, int microbatch, int group = 0) {
+  if (microbatch < 0 || microbatch >= kMaxMicrobatches || group < 0 || group >= kMaxGroups)
+    throw Error(Status::unsupported, "the CPU trainer's messages tag at most " + std::to_string(kMaxMicrobatches) +
+                                         " microbatches per replica and " + std::to_string(kMaxGroups) +
+                                         " image sides per microbatch (microbatch " + std::to_string(microbatch) +
+                                         ", group " + std::to_string(group) + ")");
   return (static_cast<int>(kind) * kMaxMicrobatches + microbatch) * kMaxGroups + group;
 }
 

@@ -18,16 +18,24 @@ Prefetcher::Prefetcher(const Loader& loader, int replica, std::int64_t first, st
       next_make_(first) {
   if (!render_) render_ = [this](std::int64_t i) { return loader_.dataset().get(i); };
   if (options_.depth < 1) options_.depth = 1;
-  for (int w = 0; w < options_.workers; ++w) workers_.emplace_back([this] { work(); });
+  try {
+    for (int w = 0; w < options_.workers; ++w) workers_.emplace_back([this] { work(); });
+  } catch (...) {  // no thread could be started: stop those that were
+    stop();
+    throw;
+  }
 }
 
-Prefetcher::~Prefetcher() {
+Prefetcher::~Prefetcher() { stop(); }
+
+void Prefetcher::stop() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
   changed_.notify_all();
   for (auto& t : workers_) t.join();
+  workers_.clear();
 }
 
 // One step's samples, each named when it fails.
@@ -65,10 +73,12 @@ void Prefetcher::work() {
       error = std::current_exception();
     }
     lock.lock();
-    if (error)
-      failed_.emplace(step, error);
-    else
-      ready_.emplace(step, std::move(samples));
+    try {
+      if (!error) ready_.emplace(step, std::move(samples));
+    } catch (...) {  // out of memory storing them: the trainer gets that as the step's failure
+      error = std::current_exception();
+    }
+    if (error) failed_.emplace(step, error);
     changed_.notify_all();
   }
 }

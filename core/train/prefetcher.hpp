@@ -47,6 +47,7 @@ class Prefetcher {
  private:
   std::vector<data::Sample> make(std::int64_t step) const;
   void work();
+  void stop();  // joins the workers
 
   const Loader& loader_;
   int replica_;

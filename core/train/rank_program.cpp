@@ -5,16 +5,12 @@
 
 namespace braid::train {
 
-int RankProgram::rank_of(int s, int r, int t) const {
-  const auto& st = program.stages[static_cast<std::size_t>(s)];
-  return st.first_device + r * st.device_stride + t;
-}
+int RankProgram::rank_of(int s, int r, int t) const { return program.stages[static_cast<std::size_t>(s)].device(r, t); }
 
 RankProgram rank_program(const cost::CostModel& cost, const plan::Plan& plan, std::optional<spec::Schedule> schedule,
                          const runtime::Topology& topology, int rank) {
   RankProgram out;
   out.program = orchestrate::build_program(cost, plan, schedule);
-  out.online = out.program.schedule == spec::Schedule::optimus_online;
   const auto& stages = out.program.stages;
   if (stages.size() != topology.stages.size())
     throw Error(Status::internal, "the program has " + std::to_string(stages.size()) + " stages, the groups " +
@@ -30,8 +26,8 @@ RankProgram rank_program(const cost::CostModel& cost, const plan::Plan& plan, st
   out.stage_of_rank = topology.stage_of_rank;
   out.stage = topology.stage_of_rank.at(static_cast<std::size_t>(rank));
   const auto& st = stages[static_cast<std::size_t>(out.stage)];
-  out.replica = (rank - st.first_device) / st.device_stride;
-  out.tp_rank = (rank - st.first_device) % st.device_stride;
+  out.replica = st.replica_of(rank);
+  out.tp_rank = rank - st.device(out.replica);
   return out;
 }
 

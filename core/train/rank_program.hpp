@@ -19,9 +19,9 @@ struct RankProgram {
   int stage = 0;                   // this rank's stage
   int replica = 0;                 // its DP replica of the stage
   int tp_rank = 0;                 // its place in the replica's tensor-parallel group
-  bool online = false;             // optimus-online: fill waits with ready encoder tasks
   std::vector<int> stage_of_rank;  // every rank's stage
 
+  bool online() const { return program.schedule == spec::Schedule::optimus_online; }  // fill waits online
   const pipeline::StageProgram& stage_program() const { return program.stages[static_cast<std::size_t>(stage)]; }
   const std::vector<pipeline::Instruction>& instructions() const { return stage_program().instructions; }
   // The rank running (stage, replica, tp rank) of this program.

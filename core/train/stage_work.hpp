@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -32,9 +33,9 @@ struct StepResult {
 
 // How a stage work gets its samples: which, and from how many workers ahead of training.
 struct DataOptions {
-  bool reorder = true;         // DistTrain intra-step reordering over DP replicas
-  PrefetchOptions prefetch;    // rendering workers and how far ahead they go
-  std::int64_t last_step = 1;  // the run's last step (the workers stop there)
+  bool reorder = true;       // DistTrain intra-step reordering over DP replicas
+  PrefetchOptions prefetch;  // rendering workers and how far ahead they go
+  std::int64_t last_step = std::numeric_limits<std::int64_t>::max();  // the run's last (the workers stop there)
 };
 
 // A held parameter and its optimizer state.
@@ -61,6 +62,8 @@ class StageWork {
   // Turns tensor parallelism off (true) for a whole-model evaluation on one rank, or back on.
   virtual void single_process(bool) {}
   virtual void after_optimizer_step() {}
+  // After the step's instructions: `r` of begin_step is gone.
+  virtual void end_step() = 0;
 };
 
 // Sets the handlers of the four point-to-point opcodes: receives through `receive` (which

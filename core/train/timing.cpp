@@ -115,7 +115,7 @@ void write_measured_trace(const std::string& path, const RankProgram& program, c
     const int stage = program.stage_of_rank[static_cast<std::size_t>(rank)];
     const auto& st = program.program.stages[static_cast<std::size_t>(stage)];
     r.rank_stage.push_back(stage);
-    r.rank_replica.push_back((rank - st.first_device) / st.device_stride);
+    r.rank_replica.push_back(st.replica_of(rank));
     const double* rec = all.data() + static_cast<std::size_t>(rank) * width;
     for (std::size_t k = 0; k < static_cast<std::size_t>(rec[0]); ++k) {
       sim::TraceEvent e;

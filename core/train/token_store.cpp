@@ -52,6 +52,10 @@ std::vector<float> TokenStore::buffer(int microbatch, std::span<const std::size_
 void TokenStore::unpack(int microbatch, std::span<const std::size_t> positions, const std::vector<float>& message,
                         bool grads) {
   auto& rows = (grads ? grads_ : tokens_)[static_cast<std::size_t>(microbatch)];
+  const std::size_t expected = buffer(microbatch, positions).size();
+  if (expected != message.size())
+    throw Error(Status::internal, "token store: a message of " + std::to_string(message.size()) + " floats for " +
+                                      std::to_string(expected));
   std::size_t at = 0;
   for (std::size_t q : positions) {
     const auto n = static_cast<std::size_t>(floats_[static_cast<std::size_t>(microbatch)][q]);
@@ -59,9 +63,6 @@ void TokenStore::unpack(int microbatch, std::span<const std::size_t> positions, 
                    message.begin() + static_cast<std::ptrdiff_t>(at + n));
     at += n;
   }
-  if (at != message.size())
-    throw Error(Status::internal,
-                "token store: a message of " + std::to_string(message.size()) + " floats for " + std::to_string(at));
 }
 
 }  // namespace braid::train

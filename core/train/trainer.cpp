@@ -172,6 +172,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   eo.data.reorder = o.reorder;
   eo.data.prefetch.workers = o.data_workers;
   eo.data.last_step = total;
+  eo.on_fatal = o.on_fatal;
   eo.schedule = o.schedule;
   const std::string meta = metadata(o, seed, size);
   Executor* executor_ptr = nullptr;

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <iosfwd>
 #include <optional>
 #include <string>
@@ -32,9 +34,12 @@ struct TrainOptions {
   int data_workers = 1;                    // threads rendering the next steps' samples ahead (0: none)
   std::optional<spec::Schedule> schedule;  // the program's schedule (nullopt: the plan's default)
   std::string trace_path;                  // "": none; else a Chrome trace of the last step as measured
-  int threads = 0;                         // host threads; 0: the run file's, else cores / local processes
-  std::int64_t progress_every = 1;         // rank 0 prints a progress line every N steps; 0: none
-  bool live_progress = false;              // a terminal: one progress line rewritten after every step
+  // Called with an error thrown inside a step while its messages are still pending (the CLI
+  // reports it and aborts the world); the error is rethrown when it returns.
+  std::function<void(const std::exception_ptr&)> on_fatal;
+  int threads = 0;                  // host threads; 0: the run file's, else cores / local processes
+  std::int64_t progress_every = 1;  // rank 0 prints a progress line every N steps; 0: none
+  bool live_progress = false;       // a terminal: one progress line rewritten after every step
 };
 
 struct TrainReport {

@@ -17,6 +17,7 @@ import math
 import os
 import pty
 import re
+import select
 import shutil
 import signal
 import struct
@@ -48,6 +49,21 @@ modules:
 """
 # Both towers in 2 pipeline stages over 2 ranks (rank 1 holds the second blocks, the heads
 # and the batch-sync).
+# DistTrain: the encoder (and projector) on ranks 0-1, 2 replicas feeding one llm replica
+# of 2 stages on ranks 2-3.
+DISTTRAIN_FAN_IN = """strategy: disttrain
+layout: chain
+devices: 4
+schedule: 1f1b
+virtual_stages: 1
+modules:
+  - {name: vision, role: encoder, tp: 1, pp: 1, dp: 2, first_device: 0, devices: 2, first_stage: 0,
+     microbatch_size: 2, layers_per_stage: [2]}
+  - {name: llm, role: llm, tp: 1, pp: 2, dp: 1, first_device: 2, devices: 2, first_stage: 0,
+     microbatch_size: 4, layers_per_stage: [1, 1]}
+  - {name: projector, role: projector, tp: 1, pp: 1, dp: 2, first_device: 0, devices: 2, first_stage: 0,
+     microbatch_size: 2, layers_per_stage: [2]}
+"""
 CLIP_PP2 = """strategy: megatron
 layout: monolithic
 devices: 2
@@ -334,9 +350,24 @@ class LayoutEquivalence(unittest.TestCase):
         # DistTrain: encoder and projector on ranks of their own, a stage of the llm's pipeline.
         self.assert_schedules(MLLM, 2, ["1f1b", "gpipe"], "--strategy", "disttrain")
 
-    def test_mllm_fan_in_pipeline_and_data_parallel(self):
-        # 4 ranks: 4 encoder replicas feed 2 llm replicas of 2 stages each (colocated).
+    def test_mllm_colocated_4_ranks(self):
+        # 4 ranks: the encoder on every rank (4 replicas), 2 llm replicas of 2 stages each.
         self.assert_same(MLLM, 4, "--strategy", "optimus", "--pp", "2")
+
+    def test_mllm_disaggregated_fan_in_and_encoder_tp(self):
+        # DistTrain on 4 ranks: 2 encoder replicas fan in to one llm replica of 2 stages; then
+        # one encoder replica over 2 TP ranks (run replicated, one of them sends).
+        plan = os.path.join(self.tmp.name, "disttrain-fan-in.yaml")
+        with open(plan, "w") as f:
+            f.write(DISTTRAIN_FAN_IN)
+        self.assert_same(MLLM, 4, "--plan", plan)
+        plan_tp = os.path.join(self.tmp.name, "disttrain-encoder-tp.yaml")
+        with open(plan_tp, "w") as f:
+            f.write(DISTTRAIN_FAN_IN.replace("tp: 1, pp: 1, dp: 2, first_device: 0, devices: 2, first_stage: 0,\n"
+                                             "     microbatch_size: 2",
+                                             "tp: 2, pp: 1, dp: 1, first_device: 0, devices: 2, first_stage: 0,\n"
+                                             "     microbatch_size: 4"))
+        self.assert_same(MLLM, 4, "--plan", plan_tp)
 
 
 class Checkpoints(unittest.TestCase):
@@ -370,8 +401,8 @@ class Checkpoints(unittest.TestCase):
 
     def test_pipeline_plan_is_refused_with_the_reason(self):
         r = train(1, "--config", MLLM, "--steps", "1", "--pp", "2")
-        self.assertNotEqual(r.returncode, 0)
-        self.assertIn("pp", r.stderr)
+        self.assertEqual(r.returncode, 3)
+        self.assertIn("tp 1 x pp 2 does not divide the 1 devices", r.stderr)
 
 
 class Cli(unittest.TestCase):
@@ -404,7 +435,7 @@ class Cli(unittest.TestCase):
         self.assertRegex(r.stdout, r"eval at step 2: caption_loss [\d.]+ token_accuracy [\d.]+")
         self.assertIn("trained steps 1-2 of 2", r.stdout)
 
-    def test_data_workers_change_nothing_but_the_wait(self):
+    def test_data_workers_train_the_same(self):
         with tempfile.TemporaryDirectory() as d:
             for workers in ["0", "2"]:
                 check(self, train(2, "--config", CLIP, "--steps", "3", "--quiet", "--data-workers", workers,
@@ -432,8 +463,12 @@ class Cli(unittest.TestCase):
             s = summary[0]
             self.assertEqual(s["step"], 3)
             self.assertEqual(s["schedule"], "optimus-online")
-            self.assertAlmostEqual(s["measured_over_simulated"], s["measured_step_s"] / s["simulated_step_s"])
-            self.assertEqual(set(s["measured_idle_s"]), set(s["simulated_idle_s"]))
+            printed = re.search(r"measured/simulated ([\d.]+)", r.stdout).group(1)
+            self.assertEqual(printed, f"{s['measured_over_simulated']:.2f}")
+            self.assertGreater(s["measured_step_s"], 0)
+            self.assertGreater(s["simulated_step_s"], 0)
+            # Two llm stages: some rank waits on its neighbour, and the waits are classified.
+            self.assertGreater(sum(v for k, v in s["measured_idle_s"].items() if k.startswith("pp_")), 0)
             # The measured trace is laid out as braid simulate's: the same metadata, events and arguments.
             sim = subprocess.run([CLI, "simulate", "--config", MLLM, "--strategy", "optimus", "--pp", "2", "--schedule",
                                   "optimus-online", "--trace", d + "/sim.json"], cwd=SOURCE_DIR, capture_output=True,
@@ -472,7 +507,10 @@ class Cli(unittest.TestCase):
                                 stdout=follower, stderr=subprocess.DEVNULL)
         os.close(follower)
         out = b""
-        while True:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if not select.select([leader], [], [], 1)[0]:
+                continue
             try:
                 chunk = os.read(leader, 4096)
             except OSError:  # EIO: the child closed the terminal

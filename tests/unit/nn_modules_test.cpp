@@ -258,9 +258,10 @@ TEST(NnModules, ImageEncoderGradients) {
       Status::invalid_argument, {"vision", "not multiples of the patch size 4"});
 }
 
-// The colocated executor runs the encoder kernel by kernel (the bubble scheduler's tasks):
-// the steps must be the very same arithmetic as the whole forward and backward, bit for bit,
-// and interleaving two microbatches' steps must not mix their state.
+// The colocated executor runs the encoder kernel by kernel (the bubble scheduler's tasks). The
+// whole forward and backward run the blocks' kernels too; this checks the step state around
+// them (embedding, hidden between blocks, final norm, the gradient between blocks): bit for
+// bit the whole encoder, with two microbatches' steps interleaved without mixing their state.
 TEST(NnModules, ImageEncoderStepByStepEqualsTheWholeEncoder) {
   std::mt19937 rng(15);
   nn::HostOps ops(1);

@@ -114,6 +114,22 @@ int run_train(const std::vector<std::string>& args) {
 
   runtime::World world = runtime::World::from_plugin("mpi");
   const int rank = world.rank();
+  // Reports an error of this rank; with several ranks, ends them all at once: the others may
+  // be waiting for this one in a receive or a collective.
+  const auto fail = [&](const std::exception_ptr& error) {
+    int code = kExitInternal;
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& e) {
+      const std::string where = world.size() > 1 ? "rank " + std::to_string(rank) + ": " : "";
+      code = report_error(static_cast<int>(e.status()), where + e.what());
+    } catch (const std::exception& e) {
+      code = report_error(static_cast<int>(Status::internal),
+                          "rank " + std::to_string(rank) + ": internal error: " + e.what());
+    }
+    if (world.size() > 1) world.abort(code);
+    return code;
+  };
   try {
     train::TrainOptions o;
     o.run = train::fit_cluster_to_world(spec::load_run(plan_opts.config), world.size());
@@ -129,6 +145,9 @@ int run_train(const std::vector<std::string>& args) {
     o.data_workers = data_workers;
     o.trace_path = trace;
     o.threads = threads;
+    // Inside a step, before its pending messages are torn down (they would wait for peers
+    // that wait for this rank).
+    o.on_fatal = [&](const std::exception_ptr& error) { fail(error); };
     const std::int64_t total = o.steps ? o.steps : o.run.trainer.steps;
     o.progress_every = vm.count("quiet")            ? 0
                        : vm.count("progress-every") ? progress_every
@@ -151,17 +170,8 @@ int run_train(const std::vector<std::string>& args) {
     }
     train::train(o, world, std::cout, std::cerr);
     return kExitOk;
-  } catch (const Error& e) {
-    const std::string where = world.size() > 1 ? "rank " + std::to_string(rank) + ": " : "";
-    const int code = report_error(static_cast<int>(e.status()), where + e.what());
-    // The other ranks may be waiting in a collective for this one: end them all.
-    if (world.size() > 1) world.abort(code);
-    return code;
-  } catch (const std::exception& e) {
-    const int code = report_error(static_cast<int>(Status::internal),
-                                  "rank " + std::to_string(rank) + ": internal error: " + e.what());
-    if (world.size() > 1) world.abort(code);
-    return code;
+  } catch (const std::exception&) {
+    return fail(std::current_exception());
   }
 }
 

@@ -197,10 +197,8 @@ void ImageEncoder::backward_start(Ops& ops, const Tensor* d_tokens, const Tensor
 void ImageEncoder::backward_kernel(Ops& ops, int layer, int kernel, ImageEncoderSteps& s) const {
   if (layer < 0 || layer >= layers())
     throw Error(Status::invalid_argument, name() + ": no layer " + std::to_string(layer));
-  if (kernel + 1 == TransformerBlock::kKernels) {
-    s.grad = BlockGrad();
-    s.grad.dy = &s.d;
-  }
+  if (kernel + 1 == TransformerBlock::kKernels) s.grad = BlockGrad();
+  s.grad.dy = &s.d;  // again each time: the steps may have moved since the last kernel
   transformer_.block(layer).backward_kernel(ops, kernel, s.cache.transformer.blocks[static_cast<std::size_t>(layer)],
                                             s.grad);
   if (kernel == 0) {
