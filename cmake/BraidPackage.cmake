@@ -1,6 +1,6 @@
 # The Debian package: `cpack -G DEB` in a build folder writes braid_<version>_<arch>.deb
 # with everything BraidInstall.cmake installs, under /usr. Its Depends line comes from
-# dpkg-shlibdeps (the libraries the binaries link: yaml-cpp, Boost, Open MPI, libstdc++).
+# dpkg-shlibdeps (the libraries the binaries link: yaml-cpp, OpenBLAS, Boost, Open MPI, libstdc++).
 set(BRAID_PACKAGE_CONTACT "braid developers" CACHE STRING "Maintainer field of the Debian package")
 set(CPACK_PACKAGE_NAME braid)
 set(CPACK_PACKAGE_VENDOR braid)

@@ -101,13 +101,8 @@ BRAID_API braid_status braid_bubble_scheduler_program(const braid_bubble_schedul
                 "schedule '" + name + "' is not one of the bubble scheduler's: " + schedule_choices());
   std::lock_guard<std::mutex> lock(scheduler->mutex);
   BRAID_REQUIRE(scheduler->schedules, "the scheduler has not run yet; call braid_bubble_scheduler_run first");
-  auto program = std::make_unique<braid_program>();
-  program->program = braid::bubble::program_named(*scheduler->schedules, *parsed);
-  for (const auto& st : program->program.stages) {
-    program->prev.emplace_back(st.prev.begin(), st.prev.end());
-    program->next.emplace_back(st.next.begin(), st.next.end());
-  }
-  *out = program.release();
+  *out = braid::capi::make_program(braid::bubble::program_named(*scheduler->schedules, *parsed), scheduler->plan)
+             .release();
   return BRAID_OK;
   BRAID_API_END
 }

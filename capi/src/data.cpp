@@ -43,18 +43,16 @@ BRAID_API braid_status braid_reorder_create(const braid_plan* plan, const braid_
   *out = nullptr;
   BRAID_REQUIRE(plan, "plan is NULL");
   BRAID_REQUIRE(batch, "batch is NULL");
-  BRAID_REQUIRE(batch->struct_size >= kBatchV1, "batch->struct_size is " + std::to_string(batch->struct_size) +
-                                                    "; initialise the batch with BRAID_SAMPLE_BATCH_INIT");
+  BRAID_REQUIRE(
+      batch->struct_size >= kBatchV1 && batch->struct_size <= BRAID_MAX_STRUCT_SIZE,
+      braid::capi::struct_size_problem("batch", "braid_sample_batch", batch->struct_size, sizeof(braid_sample_batch)) +
+          ": initialise the batch with BRAID_SAMPLE_BATCH_INIT");
   braid_sample_batch b = BRAID_SAMPLE_BATCH_INIT;
   std::memcpy(&b, batch, batch->struct_size < sizeof b ? batch->struct_size : sizeof b);
   braid_reorder_options opts = BRAID_REORDER_OPTIONS_INIT;
-  if (options) {
-    BRAID_REQUIRE(options->struct_size >= kOptionsV1, "options->struct_size is " +
-                                                          std::to_string(options->struct_size) +
-                                                          "; initialise the options with BRAID_REORDER_OPTIONS_INIT");
-    BRAID_REQUIRE(options->version >= 1, "options->version must be BRAID_REORDER_OPTIONS_VERSION");
-    std::memcpy(&opts, options, options->struct_size < sizeof opts ? options->struct_size : sizeof opts);
-  }
+  if (options)
+    BRAID_READ_OPTIONS(options, braid_reorder_options, kOptionsV1, BRAID_REORDER_OPTIONS_VERSION,
+                       BRAID_REORDER_OPTIONS_INIT, &opts);
   // Read the enum as an int: a C caller may store any value in it, and loading an out-of-range
   // enumerator through the enum type is undefined behaviour.
   static_assert(sizeof(braid_reordering) == sizeof(int), "C enums are int-sized");
@@ -77,7 +75,7 @@ BRAID_API braid_status braid_reorder_create(const braid_plan* plan, const braid_
   }
   braid::data::OrderOptions search;
   if (opts.max_evaluations > 0) search.max_evaluations = opts.max_evaluations;
-  const auto program = braid::orchestrate::build_program(*plan->config->cost, chosen);
+  const auto program = braid::orchestrate::build_program(*plan->config->cost, chosen, plan->schedule);
   auto r = std::make_unique<braid_reorder>();
   r->batch =
       braid::data::reorder_batch(run, chosen, program, host, static_cast<braid::data::Reordering>(reordering), search);

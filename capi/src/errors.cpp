@@ -25,7 +25,13 @@ braid_status fail(braid_status status, const std::string& message) noexcept {
   return status;
 }
 
-void clear_error() noexcept { last_error.clear(); }
+std::string struct_size_problem(const char* name, const char* type, std::size_t given, std::size_t known) {
+  std::string text = std::string(name) + "->struct_size is " + std::to_string(given);
+  if (given > BRAID_MAX_STRUCT_SIZE)
+    text +=
+        ", above BRAID_MAX_STRUCT_SIZE (" + std::to_string(BRAID_MAX_STRUCT_SIZE) + "): no braid struct is that large";
+  return text + "; set it to sizeof(" + type + ") (" + std::to_string(known) + ")";
+}
 
 }  // namespace braid::capi
 

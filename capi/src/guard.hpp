@@ -2,6 +2,7 @@
 // one place where C++ exceptions become a braid_status and braid_last_error().
 #pragma once
 
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <string>
@@ -11,14 +12,18 @@
 
 namespace braid::capi {
 
-// Records the message of the failing call for braid_last_error() on this thread.
+// Records the message of the failing call for braid_last_error() on this thread. Only
+// failures write it: a successful call leaves the last failure's message in place.
 braid_status fail(braid_status status, const std::string& message) noexcept;
-// Clears the last error at the start of a call.
-void clear_error() noexcept;
+
+// "info->struct_size is 8; set it to sizeof(braid_module_info) (96)", or with a size
+// above BRAID_MAX_STRUCT_SIZE, why that is refused.
+std::string struct_size_problem(const char* name, const char* type, std::size_t given, std::size_t known);
 
 // Copies a library struct into a caller's struct that starts with struct_size,
 // honouring the caller's size: fields beyond it are not written; fields the
 // caller knows but this library does not are zeroed.
+// The caller's struct_size is at most BRAID_MAX_STRUCT_SIZE (BRAID_REQUIRE_STRUCT).
 template <class T>
 void copy_out(const T& value, T* out) {
   std::size_t caller = out->struct_size;
@@ -29,12 +34,41 @@ void copy_out(const T& value, T* out) {
   if (caller > sizeof(T)) std::memset(reinterpret_cast<char*>(out) + sizeof(T), 0, caller - sizeof(T));
 }
 
+// Reads a caller's option struct into `out` (which holds the defaults): checks its size
+// (at least `first_end`, the end of its first version's fields, and at most
+// BRAID_MAX_STRUCT_SIZE) and its version (0 is invalid; newer than `known` is refused
+// with BRAID_ERR_UNSUPPORTED, since this library cannot honour options it does not
+// know), then copies min(struct_size, sizeof(T)) bytes: fields an older caller lacks keep
+// their defaults. Returns BRAID_OK or the status of the recorded failure.
+template <class T>
+braid_status read_options(const char* func, const char* name, const char* type, const char* init,
+                          const char* version_macro, const T* in, std::size_t first_end, std::uint32_t known,
+                          T* out) noexcept {
+  try {
+    const std::string where = std::string(func) + ": " + name;
+    if (in->struct_size < first_end || in->struct_size > BRAID_MAX_STRUCT_SIZE)
+      return fail(BRAID_ERR_INVALID_ARGUMENT, std::string(func) + ": " +
+                                                  struct_size_problem(name, type, in->struct_size, sizeof(T)) +
+                                                  ": initialise the struct with " + init);
+    if (in->version == 0)
+      return fail(BRAID_ERR_INVALID_ARGUMENT, where + "->version is 0; initialise the struct with " + init + " (" +
+                                                  version_macro + " is " + std::to_string(known) + ")");
+    if (in->version > known)
+      return fail(BRAID_ERR_UNSUPPORTED,
+                  where + "->version is " + std::to_string(in->version) + ", newer than this library's " +
+                      version_macro + " (" + std::to_string(known) +
+                      "): it cannot honour fields it does not know; use a libbraid at least as new as the "
+                      "braid headers the caller was compiled with");
+    std::memcpy(static_cast<void*>(out), in, in->struct_size < sizeof(T) ? in->struct_size : sizeof(T));
+    return BRAID_OK;
+  } catch (...) {
+    return fail(BRAID_ERR_OUT_OF_MEMORY, "out of host memory");
+  }
+}
+
 }  // namespace braid::capi
 
-#define BRAID_API_BEGIN \
-  try {                 \
-    ::braid::capi::clear_error();
-
+#define BRAID_API_BEGIN try {
 #define BRAID_API_END                                                                           \
   }                                                                                             \
   catch (const ::braid::Error& e) {                                                             \
@@ -54,10 +88,18 @@ void copy_out(const T& value, T* out) {
 #define BRAID_REQUIRE(cond, what) \
   if (!(cond)) return ::braid::capi::fail(BRAID_ERR_INVALID_ARGUMENT, std::string(__func__) + ": " + (what))
 
-// A caller's struct: not NULL, and at least as large as its first version (larger,
-// from a newer caller, is fine: copy_out fills what this library knows).
-#define BRAID_REQUIRE_STRUCT(ptr, type, first_field_end)                                                            \
-  BRAID_REQUIRE(ptr, #ptr " is NULL");                                                                              \
-  BRAID_REQUIRE((ptr)->struct_size >= (first_field_end),                                                            \
-                #ptr "->struct_size is " + std::to_string((ptr)->struct_size) + "; set it to sizeof(" #type ") (" + \
-                    std::to_string(sizeof(type)) + ")")
+// A caller's struct: not NULL, at least as large as its first version and at most
+// BRAID_MAX_STRUCT_SIZE (larger than this library's, from a newer caller, is fine:
+// copy_out fills what this library knows and zeroes the rest).
+#define BRAID_REQUIRE_STRUCT(ptr, type, first_field_end)                                                \
+  BRAID_REQUIRE(ptr, #ptr " is NULL");                                                                  \
+  BRAID_REQUIRE((ptr)->struct_size >= (first_field_end) && (ptr)->struct_size <= BRAID_MAX_STRUCT_SIZE, \
+                ::braid::capi::struct_size_problem(#ptr, #type, (ptr)->struct_size, sizeof(type)))
+
+// Reads option struct `ptr` (non-NULL) of `type` into `*out` with read_options; returns its failure.
+#define BRAID_READ_OPTIONS(ptr, type, first_field_end, version_macro, init_macro, out)                 \
+  do {                                                                                                 \
+    const braid_status braid_read_status_ = ::braid::capi::read_options(                               \
+        __func__, #ptr, #type, #init_macro, #version_macro, ptr, first_field_end, version_macro, out); \
+    if (braid_read_status_ != BRAID_OK) return braid_read_status_;                                     \
+  } while (0)

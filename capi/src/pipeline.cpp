@@ -7,7 +7,10 @@
 
 #include "capi/src/guard.hpp"
 #include "capi/src/handles.hpp"
+#include "core/bubble/emit.hpp"
+#include "core/bubble/encoder_tasks.hpp"
 #include "core/orchestrate/program.hpp"
+#include "core/pipeline/program.hpp"
 #include "core/sim/trace.hpp"
 
 namespace {
@@ -45,6 +48,20 @@ static_assert(BRAID_BUBBLE_TP == static_cast<int>(Cause::tp));
 static_assert(BRAID_BUBBLE_BATCH_SYNC == static_cast<int>(Cause::batch_sync));
 static_assert(BRAID_BUBBLE_IMBALANCE == static_cast<int>(Cause::imbalance));
 static_assert(BRAID_FLAG_SYNC_ONLY == braid::pipeline::kSyncOnly);
+static_assert(BRAID_FLAG_IN_TP_BUBBLE == braid::pipeline::kInTpBubble);
+static_assert(BRAID_FLAG_ALL == (BRAID_FLAG_NO_STORE | BRAID_FLAG_RECOMPUTE | BRAID_FLAG_BACKWARD_TASK |
+                                 BRAID_FLAG_SYNC_ONLY | BRAID_FLAG_IN_TP_BUBBLE));
+// The numbering of a colocated stage's encoder units and ordering messages (core/bubble).
+static_assert(BRAID_ENCODER_UNIT_EMBEDDING == braid::bubble::kEmbeddingUnit);
+static_assert(BRAID_ENCODER_UNIT_FIRST_KERNEL == braid::bubble::kFirstKernelUnit);
+static_assert(BRAID_ENCODER_LAYER_KERNELS == braid::bubble::kLayerUnits);
+static_assert(BRAID_ENCODER_UNIT_HEAD == braid::bubble::kHeadUnit);
+static_assert(BRAID_ENCODER_UNIT_TRANSFER == braid::bubble::kTransferUnit);
+static_assert(BRAID_ENCODER_UNIT_SHARD == braid::bubble::kShardUnit);
+static_assert(BRAID_ENCODER_UNITS == braid::bubble::kEncoderUnits);
+static_assert(1 + BRAID_ENCODER_UNITS == braid::bubble::encoder_unit(1, 0));
+static_assert(BRAID_ENCODER_MESSAGE_BASE == braid::bubble::kEncoderTag);
+static_assert(BRAID_ENCODER_MESSAGE_BASE + (2 << 16) + 5 == braid::bubble::encoder_tag(2, 5));
 static_assert(BRAID_BUBBLE_COUNT == braid::sim::kCauseCount);
 
 braid_opcode opcode_to_c(Op op) {
@@ -85,7 +102,41 @@ std::string stage_range(std::size_t index, std::size_t stages) {
          (stages == 1 ? " stage)" : " stages)");
 }
 
+std::string instruction_range(std::size_t index, std::size_t stage, std::size_t count) {
+  return "index " + std::to_string(index) + " is out of range (stage " + std::to_string(stage) + " has " +
+         std::to_string(count) + (count == 1 ? " instruction)" : " instructions)");
+}
+
+braid_instruction instruction_to_c(const braid::pipeline::Instruction& i) {
+  braid_instruction v = BRAID_INSTRUCTION_INIT;
+  v.opcode = opcode_to_c(i.op);
+  v.microbatch = i.microbatch;
+  v.chunk = i.chunk;
+  v.peer = i.peer;
+  v.group = i.group;
+  v.unit = i.unit;
+  v.flags = i.flags;
+  return v;
+}
+
 }  // namespace
+
+namespace braid::capi {
+
+std::unique_ptr<braid_program> make_program(pipeline::Program program, const plan::Plan& plan) {
+  auto out = std::make_unique<braid_program>();
+  out->program = std::move(program);
+  for (const auto& s : out->program.stages) {
+    const auto peers = pipeline::message_peers(s);  // every stage it exchanges messages with
+    out->prev.emplace_back(peers.prev.begin(), peers.prev.end());
+    out->next.emplace_back(peers.next.begin(), peers.next.end());
+    out->module.push_back(plan::placement_index(plan, s.module));
+    out->parts.push_back(orchestrate::plan_parts(plan, s));
+  }
+  return out;
+}
+
+}  // namespace braid::capi
 
 extern "C" {
 
@@ -96,15 +147,12 @@ BRAID_API braid_status braid_program_create(const braid_plan* plan, const char* 
   BRAID_REQUIRE(out, "out is NULL");
   *out = nullptr;
   BRAID_REQUIRE(plan, "plan is NULL");
-  auto program = std::make_unique<braid_program>();
   const auto& cost = *plan->config->cost;
   const auto& chosen = plan->result.best;
-  program->program = braid::orchestrate::build_program(
-      cost, chosen, braid::orchestrate::parse_schedule_for(cost, chosen, schedule ? schedule : ""));
-  for (const auto& s : program->program.stages) {
-    program->prev.emplace_back(s.prev.begin(), s.prev.end());
-    program->next.emplace_back(s.next.begin(), s.next.end());
-  }
+  // No name: the schedule the plan options named, else the plan's default.
+  const auto named =
+      schedule && *schedule ? braid::orchestrate::parse_schedule_for(cost, chosen, schedule) : plan->schedule;
+  auto program = braid::capi::make_program(braid::orchestrate::build_program(cost, chosen, named), chosen);
   *out = program.release();
   return BRAID_OK;
   BRAID_API_END
@@ -144,7 +192,7 @@ BRAID_API braid_status braid_program_stage(const braid_program* program, size_t 
   const auto& next = program->next[stage];
   braid_stage_info v = BRAID_STAGE_INFO_INIT;
   v.name = s.name.c_str();
-  v.module = s.module;
+  v.module = program->module[stage];
   v.replicas = s.replicas;
   v.devices_per_replica = s.devices_per_replica;
   v.first_device = s.first_device;
@@ -155,6 +203,8 @@ BRAID_API braid_status braid_program_stage(const braid_program* program, size_t 
   v.prev = prev.empty() ? nullptr : prev.data();
   v.next_count = next.size();
   v.next = next.empty() ? nullptr : next.data();
+  v.gradient_scale = braid::pipeline::gradient_scale(program->program, stage);
+  v.part_count = program->parts[stage].size();
   braid::capi::copy_out(v, info);
   return BRAID_OK;
   BRAID_API_END
@@ -168,19 +218,70 @@ BRAID_API braid_status braid_program_instruction(const braid_program* program, s
   const auto& stages = program->program.stages;
   BRAID_REQUIRE(stage < stages.size(), "stage " + stage_range(stage, stages.size()));
   const auto& list = stages[stage].instructions;
-  BRAID_REQUIRE(index < list.size(), "index " + std::to_string(index) + " is out of range (stage " +
-                                         std::to_string(stage) + " has " + std::to_string(list.size()) +
-                                         (list.size() == 1 ? " instruction)" : " instructions)"));
-  const auto& i = list[index];
-  braid_instruction v = BRAID_INSTRUCTION_INIT;
-  v.opcode = opcode_to_c(i.op);
-  v.microbatch = i.microbatch;
-  v.chunk = i.chunk;
-  v.peer = i.peer;
-  v.group = i.group;
-  v.unit = i.unit;
-  v.flags = i.flags;
-  braid::capi::copy_out(v, instruction);
+  BRAID_REQUIRE(index < list.size(), instruction_range(index, stage, list.size()));
+  braid::capi::copy_out(instruction_to_c(list[index]), instruction);
+  return BRAID_OK;
+  BRAID_API_END
+}
+
+BRAID_API braid_status braid_program_stage_part(const braid_program* program, size_t stage, size_t index,
+                                                braid_stage_part* part) {
+  BRAID_API_BEGIN
+  BRAID_REQUIRE(program, "program is NULL");
+  BRAID_REQUIRE_STRUCT(part, braid_stage_part, offsetof(braid_stage_part, module) + sizeof(int32_t));
+  const auto& stages = program->program.stages;
+  BRAID_REQUIRE(stage < stages.size(), "stage " + stage_range(stage, stages.size()));
+  const auto& parts = program->parts[stage];
+  BRAID_REQUIRE(index < parts.size(), "index " + std::to_string(index) + " is out of range (stage " +
+                                          std::to_string(stage) + " has " + std::to_string(parts.size()) +
+                                          (parts.size() == 1 ? " part)" : " parts)"));
+  const auto& p = parts[index];
+  braid_stage_part v = BRAID_STAGE_PART_INIT;
+  v.module = p.module;
+  v.module_stage = p.module_stage;
+  v.first_layer = p.first_layer;
+  v.layer_count = p.layer_count;
+  braid::capi::copy_out(v, part);
+  return BRAID_OK;
+  BRAID_API_END
+}
+
+/* ---- per-rank programs ------------------------------------------------------------------ */
+
+BRAID_API braid_status braid_program_microbatches(const braid_program* program, int32_t* count) {
+  BRAID_API_BEGIN
+  BRAID_REQUIRE(program, "program is NULL");
+  BRAID_REQUIRE(count, "count is NULL");
+  *count = program->program.microbatches;
+  return BRAID_OK;
+  BRAID_API_END
+}
+
+BRAID_API braid_status braid_program_rank(const braid_program* program, int32_t rank, braid_program_rank_info* info) {
+  BRAID_API_BEGIN
+  BRAID_REQUIRE(program, "program is NULL");
+  BRAID_REQUIRE_STRUCT(info, braid_program_rank_info, offsetof(braid_program_rank_info, stage) + sizeof(int32_t));
+  const auto place = program->program.place_of(rank);
+  braid_program_rank_info v = BRAID_PROGRAM_RANK_INFO_INIT;
+  v.stage = place.stage;
+  v.replica = place.replica;
+  v.tp_rank = place.tp_rank;
+  v.instruction_count = program->program.stages[static_cast<std::size_t>(place.stage)].instructions.size();
+  braid::capi::copy_out(v, info);
+  return BRAID_OK;
+  BRAID_API_END
+}
+
+BRAID_API braid_status braid_program_rank_instruction(const braid_program* program, int32_t rank, size_t index,
+                                                      braid_instruction* instruction) {
+  BRAID_API_BEGIN
+  BRAID_REQUIRE(program, "program is NULL");
+  BRAID_REQUIRE_STRUCT(instruction, braid_instruction, offsetof(braid_instruction, opcode) + sizeof(braid_opcode));
+  const auto stage = static_cast<std::size_t>(program->program.place_of(rank).stage);
+  const auto& list = program->program.stages[stage].instructions;
+  BRAID_REQUIRE(index < list.size(),
+                instruction_range(index, stage, list.size()) + " (the stage of rank " + std::to_string(rank) + ")");
+  braid::capi::copy_out(instruction_to_c(list[index]), instruction);
   return BRAID_OK;
   BRAID_API_END
 }
@@ -194,13 +295,9 @@ BRAID_API braid_status braid_simulate(const braid_program* program, const braid_
   *out = nullptr;
   BRAID_REQUIRE(program, "program is NULL");
   braid_simulation_options opts = BRAID_SIMULATION_OPTIONS_INIT;
-  if (options) {
-    BRAID_REQUIRE(options->struct_size >= kSimulationOptionsV1,
-                  "options->struct_size is " + std::to_string(options->struct_size) +
-                      "; initialise the options with BRAID_SIMULATION_OPTIONS_INIT");
-    BRAID_REQUIRE(options->version >= 1, "options->version must be BRAID_SIMULATION_OPTIONS_VERSION");
-    std::memcpy(&opts, options, options->struct_size < sizeof opts ? options->struct_size : sizeof opts);
-  }
+  if (options)
+    BRAID_READ_OPTIONS(options, braid_simulation_options, kSimulationOptionsV1, BRAID_SIMULATION_OPTIONS_VERSION,
+                       BRAID_SIMULATION_OPTIONS_INIT, &opts);
   BRAID_REQUIRE(opts.record_trace == 0 || opts.record_trace == 1,
                 "options->record_trace is " + std::to_string(opts.record_trace) + "; set it to 0 or 1");
   BRAID_REQUIRE(opts.trace_replicas >= -1, "options->trace_replicas is " + std::to_string(opts.trace_replicas) +

@@ -1,6 +1,7 @@
 // braid_plan_*: plan a config, inspect the result, render it as text.
 #include <string>
 
+#include "capi/src/enums.hpp"
 #include "capi/src/guard.hpp"
 #include "capi/src/handles.hpp"
 #include "core/orchestrate/planning.hpp"
@@ -12,8 +13,10 @@ using braid::plan::Strategy;
 
 constexpr std::size_t kPlanOptionsV1 = offsetof(braid_plan_options, plan_yaml) + sizeof(const char*);
 
-// Takes the raw integer: a C caller may put any value in an enum field, and
-// loading an out-of-range value as a C++ enum is undefined behaviour.
+}  // namespace
+
+namespace braid::capi {
+
 braid_status strategy_from_c(int s, Strategy* out) {
   switch (s) {
     case BRAID_STRATEGY_AUTO:
@@ -56,6 +59,13 @@ braid_strategy strategy_to_c(Strategy s) {
   return BRAID_STRATEGY_AUTO;
 }
 
+}  // namespace braid::capi
+
+namespace {
+
+using braid::capi::strategy_from_c;
+using braid::capi::strategy_to_c;
+
 braid::plan::PlanReport report(const braid_plan* plan) {
   return braid::orchestrate::plan_report(*plan->config->cost, plan->result, plan->requested);
 }
@@ -71,13 +81,9 @@ BRAID_API braid_status braid_plan_create(const braid_config* config, const braid
   *out = nullptr;
   BRAID_REQUIRE(config, "config is NULL");
   braid_plan_options opts = BRAID_PLAN_OPTIONS_INIT;
-  if (options) {
-    BRAID_REQUIRE(options->struct_size >= kPlanOptionsV1, "options->struct_size is " +
-                                                              std::to_string(options->struct_size) +
-                                                              "; initialise the options with BRAID_PLAN_OPTIONS_INIT");
-    BRAID_REQUIRE(options->version >= 1, "options->version must be BRAID_PLAN_OPTIONS_VERSION");
-    std::memcpy(&opts, options, options->struct_size < sizeof opts ? options->struct_size : sizeof opts);
-  }
+  if (options)
+    BRAID_READ_OPTIONS(options, braid_plan_options, kPlanOptionsV1, BRAID_PLAN_OPTIONS_VERSION, BRAID_PLAN_OPTIONS_INIT,
+                       &opts);
   braid::plan::PlanRequest request;
   int raw_strategy = 0;
   static_assert(sizeof raw_strategy == sizeof opts.strategy);
@@ -86,14 +92,30 @@ BRAID_API braid_status braid_plan_create(const braid_config* config, const braid
                 "options->strategy " + std::to_string(raw_strategy) + " is not a braid_strategy");
   BRAID_REQUIRE(opts.tp >= 0 && opts.pp >= 0 && opts.dp >= 0, "tp, pp and dp constraints must be 0 (free) or positive");
   request.constraints = braid::plan::Constraints{opts.tp, opts.pp, opts.dp};
+  // Version 2: overrides of the run's settings for this plan only.
+  braid::orchestrate::PlanOverrides overrides;
+  overrides.schedule = opts.schedule ? opts.schedule : "";
+  overrides.virtual_stages = opts.virtual_stages;
+  overrides.microbatch_size = opts.microbatch_size;
+  auto priced = config->current();
+  if (!overrides.schedule.empty() || overrides.virtual_stages != 0 || overrides.microbatch_size != 0) {
+    try {
+      priced =
+          std::make_shared<const braid::capi::PricedRun>(braid::orchestrate::overridden_run(priced->run, overrides));
+    } catch (const braid::Error& e) {
+      if (e.status() != braid::Status::invalid_argument) throw;
+      return braid::capi::fail(BRAID_ERR_INVALID_ARGUMENT, std::string(__func__) + ": options->" + e.what());
+    }
+  }
   if (request.strategy == Strategy::fixed) {
     BRAID_REQUIRE(opts.plan_yaml, "BRAID_STRATEGY_FIXED needs options->plan_yaml");
-    request.fixed = braid::plan::parse_plan_text(opts.plan_yaml, config->run, "<plan_yaml>");
+    request.fixed = braid::plan::parse_plan_text(opts.plan_yaml, priced->run, "<plan_yaml>");
   }
   auto plan = std::make_unique<braid_plan>();
-  plan->config = config;
+  plan->config = priced;
   plan->requested = request.strategy;
-  plan->result = braid::orchestrate::make_plan(*config->cost, request);
+  plan->result = braid::orchestrate::make_plan(*priced->cost, request);
+  plan->schedule = braid::orchestrate::planned_schedule(*priced->cost, plan->result.best, overrides);
   for (const auto& m : plan->result.best.modules)
     plan->layers.emplace_back(m.layers_per_stage.begin(), m.layers_per_stage.end());
   *out = plan.release();

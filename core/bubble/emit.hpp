@@ -28,7 +28,7 @@ struct Emitted {
 // Microbatch ids of the ordering messages inside an encoder's own pipeline, apart
 // from the llm's microbatch ids.
 constexpr int kEncoderTag = 1 << 24;
-inline int encoder_tag(int encoder, int microbatch) { return kEncoderTag + (encoder << 16) + microbatch; }
+constexpr int encoder_tag(int encoder, int microbatch) { return kEncoderTag + (encoder << 16) + microbatch; }
 
 // `without_encoders`: the llm alone (the placement must be empty).
 Emitted emit(const Colocated& c, const Placement& placement, bool without_encoders = false);

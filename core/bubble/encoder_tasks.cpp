@@ -114,6 +114,7 @@ Colocated decompose(const cost::CostModel& cost, const plan::Plan& plan) {
       h.encoder = e;
       h.encoder_stage = s / enc.span;
       h.lane = s % enc.span;
+      st.parts.push_back(pipeline::stage_part(m, h.encoder_stage));
       const auto& l = loads[static_cast<std::size_t>(h.encoder_stage)];
       const bool first = h.encoder_stage == 0, last = h.encoder_stage == m.pp - 1;
       const int layers = m.layers_per_stage[static_cast<std::size_t>(h.encoder_stage)];
@@ -130,33 +131,37 @@ Colocated decompose(const cost::CostModel& cost, const plan::Plan& plan) {
         (backward ? h.backward : h.forward).push_back(t);
         (backward ? h.backward_s : h.forward_s) += t.seconds;
       };
+      // Every stage holds the same block of kEncoderUnits units for each encoder, whether it
+      // runs them or not, so that an EncoderTask's unit says which encoder and which kernel
+      // by itself (encoder_unit; the C ABI documents the numbering).
+      if (static_cast<int>(st.units.size()) != encoder_unit(e, 0) || static_cast<int>(kernels.size()) != kLayerUnits)
+        throw Error(Status::internal, m.name + ": its work units do not follow the encoder unit numbering");
       const std::string prefix = m.name + " ";
-      const int embed =
-          first ? add_unit(unit_from(prefix + "embedding", mc.first, false), pipeline::UnitKind::encoder_embedding)
-                : -1;
-      const int kinds = static_cast<int>(kernels.size());
+      const int embed_unit =
+          add_unit(unit_from(prefix + "embedding", mc.first, false), pipeline::UnitKind::encoder_embedding);
       const int base = static_cast<int>(st.units.size());
       for (std::size_t k = 0; k < kernels.size(); ++k) {
         WorkUnit u = unit_from(prefix + kernels[k].name, kernels[k].cost, kernels[k].communication);
         u.activation_bytes = u.input_bytes = 0;
         add_unit(std::move(u), pipeline::UnitKind::encoder_kernel, static_cast<int>(k));
       }
+      const int kinds = static_cast<int>(kernels.size());
       // The layer's stored activations live with its first kernel: kept by that
       // kernel's forward task, freed by its backward task.
       st.units[static_cast<std::size_t>(base)].activation_bytes = mc.layer.activation_bytes;
-      const int head = last && mc.last.hardware_flops() > 0
-                           ? add_unit(unit_from(prefix + "head", mc.last, false), pipeline::UnitKind::encoder_head)
-                           : -1;
+      const int head_unit = add_unit(unit_from(prefix + "head", mc.last, false), pipeline::UnitKind::encoder_head);
       const double out_s = last ? handover : l.p2p_s / 2;
-      const int send = out_s > 0 ? add_unit(transfer_unit(prefix + (last ? "hand-over" : "send"), out_s, out_s),
-                                            pipeline::UnitKind::encoder_transfer)
-                                 : -1;
-      int shard = -1;
-      if (l.shard_comm_s > 0) {  // ZeRO-2/3 traffic of the encoder's gradients, per microbatch
-        WorkUnit u = transfer_unit(prefix + "dp shard traffic", 0, 0);
-        u.shard_comm_s = l.shard_comm_s;
-        shard = add_unit(std::move(u), pipeline::UnitKind::encoder_shard);
-      }
+      const int send_unit = add_unit(transfer_unit(prefix + (last ? "hand-over" : "send"), out_s, out_s),
+                                     pipeline::UnitKind::encoder_transfer);
+      WorkUnit shard_traffic = transfer_unit(prefix + "dp shard traffic", 0, 0);
+      shard_traffic.shard_comm_s = l.shard_comm_s;  // ZeRO-2/3 traffic of the encoder's gradients, per microbatch
+      const int shard_unit = add_unit(std::move(shard_traffic), pipeline::UnitKind::encoder_shard);
+      // The tasks this stage runs: the embedding on the encoder's first stage, the head (when
+      // it has work) on its last, the transfer and the shard traffic when they take time.
+      const int embed = first ? embed_unit : -1;
+      const int head = last && mc.last.hardware_flops() > 0 ? head_unit : -1;
+      const int send = out_s > 0 ? send_unit : -1;
+      const int shard = l.shard_comm_s > 0 ? shard_unit : -1;
 
       if (embed >= 0) task(embed, 0, false);
       for (int layer = 0; layer < layers; ++layer)

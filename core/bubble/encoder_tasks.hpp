@@ -14,6 +14,22 @@
 
 namespace braid::bubble {
 
+// The work units of a colocated llm stage: unit 0 is the llm's (its 1F1B has one chunk);
+// then, per encoder in plan order, one block of kEncoderUnits units, present on every stage
+// whether it runs them or not: its embedding, the kLayerUnits kernels of a transformer
+// layer (cost::kLayerKernels order), its head, its transfer (the hand-over of its outputs
+// to the llm's first stage, or the send to its next stage) and its ZeRO-2/3 shard traffic.
+constexpr int kLayerUnits = cost::kLayerKernels;
+enum EncoderUnit : int {
+  kEmbeddingUnit = 0,
+  kFirstKernelUnit = 1,
+  kHeadUnit = kFirstKernelUnit + kLayerUnits,
+  kTransferUnit,
+  kShardUnit,
+  kEncoderUnits,
+};
+constexpr int encoder_unit(int encoder, int slot) { return 1 + encoder * kEncoderUnits + slot; }
+
 // One task of an encoder microbatch on one device: an EncoderTask instruction with
 // `unit` (the kernel kind, a WorkUnit of the llm stage) and `layer` (its chunk).
 struct Task {

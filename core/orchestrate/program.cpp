@@ -16,9 +16,9 @@ std::vector<spec::Schedule> schedules_for(const cost::CostModel& cost, const pla
 std::optional<spec::Schedule> parse_schedule_for(const cost::CostModel& cost, const plan::Plan& plan,
                                                  std::string_view name) {
   if (name.empty()) return std::nullopt;
+  const spec::Schedule schedule = spec::schedule_named(name);  // invalid_argument for a name that is no schedule
   const auto allowed = schedules_for(cost, plan);
-  const auto schedule = spec::parse_schedule(name);
-  if (!schedule || std::find(allowed.begin(), allowed.end(), *schedule) == allowed.end())
+  if (std::find(allowed.begin(), allowed.end(), schedule) == allowed.end())
     throw Error(Status::unsupported, pipeline::schedule_refusal(plan, allowed, name));
   return schedule;
 }
@@ -32,6 +32,13 @@ pipeline::Program build_program(const cost::CostModel& cost, const plan::Plan& p
     throw Error(Status::unsupported, pipeline::schedule_refusal(plan, allowed, spec::schedule_name(schedule)));
   // Complete programs from the bubble scheduler (the step's tail included).
   return bubble::program_named(bubble::schedule(cost, plan), schedule);
+}
+
+std::vector<pipeline::StagePart> plan_parts(const plan::Plan& plan, const pipeline::StageProgram& stage) {
+  std::vector<pipeline::StagePart> out = stage.parts;
+  for (auto& p : out) p.module = plan::placement_index(plan, p.module);
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.module < b.module; });
+  return out;
 }
 
 }  // namespace braid::orchestrate

@@ -18,8 +18,9 @@ namespace braid::orchestrate {
 std::vector<spec::Schedule> schedules_for(const cost::CostModel& cost, const plan::Plan& plan);
 
 // The schedule a caller names for `plan` (--schedule, the C ABI): nullopt for "" (the
-// plan's default). Throws Error(Status::unsupported) with pipeline::schedule_refusal's
-// message when the plan runs no schedule of that name.
+// plan's default). Throws Error(Status::invalid_argument) for a name that is no schedule
+// (spec::schedule_named: with the closest name), Error(Status::unsupported) with
+// pipeline::schedule_refusal's message for a schedule the plan does not run.
 std::optional<spec::Schedule> parse_schedule_for(const cost::CostModel& cost, const plan::Plan& plan,
                                                  std::string_view name);
 
@@ -27,5 +28,9 @@ std::optional<spec::Schedule> parse_schedule_for(const cost::CostModel& cost, co
 // for a colocated plan, as bubble::schedule does).
 pipeline::Program build_program(const cost::CostModel& cost, const plan::Plan& plan,
                                 std::optional<spec::Schedule> schedule = std::nullopt);
+
+// What `stage` of a program of `plan` runs (pipeline::StagePart), its modules numbered as
+// the plan numbers them (indices into plan.modules, the C ABI's numbering), in that order.
+std::vector<pipeline::StagePart> plan_parts(const plan::Plan& plan, const pipeline::StageProgram& stage);
 
 }  // namespace braid::orchestrate

@@ -78,6 +78,7 @@ int add_grid(Program& p, const cost::CostModel& cost, const ModulePlacement& m, 
     const auto& l = a.loads[static_cast<std::size_t>(s)];
     StageProgram st = stage_from(cost, l, m.name + " stage " + std::to_string(s), plan::module_stage_devices(m, s));
     st.module = m.module;
+    st.parts.push_back(stage_part(m, s));
     st.depth = depth_offset + s;
     st.units.push_back(unit_of(l, st.name, input_bytes(cost, m)));
     p.stages.push_back(std::move(st));
@@ -110,11 +111,13 @@ Program monolithic(const cost::CostModel& cost, const plan::Plan& plan, spec::Sc
     std::string names;
     double input = 0;
     int module = -1, count = 0, collectives = 0;
+    std::vector<StagePart> parts;
     for (const auto& m : plan.modules) {
       if (m.first_stage <= s && s < m.first_stage + m.pp) {
         names += (names.empty() ? "" : ", ") + m.name;
         input = std::max(input, input_bytes(cost, m));
         module = m.module;
+        parts.push_back(stage_part(m, s - m.first_stage));
         ++count;
         // Megatron TP: two collectives per transformer layer each way (attention, MLP).
         const auto at = static_cast<std::size_t>(s - m.first_stage);
@@ -124,6 +127,7 @@ Program monolithic(const cost::CostModel& cost, const plan::Plan& plan, spec::Sc
     StageProgram st =
         stage_from(cost, l, "stage " + std::to_string(s) + " (" + names + ")", plan::grid_stage_devices(g.tp, g.dp, s));
     st.module = count == 1 ? module : -1;
+    st.parts = std::move(parts);
     st.depth = s;
     st.send_activation_s = s + 1 < g.stages ? g.send_s[static_cast<std::size_t>(s)] : g.wrap_send_s;
     st.send_grad_s = s > 0 ? g.send_s[static_cast<std::size_t>(s - 1)] : g.wrap_send_s;
@@ -220,6 +224,8 @@ Program chain(const cost::CostModel& cost, const plan::Plan& plan, spec::Schedul
                        : m.role == spec::Role::llm   ? enc_depth
                                                      : enc_depth + llm->pp + gen_depth - m.pp;
     const int first = add_grid(p, cost, m, a, offset);
+    for (const auto* q : riders)
+      p.stages[static_cast<std::size_t>(first + m.pp - 1)].parts.push_back(stage_part(*q, 0));
     if (consumers > 0)
       p.stages[static_cast<std::size_t>(first + m.pp - 1)].send_activation_s = a.handover_s;  // per consumer
     if (m.role == spec::Role::encoder) enc_last.push_back(first + m.pp - 1);
@@ -241,6 +247,17 @@ Program chain(const cost::CostModel& cost, const plan::Plan& plan, spec::Schedul
 }
 
 }  // namespace
+
+StagePart stage_part(const plan::ModulePlacement& m, int module_stage) {
+  StagePart part;
+  part.module = m.module;
+  part.module_stage = module_stage;
+  const auto& layers = m.layers_per_stage;
+  const auto k = static_cast<std::size_t>(module_stage);
+  for (std::size_t i = 0; i < k && i < layers.size(); ++i) part.first_layer += layers[i];
+  part.layer_count = k < layers.size() ? layers[k] : 0;
+  return part;
+}
 
 std::vector<spec::Schedule> schedules_for(const cost::CostModel& cost, const plan::Plan& plan) {
   using spec::Schedule;

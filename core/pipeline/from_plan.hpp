@@ -28,6 +28,10 @@ std::vector<spec::Schedule> schedules_for(const cost::CostModel& cost, const pla
 // runs <allowed>, not '<name>'" (for the Error(Status::unsupported) of build_program).
 std::string schedule_refusal(const plan::Plan& plan, const std::vector<spec::Schedule>& allowed, std::string_view name);
 
+// Module stage `module_stage` of placement `m` as a stage part: its layer range from the
+// plan's layers_per_stage.
+StagePart stage_part(const plan::ModulePlacement& m, int module_stage);
+
 // `schedule` nullopt: the plan's default. Throws Error(Status::bad_config) when the plan
 // cannot run (with the evaluator's reason), Status::unsupported for a schedule the plan's
 // layout cannot run, Status::internal for a colocated plan.

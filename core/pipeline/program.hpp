@@ -75,6 +75,15 @@ struct WorkUnit {
   bool communication = false;   // encoder kernel that is itself a collective or transfer
 };
 
+// What a stage runs of one module: one of the module's own pipeline stages, as a range of
+// the module's layers (the plan's layers_per_stage split, counted from the module's first layer).
+struct StagePart {
+  int module = -1;       // model module index (as StageProgram::module)
+  int module_stage = 0;  // the module's own pipeline stage
+  int first_layer = 0;   // layers [first_layer, first_layer + layer_count) of the module
+  int layer_count = 0;
+};
+
 struct StageProgram {
   std::string name;             // "llm stage 3"
   int module = -1;              // model module index; -1 when a stage holds several
@@ -95,6 +104,9 @@ struct StageProgram {
   // multiplied by work_scale[r * slots + mb], slots = work_scale.size() / replicas.
   std::vector<double> work_scale;
   std::vector<Instruction> instructions;
+  // Every module stage this stage runs: its own grid's (several on a monolithic stage),
+  // a chain encoder's projector on its last stage, a colocated stage's encoder stages.
+  std::vector<StagePart> parts;
 
   // The device that runs tensor-parallel rank `tp` of DP replica `replica`; a device's replica.
   int device(int replica, int tp = 0) const { return first_device + replica * device_stride + tp; }
@@ -103,6 +115,14 @@ struct StageProgram {
   int microbatches_per_group(int program_default) const {
     return group_microbatches > 0 ? group_microbatches : program_default;
   }
+};
+
+// Where one device runs a program: its stage, its DP replica of the stage, its place in
+// the replica's tensor-parallel group.
+struct DevicePlace {
+  int stage = 0;
+  int replica = 0;
+  int tp_rank = 0;
 };
 
 struct Program {
@@ -116,7 +136,35 @@ struct Program {
   double peak_flops = 0;    // per device
   int devices = 0;
   std::vector<StageProgram> stages;
+
+  // The stage that device `device` (a rank of the plan's world) runs. Throws
+  // Error(Status::invalid_argument) for a device outside 0..devices-1 or on no stage.
+  DevicePlace place_of(int device) const;
 };
+
+// The factor that turns the sum of a stage's per-replica gradients over its DP group (what
+// ReduceGrads all-reduces) into the single-process gradient of the step's loss: 1 for
+// every stage of every program. Why: braid's programs define the loss a replica
+// backpropagates for a microbatch as its share of the step's loss, already divided by the
+// whole step's count (the reference trainer, core/train: chain_stage.cpp normalises the LM
+// loss by the counted tokens all-reduced over every replica and microbatch of the step;
+// clip_work.cpp's batch-sync gives each rank its share of a group's mean loss times 1/groups).
+// The shares of every microbatch and replica sum to the step's loss, so their gradients sum
+// (stage_work.cpp's allreduce_gradients is a plain sum) to its gradient. A producer fed back
+// by a consumer of another DP width (fan-in) gets gradients of a loss that already spans all
+// its producers: summed too, never averaged. Throws Error(Status::invalid_argument) for a
+// stage out of range.
+double gradient_scale(const Program& program, std::size_t stage);
+
+// The stages a stage exchanges messages with, from its instructions' peers: `prev`, those
+// it receives activations from or sends gradients to; `next`, those it sends activations
+// to or receives gradients from; each ascending, once. Unlike StageProgram::prev/next (the
+// module graph the generators follow), they include an interleaved pipeline's wrap-around
+// (last stage -> first) and a colocated program's ordering messages (kSyncOnly).
+struct MessagePeers {
+  std::vector<int> prev, next;
+};
+MessagePeers message_peers(const StageProgram& stage);
 
 // Appends `i` to stage `s`.
 inline void emit(Program& p, int s, const Instruction& i) {

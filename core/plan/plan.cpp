@@ -67,4 +67,10 @@ StageDevices module_stage_devices(const ModulePlacement& p, int s) {
 
 StageDevices grid_stage_devices(int tp, int dp, int s) { return StageDevices{s * tp * dp, dp, tp, tp}; }
 
+int placement_index(const Plan& plan, int model_module) {
+  for (std::size_t i = 0; i < plan.modules.size(); ++i)
+    if (model_module >= 0 && plan.modules[i].module == model_module) return static_cast<int>(i);
+  return -1;
+}
+
 }  // namespace braid::plan

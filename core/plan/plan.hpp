@@ -98,6 +98,10 @@ struct Plan {
   std::vector<std::string> notes;
 };
 
+// The index into plan.modules of model module `model_module` (the numbering the C ABI
+// uses for modules), or -1 when the plan does not place it (or for -1).
+int placement_index(const Plan& plan, int model_module);
+
 struct Alternative {
   Strategy strategy = Strategy::megatron;
   bool feasible = false;

@@ -240,6 +240,17 @@ int Topology::module_index(const std::string& name) const {
   return -1;
 }
 
+RankPlace Topology::place_of(int rank) const {
+  if (rank < 0 || rank >= world_size) {
+    throw Error(Status::invalid_argument, "rank " + std::to_string(rank) + " is out of range (the world has " +
+                                              std::to_string(world_size) + (world_size == 1 ? " rank)" : " ranks)"));
+  }
+  const int s = stage_of_rank[static_cast<std::size_t>(rank)];
+  const ProgramStage& st = stages[static_cast<std::size_t>(s)];
+  const int offset = rank - st.first_device;
+  return {s, offset / st.device_stride, offset % st.device_stride};
+}
+
 Topology build_groups(const spec::ModelSpec& model, const plan::Plan& plan, int world_size) {
   if (world_size != plan.devices) {
     throw Error(Status::invalid_argument, "the plan runs on " + std::to_string(plan.devices) +

@@ -89,6 +89,14 @@ struct BatchSyncGroup {
   std::vector<int> ranks;                // the members' ranks, each once, in member order
 };
 
+// Where one rank runs the program: its stage, its DP replica of that stage, its place in
+// the replica's tensor-parallel group.
+struct RankPlace {
+  int stage = 0;  // index into Topology::stages
+  int replica = 0;
+  int tp_rank = 0;
+};
+
 struct Topology {
   plan::Strategy strategy = plan::Strategy::megatron;
   plan::Layout layout = plan::Layout::monolithic;
@@ -101,6 +109,8 @@ struct Topology {
   std::vector<BatchSyncGroup> batch_syncs;
 
   int module_index(const std::string& name) const;  // -1 when absent
+  // Throws Error(Status::invalid_argument) for a rank outside 0..world_size-1.
+  RankPlace place_of(int rank) const;
 };
 
 // Throws Error(Status::invalid_argument) when `world_size` differs from the plan's

@@ -58,36 +58,27 @@ Node resolve_document(const Node& field, const std::string& base_dir) {
   }
 }
 
+// "must be 0, 1, 2 or 3 (got 5)", or "" for a ZeRO stage.
+std::string zero_stage_problem(long long v) {
+  return v < 0 || v > 3 ? "must be 0, 1, 2 or 3 (got " + std::to_string(v) + ")" : "";
+}
+
+// Each field on its own (types, ranges, choices); check_training adds the relations.
 TrainingSpec parse_training(const Node& n) {
   n.expect_keys({"global_batch", "microbatch", "contrastive_batch", "precision", "zero_stage", "recompute", "attention",
                  "sequence_parallel", "schedule", "virtual_stages", "overlap_grad_reduce"});
   TrainingSpec t;
   t.global_batch = n.at("global_batch").as_int_at_least(1);
   t.microbatch = static_cast<int>(n.at("microbatch").as_int_at_least(1));
-  if (t.global_batch % t.microbatch != 0) {
-    n.at("global_batch")
-        .fail("global batch " + std::to_string(t.global_batch) + " is not divisible by the microbatch size " +
-              std::to_string(t.microbatch));
-  }
   t.contrastive_batch = t.global_batch;
-  if (auto c = n.find("contrastive_batch")) {
-    t.contrastive_batch = c->as_int_at_least(1);
-    if (t.global_batch % t.contrastive_batch != 0) {
-      c->fail("contrastive batch " + std::to_string(t.contrastive_batch) + " does not divide the global batch " +
-              std::to_string(t.global_batch));
-    }
-    if (t.contrastive_batch % t.microbatch != 0) {
-      c->fail("contrastive batch " + std::to_string(t.contrastive_batch) +
-              " is not a multiple of the microbatch size " + std::to_string(t.microbatch));
-    }
-  }
+  if (auto c = n.find("contrastive_batch")) t.contrastive_batch = c->as_int_at_least(1);
   if (auto p = n.find("precision")) {
     std::string s = p->as_choice({"bf16", "fp16", "fp32"});
     t.precision = s == "bf16" ? Precision::bf16 : s == "fp16" ? Precision::fp16 : Precision::fp32;
   }
   if (auto z = n.find("zero_stage")) {
     long long v = z->as_int();
-    if (v < 0 || v > 3) z->fail("must be 0, 1, 2 or 3 (got " + std::to_string(v) + ")");
+    if (auto problem = zero_stage_problem(v); !problem.empty()) z->fail(problem);
     t.zero_stage = static_cast<int>(v);
   }
   if (auto r = n.find("recompute")) {
@@ -98,20 +89,20 @@ TrainingSpec parse_training(const Node& n) {
     t.attention = a->as_choice({"flash", "standard"}) == "flash" ? Attention::flash : Attention::standard;
   }
   if (auto s = n.find("sequence_parallel")) t.sequence_parallel = s->as_bool();
-  if (auto s = n.find("schedule")) {
-    t.schedule = *parse_schedule(s->as_choice({"1f1b", "interleaved", "gpipe"}));
-  }
-  if (auto v = n.find("virtual_stages")) {
-    t.virtual_stages = static_cast<int>(v->as_int_at_least(1));
-    if (t.virtual_stages > 1 && t.schedule != Schedule::interleaved) {
-      v->fail("virtual stages need 'schedule: interleaved'");
-    }
-  }
-  if (t.schedule == Schedule::interleaved && t.virtual_stages < 2) {
-    n.at("schedule").fail("the interleaved schedule needs virtual_stages of at least 2");
-  }
+  if (auto s = n.find("schedule")) t.schedule = *parse_schedule(s->as_choice(run_schedule_names()));
+  if (auto v = n.find("virtual_stages")) t.virtual_stages = static_cast<int>(v->as_int_at_least(1));
   if (auto o = n.find("overlap_grad_reduce")) t.overlap_grad_reduce = o->as_bool();
   return t;
+}
+
+// The node of dotted field `path` below `n`, or the deepest one the file has (a check may
+// name a field it left out). Recursive: assigning a YAML::Node would rebind the document.
+Node field_at(const Node& n, std::string_view path) {
+  const auto dot = path.find('.');
+  auto child = n.find(path.substr(0, dot));
+  if (!child) return n;
+  if (dot == std::string_view::npos) return *child;
+  return field_at(*child, path.substr(dot + 1));
 }
 
 int read_size(const Node& data, std::string_view modality, std::string_view field) {
@@ -207,16 +198,11 @@ DataSpec parse_data(const Node& n, const ModelSpec& model) {
     if (d.steps > kMaxSteps)
       s->fail("at most " + std::to_string(kMaxSteps) + " steps (got " + std::to_string(d.steps) + ")");
   }
+  // Sizes on their grids: check_input_sizes, after.
   for (const auto& m : model.modules) {
     if (m.role == Role::encoder && m.modality == Modality::image) {
       const std::string why = "the patch size of '" + m.name + "'";
       d.image_resolution = read_modality(n, "image", "resolution", m.patch_size, why, d.image);
-      if (d.image_resolution % m.patch_size != 0) {
-        n.at("image")
-            .at("resolution")
-            .fail("image resolution " + std::to_string(d.image_resolution) + " is not a multiple of the patch size " +
-                  std::to_string(m.patch_size) + " of '" + m.name + "'");
-      }
     }
     if ((m.role == Role::encoder && m.modality == Modality::text) || m.role == Role::llm) {
       d.text_tokens = read_modality(n, "text", "tokens", 1, "", d.text);
@@ -228,12 +214,6 @@ DataSpec parse_data(const Node& n, const ModelSpec& model) {
       const int cell = m.latent_downsample * m.patch_size;
       const std::string why = "latent downsample x patch size of '" + m.name + "'";
       d.generated_image_resolution = read_modality(n, "generated_image", "resolution", cell, why, d.generated_image);
-      if (d.generated_image_resolution % cell != 0) {
-        n.at("generated_image")
-            .at("resolution")
-            .fail("generated resolution " + std::to_string(d.generated_image_resolution) + " is not a multiple of " +
-                  std::to_string(cell) + " (latent downsample x patch size of '" + m.name + "')");
-      }
     }
   }
   return d;
@@ -294,12 +274,104 @@ RunSpec parse_root(const Node& root, const std::string& base_dir) {
   if (run.model.topology != Topology::contrastive && root.at("training").has("contrastive_batch")) {
     root.at("training").at("contrastive_batch").fail("only applies to models with a contrastive loss");
   }
+  if (auto problem = check_training(run.training, run.model)) field_at(root, problem->field).fail(problem->message);
   run.data = parse_data(root.at("data"), run.model);
+  if (auto problem = check_input_sizes(run.data, run.model)) field_at(root, problem->field).fail(problem->message);
   if (auto t = root.find("trainer")) run.trainer = parse_trainer(*t);
   return run;
 }
 
 }  // namespace
+
+std::vector<std::string> run_schedule_names() {
+  return schedule_names({Schedule::one_f_one_b, Schedule::interleaved, Schedule::gpipe});
+}
+
+std::optional<FieldProblem> check_training(const TrainingSpec& t, const ModelSpec& model) {
+  auto problem = [](const char* field, std::string message) {
+    return FieldProblem{std::string("training.") + field, std::move(message)};
+  };
+  if (auto p = int_at_least_problem(t.global_batch, 1); !p.empty()) return problem("global_batch", p);
+  if (auto p = int_at_least_problem(t.microbatch, 1); !p.empty()) return problem("microbatch", p);
+  if (t.global_batch % t.microbatch != 0) {
+    return problem("global_batch", "global batch " + std::to_string(t.global_batch) +
+                                       " is not divisible by the microbatch size " + std::to_string(t.microbatch));
+  }
+  if (model.topology != Topology::contrastive && t.contrastive_batch != t.global_batch)
+    return problem("contrastive_batch", "only applies to models with a contrastive loss");
+  if (auto p = int_at_least_problem(t.contrastive_batch, 1); !p.empty()) return problem("contrastive_batch", p);
+  if (t.global_batch % t.contrastive_batch != 0) {
+    return problem("contrastive_batch", "contrastive batch " + std::to_string(t.contrastive_batch) +
+                                            " does not divide the global batch " + std::to_string(t.global_batch));
+  }
+  if (t.contrastive_batch % t.microbatch != 0) {
+    return problem("contrastive_batch", "contrastive batch " + std::to_string(t.contrastive_batch) +
+                                            " is not a multiple of the microbatch size " +
+                                            std::to_string(t.microbatch));
+  }
+  if (auto p = zero_stage_problem(t.zero_stage); !p.empty()) return problem("zero_stage", p);
+  const auto names = run_schedule_names();
+  if (auto p = choice_problem(schedule_name(t.schedule), names); !p.empty()) return problem("schedule", p);
+  if (auto p = int_at_least_problem(t.virtual_stages, 1); !p.empty()) return problem("virtual_stages", p);
+  if (t.virtual_stages > 1 && t.schedule != Schedule::interleaved)
+    return problem("virtual_stages", "virtual stages need 'schedule: interleaved'");
+  if (t.schedule == Schedule::interleaved && t.virtual_stages < 2)
+    return problem("schedule", "the interleaved schedule needs virtual_stages of at least 2");
+  return std::nullopt;
+}
+
+std::optional<FieldProblem> check_input_sizes(const DataSpec& d, const ModelSpec& model) {
+  bool image = false, text = false, audio = false, generated = false;
+  auto at_least_one = [](const char* field, int v) -> std::optional<FieldProblem> {
+    if (auto p = int_at_least_problem(v, 1); !p.empty()) return FieldProblem{field, p};
+    return std::nullopt;
+  };
+  for (const auto& m : model.modules) {
+    if (m.role == Role::encoder && m.modality == Modality::image) {
+      image = true;
+      if (auto p = at_least_one("data.image.resolution", d.image_resolution)) return p;
+      if (d.image_resolution % m.patch_size != 0) {
+        return FieldProblem{"data.image.resolution", "image resolution " + std::to_string(d.image_resolution) +
+                                                         " is not a multiple of the patch size " +
+                                                         std::to_string(m.patch_size) + " of '" + m.name + "'"};
+      }
+    }
+    if ((m.role == Role::encoder && m.modality == Modality::text) || m.role == Role::llm) {
+      text = true;
+      if (auto p = at_least_one("data.text.tokens", d.text_tokens)) return p;
+    }
+    if (m.role == Role::encoder && m.modality == Modality::audio) {
+      audio = true;
+      if (auto p = at_least_one("data.audio.tokens", d.audio_tokens)) return p;
+    }
+    if (m.role == Role::generator) {
+      generated = true;
+      if (auto p = at_least_one("data.generated_image.resolution", d.generated_image_resolution)) return p;
+      const int cell = m.latent_downsample * m.patch_size;
+      if (d.generated_image_resolution % cell != 0) {
+        return FieldProblem{"data.generated_image.resolution",
+                            "generated resolution " + std::to_string(d.generated_image_resolution) +
+                                " is not a multiple of " + std::to_string(cell) +
+                                " (latent downsample x patch size of '" + m.name + "')"};
+      }
+    }
+  }
+  const struct {
+    bool taken;
+    int value;
+    const char* field;
+    const char* input;
+  } inputs[] = {{image, d.image_resolution, "data.image.resolution", "image"},
+                {text, d.text_tokens, "data.text.tokens", "text"},
+                {audio, d.audio_tokens, "data.audio.tokens", "audio"},
+                {generated, d.generated_image_resolution, "data.generated_image.resolution", "generated image"}};
+  for (const auto& in : inputs) {
+    if (!in.taken && in.value != 0)
+      return FieldProblem{in.field, std::string("the model takes no ") + in.input + " input (leave it 0, got " +
+                                        std::to_string(in.value) + ")"};
+  }
+  return std::nullopt;
+}
 
 RunSpec load_run(const std::string& path) {
   Node root = load_document(path);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,25 @@ struct RunSpec {
 
   int devices() const { return cluster.devices(); }
 };
+
+// A value the run file reader refuses: the field's dotted path in a run file
+// ("training.microbatch", "data.image.resolution") and what is wrong with it.
+struct FieldProblem {
+  std::string field;
+  std::string message;
+};
+
+// The first problem of the training settings `t` of a run of `model`, as the run file
+// reader checks them (each field's range, and the relations between fields), or nullopt.
+// The reader reports these messages at the field's line; the C ABI's typed settings the
+// same messages for the same values. (The schedule, an enum here, is checked where it is
+// parsed: the run file takes 1f1b, interleaved or gpipe.)
+std::optional<FieldProblem> check_training(const TrainingSpec& t, const ModelSpec& model);
+// Same for the nominal input sizes of `d`: every input `model` takes is at least 1 and on
+// its encoder's grid; an input it does not take is 0.
+std::optional<FieldProblem> check_input_sizes(const DataSpec& d, const ModelSpec& model);
+// The schedules a run file's `training.schedule` takes, by name.
+std::vector<std::string> run_schedule_names();
 
 // Reads a run file; `model:` and `cluster:` are paths relative to it, or inline mappings.
 RunSpec load_run(const std::string& path);

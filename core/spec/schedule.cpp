@@ -1,5 +1,8 @@
 #include "core/spec/schedule.hpp"
 
+#include "core/common/error.hpp"
+#include "core/common/text.hpp"
+
 namespace braid::spec {
 
 const std::vector<Schedule>& all_schedules() {
@@ -48,6 +51,15 @@ std::vector<std::string> schedule_names(const std::vector<Schedule>& schedules) 
   out.reserve(schedules.size());
   for (Schedule s : schedules) out.emplace_back(schedule_name(s));
   return out;
+}
+
+Schedule schedule_named(std::string_view name) {
+  if (auto s = parse_schedule(name)) return *s;
+  const auto names = schedule_names(all_schedules());
+  const std::string guess = closest_match(name, names);
+  throw Error(Status::invalid_argument, "unknown schedule '" + std::string(name) + "'" +
+                                            (guess.empty() ? "" : " (did you mean '" + guess + "'?)") +
+                                            "; braid's schedules are " + join_choices(names));
 }
 
 }  // namespace braid::spec

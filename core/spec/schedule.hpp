@@ -32,5 +32,9 @@ const char* schedule_name(Schedule s);
 std::optional<Schedule> parse_schedule(std::string_view name);
 // The names of `schedules`, in order (for messages: join_choices).
 std::vector<std::string> schedule_names(const std::vector<Schedule>& schedules);
+// The schedule `name` names; throws Error(Status::invalid_argument) for a name that is no
+// schedule: "unknown schedule 'zigzag' (did you mean ...?); braid's schedules are ...".
+// (A known schedule that a plan cannot run is Status::unsupported, where that is known.)
+Schedule schedule_named(std::string_view name);
 
 }  // namespace braid::spec

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -137,14 +138,28 @@ bool Node::as_bool() const {
   fail("expected true or false, found '" + s + "'");
 }
 
+std::string int_at_least_problem(long long v, long long min) {
+  if (v < min) return "must be at least " + std::to_string(min) + " (got " + std::to_string(v) + ")";
+  // Every count braid reads is an int inside; larger values are typos, not sizes.
+  if (v > std::numeric_limits<int>::max())
+    return "is too large (got " + std::to_string(v) + ", at most " + std::to_string(std::numeric_limits<int>::max()) +
+           ")";
+  return "";
+}
+
+std::string choice_problem(const std::string& s, const std::vector<std::string>& choices) {
+  for (const auto& c : choices) {
+    if (c == s) return "";
+  }
+  std::string msg = "'" + s + "' is not one of " + join_choices(choices);
+  std::string guess = closest_match(s, choices);
+  if (!guess.empty()) msg += " (did you mean '" + guess + "'?)";
+  return msg;
+}
+
 long long Node::as_int_at_least(long long min) const {
   long long v = as_int();
-  if (v < min) fail("must be at least " + std::to_string(min) + " (got " + std::to_string(v) + ")");
-  // Every count braid reads is an int inside; larger values are typos, not sizes.
-  if (v > std::numeric_limits<int>::max()) {
-    fail("is too large (got " + std::to_string(v) + ", at most " + std::to_string(std::numeric_limits<int>::max()) +
-         ")");
-  }
+  if (auto problem = int_at_least_problem(v, min); !problem.empty()) fail(problem);
   return v;
 }
 
@@ -162,13 +177,8 @@ double Node::as_fraction() const {
 
 std::string Node::as_choice(const std::vector<std::string>& choices) const {
   std::string s = as_string();
-  for (const auto& c : choices) {
-    if (c == s) return s;
-  }
-  std::string msg = "'" + s + "' is not one of " + join_choices(choices);
-  std::string guess = closest_match(s, choices);
-  if (!guess.empty()) msg += " (did you mean '" + guess + "'?)";
-  fail(msg);
+  if (auto problem = choice_problem(s, choices); !problem.empty()) fail(problem);
+  return s;
 }
 
 Node parse_document(const std::string& text, const std::string& source) {
@@ -188,6 +198,9 @@ Node parse_document(const std::string& text, const std::string& source) {
 }
 
 Node load_document(const std::string& path) {
+  // An ifstream opens a directory and reads it as empty text: say what it is instead.
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw Error(Status::io, "cannot read '" + path + "': it is a directory");
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw Error(Status::io, "cannot read '" + path + "': " + std::strerror(errno));

@@ -61,9 +61,15 @@ class Node {
   std::string path_;
 };
 
+// The messages of Node::as_int_at_least and Node::as_choice, for checks of typed values
+// that must read as the run file's do: "" when `v` is in [min, INT_MAX] / `s` is a choice.
+std::string int_at_least_problem(long long v, long long min);
+std::string choice_problem(const std::string& s, const std::vector<std::string>& choices);
+
 // Parse a YAML document; `source` names it in messages (a path, or "<string>").
 Node parse_document(const std::string& text, const std::string& source);
-// Read and parse a file; a missing or unreadable file is Status::io naming the path.
+// Read and parse a file; a missing or unreadable file, or a directory, is Status::io
+// naming the path.
 Node load_document(const std::string& path);
 
 }  // namespace braid::spec

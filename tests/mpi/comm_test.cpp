@@ -219,6 +219,30 @@ void errors_come_back(World& world, test::Checks& check) {
     }
     comm.barrier();
   }
+  {
+    // The same between this rank and itself, the only peer a world of one has: Open MPI's
+    // self path truncates a longer message silently when the receive is posted first.
+    std::vector<std::int32_t> two(2, 1), four(4, 0);
+    Request longer = comm.irecv(bytes_of(two), r, 13);
+    comm.send(bytes_of(four), r, 13);
+    check.error([&] { longer.wait(); }, Status::plugin,
+                "irecv of 8 bytes from rank " + std::to_string(r) + " (tag 13) failed");
+    check(!longer.pending(), "a failed request is released");
+    Request shorter = comm.irecv(bytes_of(four), r, 14);
+    comm.send(bytes_of(two), r, 14);
+    check.error([&] { shorter.wait(); }, Status::plugin, "received 8 bytes, expected 16");
+    // A message of the receive's length still arrives whole, posted before or after it.
+    const std::vector<std::int32_t> sent = {7, 8, 9, 10};
+    std::vector<std::int32_t> first(4, 0), second(4, 0);
+    Request before = comm.irecv(bytes_of(first), r, 15);
+    comm.send(bytes_of(sent), r, 15);
+    before.wait();
+    Request sending = comm.isend(bytes_of(sent), r, 16);
+    Request after = comm.irecv(bytes_of(second), r, 16);
+    after.wait();
+    sending.wait();
+    check(first == sent && second == sent, "messages to this rank arrive whole");
+  }
   check.passed("errors come back as messages");
 }
 

@@ -1,29 +1,24 @@
-"""Tests of the Python binding (integrations/python/braid) against the real libbraid.so.
+"""The binding's planning, program, simulation, reordering and bubble-scheduling calls
+against the real libbraid.so: results are typed records whose fields equal the plan's
+own JSON, programs have the structure their schedule promises, simulations add up,
+reorderings keep equal counts, the bubble scheduler never ends slower, misuse raises
+the exception of its status with the library's message, and handles live as long as
+something points into them.
 
 Environment: BRAID_LIBRARY (the libbraid.so to test; required), BRAID_SOURCE_DIR (the
 repository, for configs/; default: two directories up). Run with
 `python3 -m unittest discover -s tests/python -p test_binding.py -v` or with pytest.
 """
 
+import dataclasses
 import gc
 import json
 import os
-import sys
 import tempfile
 import unittest
 
-SOURCE_DIR = os.path.abspath(
-    os.environ.get("BRAID_SOURCE_DIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-)
-try:
-    import braid
-except ImportError:  # not on PYTHONPATH: use the package of this checkout
-    sys.path.insert(0, os.path.join(SOURCE_DIR, "integrations", "python"))
-    import braid
-
-CLIP = os.path.join(SOURCE_DIR, "configs", "runs", "clip-vit-l14-64gpu.yaml")
-VIT22B = os.path.join(SOURCE_DIR, "configs", "runs", "vit22b-gpt175b-3072gpu.yaml")
-MLLM = os.path.join(SOURCE_DIR, "configs", "runs", "mllm-72b-1024gpu.yaml")
+from _support import CLIP, MLLM, SOURCE_DIR, VIT22B, braid, by_name, llava_config, ops
+from _support import require_library as setUpModule  # noqa: F401
 
 GPT175B_ON_ONE_NODE = """\
 name: gpt-175b-one-node
@@ -32,15 +27,6 @@ cluster: configs/clusters/dgx-a100-80gb.yaml
 nodes: 1
 training: {global_batch: 64, microbatch: 1, recompute: full}
 data: {text: {tokens: 2048}}
-"""
-
-LLAVA_32GPU = """\
-name: llava-13b-32gpu
-model: ../models/llava-13b.yaml
-cluster: ../clusters/dgx-a100-80gb.yaml
-nodes: 4
-training: {global_batch: 32, microbatch: 1, zero_stage: 1, recompute: full}
-data: {image: {resolution: 336}, text: {tokens: 1472}}
 """
 
 CLIP_WITH_TYPO = """\
@@ -57,72 +43,6 @@ data:
 """
 
 
-def setUpModule():
-    if not os.environ.get("BRAID_LIBRARY"):
-        raise unittest.SkipTest("set BRAID_LIBRARY to build/capi/libbraid.so to test the binding")
-
-
-def by_name(modules):
-    return {m["name"]: m for m in modules}
-
-
-class LibraryTest(unittest.TestCase):
-    def test_loads_the_library_from_braid_library(self):
-        lib = braid.load_library()
-        self.assertEqual(os.path.realpath(lib._name), os.path.realpath(os.environ["BRAID_LIBRARY"]))
-        self.assertIs(braid.load_library(), lib)  # cached
-
-    def test_versions(self):
-        self.assertEqual(braid.abi_version(), braid.ABI_VERSION)
-        self.assertEqual(braid.abi_version(), 1)
-        parts = braid.version().split(".")
-        self.assertEqual(len(parts), 3)
-        self.assertTrue(all(p.isdigit() for p in parts), braid.version())
-        self.assertEqual(braid.status_string(3), "infeasible")
-
-    def test_abi_check_refuses_another_version(self):
-        with self.assertRaises(braid.BraidError) as cm:
-            braid._check_abi(braid.abi_version(), expected=braid.ABI_VERSION + 1, path="libbraid.so")
-        self.assertIsInstance(cm.exception, braid.AbiMismatchError)
-        self.assertIn("ABI version", str(cm.exception))
-        braid._check_abi(braid.abi_version())  # the matching version passes
-
-    def test_abi_mismatch_when_loading(self):
-        saved = braid.ABI_VERSION
-        braid._reset_library()
-        braid.ABI_VERSION = saved + 1
-        try:
-            with self.assertRaises(braid.BraidError) as cm:
-                braid.version()
-            self.assertIn(os.environ["BRAID_LIBRARY"], str(cm.exception))
-            self.assertIn(f"ABI version {saved + 1}", str(cm.exception))
-        finally:
-            braid.ABI_VERSION = saved
-            braid._reset_library()
-        self.assertEqual(braid.abi_version(), saved)
-
-    def test_missing_library_path(self):
-        saved = os.environ["BRAID_LIBRARY"]
-        braid._reset_library()
-        os.environ["BRAID_LIBRARY"] = os.path.join(tempfile.gettempdir(), "no-such-dir", "libbraid.so")
-        try:
-            with self.assertRaises(braid.BraidError) as cm:
-                braid.version()
-            self.assertIn("no-such-dir", str(cm.exception))
-        finally:
-            os.environ["BRAID_LIBRARY"] = saved
-            braid._reset_library()
-
-    def test_error_classes(self):
-        for status, cls in [(1, braid.InvalidArgumentError), (2, braid.BadConfigError), (3, braid.InfeasibleError),
-                            (4, braid.BraidIOError), (5, braid.UnsupportedError)]:
-            e = braid.BraidError(status, "message")
-            self.assertIsInstance(e, cls)
-            self.assertIsInstance(e, braid.BraidError)
-            self.assertEqual(e.status, status)
-            self.assertEqual(str(e), "message")
-
-
 class PlanTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -137,63 +57,71 @@ class PlanTest(unittest.TestCase):
 
     def test_auto(self):
         with braid.plan(self.config, strategy="auto") as p:
-            self.assertIn(p.strategy, braid.STRATEGIES)
+            self.assertIn(p.strategy, braid.vocab.strategies())
             alts = p.alternatives
+            self.assertIsInstance(alts, tuple)
             self.assertEqual(len(alts), 4)
-            self.assertEqual(alts[0]["reason"], "fastest")
-            self.assertTrue(alts[0]["feasible"])
-            self.assertEqual(alts[0]["strategy"], p.strategy)
-            self.assertEqual({a["strategy"] for a in alts}, {"megatron", "distmm", "disttrain", "optimus"})
+            self.assertEqual(alts[0].reason, "fastest")
+            self.assertIs(alts[0].feasible, True)
+            self.assertEqual(alts[0].strategy, p.strategy)
+            self.assertEqual({a.strategy for a in alts}, {"megatron", "distmm", "disttrain", "optimus"})
             for a in alts:
-                self.assertTrue(a["reason"])
-                if a["feasible"]:
-                    self.assertGreaterEqual(a["iteration_time_s"], alts[0]["iteration_time_s"])
+                self.assertIsInstance(a, braid.records.Alternative)
+                self.assertTrue(a.reason)
+                if a.feasible:
+                    self.assertGreaterEqual(a.iteration_time_s, alts[0].iteration_time_s)
                 else:
-                    self.assertIsNone(a["iteration_time_s"])
+                    self.assertEqual(a.iteration_time_s, 0)  # braid.h: 0 when not feasible
 
             est = p.estimate
-            self.assertEqual(set(est), {"iteration_time_s", "samples_per_s", "tflops_per_device", "mfu",
-                                        "peak_memory_gib", "bubble_fraction", "devices"})
+            self.assertIsInstance(est, braid.records.Estimate)
+            self.assertEqual(set(est._asdict()), {"iteration_time_s", "samples_per_s", "tflops_per_device", "mfu",
+                                                  "peak_memory_gib", "bubble_fraction", "devices"})
             for key in ("iteration_time_s", "samples_per_s", "tflops_per_device", "mfu", "peak_memory_gib"):
-                self.assertGreater(est[key], 0, key)
-            self.assertLess(est["mfu"], 1)
-            self.assertGreaterEqual(est["bubble_fraction"], 0)
-            self.assertEqual(est["iteration_time_s"], alts[0]["iteration_time_s"])
-            self.assertTrue(0 < est["devices"] <= 64)
+                self.assertGreater(getattr(est, key), 0, key)
+            self.assertLess(est.mfu, 1)
+            self.assertGreaterEqual(est.bubble_fraction, 0)
+            self.assertEqual(est.iteration_time_s, alts[0].iteration_time_s)
+            self.assertTrue(0 < est.devices <= 64)
+            with self.assertRaises(dataclasses.FrozenInstanceError):
+                est.devices = 3
 
             modules = p.modules
             self.assertEqual(set(by_name(modules)), {"image_encoder", "text_encoder"})
             for m in modules:
-                self.assertEqual(m["role"], "encoder")
-                self.assertGreaterEqual(m["first_device"], 0)
-                self.assertGreater(m["devices"], 0)
-                self.assertLessEqual(m["first_device"] + m["devices"], 64)
-                self.assertEqual(m["tp"] * m["pp"] * m["dp"], m["devices"])
-                self.assertEqual(len(m["layers_per_stage"]), m["pp"])
-                self.assertGreater(m["microbatch_size"], 0)
+                self.assertEqual(m.role, "encoder")
+                self.assertGreaterEqual(m.first_device, 0)
+                self.assertGreater(m.devices, 0)
+                self.assertLessEqual(m.first_device + m.devices, 64)
+                self.assertEqual(m.tp * m.pp * m.dp, m.devices)
+                self.assertIsInstance(m.layers_per_stage, tuple)
+                self.assertEqual(len(m.layers_per_stage), m.pp)
+                self.assertGreater(m.microbatch_size, 0)
 
-    def test_struct_fields_match_json(self):
+    def test_record_fields_match_json(self):
         with braid.plan(self.config) as p:
             doc = p.to_json()
             self.assertEqual(doc["strategy"], p.strategy)
-            self.assertEqual(doc["devices"], p.estimate["devices"])
-            for key, value in p.estimate.items():
+            self.assertEqual(doc["devices"], p.estimate.devices)
+            for key, value in p.estimate._asdict().items():
                 if key != "devices":
                     self.assertEqual(doc["estimate"][key], value, key)
             self.assertEqual(len(doc["modules"]), len(p.modules))
-            for from_json, from_struct in zip(doc["modules"], p.modules):
-                for key, value in from_struct.items():
+            for from_json, record in zip(doc["modules"], p.modules):
+                for key, value in record._asdict().items():
                     self.assertEqual(from_json[key], value, key)
-            self.assertEqual([(a["strategy"], a["feasible"], a["iteration_time_s"], a["reason"]) for a in doc["alternatives"]],
-                             [(a["strategy"], a["feasible"], a["iteration_time_s"], a["reason"]) for a in p.alternatives])
+            self.assertEqual(
+                [(a["strategy"], a["feasible"], a["iteration_time_s"] or 0, a["reason"]) for a in doc["alternatives"]],
+                [(a.strategy, a.feasible, a.iteration_time_s, a.reason) for a in p.alternatives])
+            json.dumps([m._asdict() for m in p.modules])  # plain values
 
     def test_distmm(self):
-        with braid.plan(self.config, strategy="distmm") as p:
+        with self.config.plan(strategy="distmm") as p:
             self.assertEqual(p.strategy, "distmm")
             modules = by_name(p.modules)
-            self.assertEqual(modules["text_encoder"]["tp"], 1)
-            self.assertLess(modules["text_encoder"]["devices"], modules["image_encoder"]["devices"])
-            self.assertLessEqual(modules["text_encoder"]["devices"] + modules["image_encoder"]["devices"], 64)
+            self.assertEqual(modules["text_encoder"].tp, 1)
+            self.assertLess(modules["text_encoder"].devices, modules["image_encoder"].devices)
+            self.assertLessEqual(modules["text_encoder"].devices + modules["image_encoder"].devices, 64)
 
     def test_yaml_round_trip_with_fixed(self):
         with braid.plan(self.config) as p:
@@ -202,20 +130,26 @@ class PlanTest(unittest.TestCase):
             self.assertIn("modules:", text)
             with braid.plan(self.config, strategy="fixed", plan_yaml=text) as fixed:
                 self.assertEqual(fixed.strategy, "fixed")
-                self.assertEqual(fixed.estimate["iteration_time_s"], p.estimate["iteration_time_s"])
+                self.assertEqual(fixed.estimate.iteration_time_s, p.estimate.iteration_time_s)
                 self.assertEqual(fixed.modules, p.modules)
 
     def test_megatron_constraints(self):
         with braid.Config.from_file(VIT22B) as config, braid.plan(config, "megatron", tp=8, pp=8) as p:
             self.assertEqual(p.strategy, "megatron")
             for m in p.modules:
-                self.assertEqual(m["tp"], 8, m["name"])
+                self.assertEqual(m.tp, 8, m.name)
+
+    def test_strategy_by_value_and_case(self):
+        with braid.plan(self.config, strategy=1) as p:  # BRAID_STRATEGY_MEGATRON
+            self.assertEqual(p.strategy, "megatron")
+        with braid.plan(self.config, strategy="DistMM") as p:
+            self.assertEqual(p.strategy, "distmm")
 
     def test_bad_arguments(self):
         with self.assertRaises(braid.BraidError) as cm:
             braid.plan(self.config, strategy="megatorn")
         self.assertEqual(cm.exception.status, 1)
-        self.assertIn("megatron", str(cm.exception))
+        self.assertIn("did you mean 'megatron'?", str(cm.exception))
         with self.assertRaises(braid.InvalidArgumentError) as cm:
             braid.plan(self.config, tp=-1)
         self.assertIn("tp", str(cm.exception))
@@ -226,6 +160,10 @@ class PlanTest(unittest.TestCase):
             braid.plan(self.config, plan_yaml="strategy: megatron\n")
         with self.assertRaises(braid.InvalidArgumentError):
             braid.plan("not a config")
+        with self.assertRaises(braid.InvalidArgumentError):
+            braid.plan(self.config, strategy=6)
+        with self.assertRaises(braid.InvalidArgumentError):
+            braid.plan(self.config, tp=2**31)
 
     def test_bad_fixed_plan(self):
         with self.assertRaises(braid.BraidError) as cm:
@@ -239,6 +177,81 @@ class PlanTest(unittest.TestCase):
         self.assertEqual(cm.exception.status, 5)
         self.assertIsInstance(cm.exception, braid.UnsupportedError)
         self.assertIn("disttrain", str(cm.exception))
+
+
+class PlanOptionsTest(unittest.TestCase):
+    """braid_plan_options version 2: this plan's schedule, virtual stages and microbatch size."""
+
+    def test_microbatch_size_override(self):
+        with llava_config() as config:
+            with config.plan("megatron", tp=8, pp=4) as base, \
+                    config.plan("megatron", tp=8, pp=4, microbatch_size=2) as p:
+                self.assertEqual({m.microbatch_size for m in base.modules}, {1})
+                self.assertEqual({m.microbatch_size for m in p.modules}, {2})
+                with base.program() as a, p.program() as b:
+                    self.assertEqual(b.microbatches * 2, a.microbatches)
+
+    def test_schedule_override(self):
+        with llava_config() as config, config.plan("megatron", tp=8, pp=4, schedule="gpipe") as p, \
+                p.program() as program:
+            self.assertEqual(program.schedule, "gpipe")
+            compute = [i.opcode for i in ops(program.instructions(0), "Forward", "Backward")]
+            self.assertEqual(compute, ["Forward"] * 32 + ["Backward"] * 32)
+
+    def test_interleaved(self):
+        with llava_config() as config, \
+                config.plan("megatron", tp=8, pp=4, schedule="interleaved", virtual_stages=2) as p, \
+                p.program() as program:
+            self.assertEqual(program.schedule, "interleaved")
+            self.assertEqual({i.chunk for i in ops(program.instructions(0), "Forward")}, {0, 1})
+
+    def test_bad_overrides_say_why(self):
+        with llava_config() as config:
+            with self.assertRaises(braid.InvalidArgumentError) as cm:
+                config.plan("megatron", schedule="1f1c")
+            self.assertIn("1f1b", str(cm.exception))
+            with self.assertRaises(braid.InvalidArgumentError):
+                config.plan("megatron", microbatch_size=-1)
+            with self.assertRaises(braid.InvalidArgumentError):
+                config.plan("megatron", schedule=3)
+
+
+class RunSettingsTest(unittest.TestCase):
+    def test_read_matches_the_run_file(self):
+        with llava_config() as config:
+            s = config.run_settings
+            self.assertIsInstance(s, braid.records.RunSettings)
+            self.assertEqual((s.global_batch, s.microbatch_size, s.zero_stage), (32, 1, 1))
+            self.assertEqual(s.recompute, "full")
+            self.assertIn(s.precision, braid.vocab.precisions())
+            self.assertIn(s.attention, braid.vocab.attentions())
+            self.assertEqual((s.image_resolution, s.text_tokens, s.audio_tokens), (336, 1472, 0))
+            self.assertIn(s.schedule, braid.vocab.schedules())
+            self.assertIs(s.sequence_parallel, False)
+
+    def test_set_changes_later_plans_only(self):
+        with llava_config() as config, config.plan("megatron", tp=8, pp=4) as before:
+            s = config.set_run_settings(microbatch_size=2, recompute="selective", precision="fp16")
+            self.assertEqual((s.microbatch_size, s.recompute, s.precision), (2, "selective", "fp16"))
+            self.assertEqual(config.run_settings, s)
+            with config.plan("megatron", tp=8, pp=4) as after:
+                self.assertEqual({m.microbatch_size for m in after.modules}, {2})
+            self.assertEqual({m.microbatch_size for m in before.modules}, {1})
+
+    def test_bad_settings_name_the_field_and_leave_the_config(self):
+        with llava_config() as config:
+            before = config.run_settings
+            with self.assertRaises(braid.InvalidArgumentError) as cm:
+                config.set_run_settings(microbatch_size=0)
+            self.assertIn("microbatch_size", str(cm.exception))
+            self.assertIn("training.microbatch", str(cm.exception))
+            with self.assertRaises(braid.InvalidArgumentError) as cm:
+                config.set_run_settings(microbatch=2)
+            self.assertIn("did you mean 'microbatch_size'?", str(cm.exception))
+            with self.assertRaises(braid.InvalidArgumentError) as cm:
+                config.set_run_settings(recompute="ful")
+            self.assertIn("full", str(cm.exception))
+            self.assertEqual(config.run_settings, before)
 
 
 class ErrorTest(unittest.TestCase):
@@ -306,7 +319,7 @@ class LifetimeTest(unittest.TestCase):
         del config
         gc.collect()
         self.assertEqual(p.estimate, expected)
-        self.assertEqual(p.to_json()["estimate"]["iteration_time_s"], expected["iteration_time_s"])
+        self.assertEqual(p.to_json()["estimate"]["iteration_time_s"], expected.iteration_time_s)
         self.assertTrue(p.config.closed)
         p.close()
         self.assertFalse(p.config._handle)  # freed with its last plan
@@ -317,14 +330,6 @@ class LifetimeTest(unittest.TestCase):
             self.assertEqual(p.strategy, "megatron")
             del p
         gc.collect()
-
-
-def llava_config():
-    return braid.Config.from_string(LLAVA_32GPU, base_dir=os.path.dirname(CLIP))
-
-
-def ops(stage, *names):
-    return [i for i in stage["instructions"] if i["op"] in names]
 
 
 class ProgramTest(unittest.TestCase):
@@ -345,91 +350,115 @@ class ProgramTest(unittest.TestCase):
 
     def test_one_f_one_b_structure(self):
         self.assertEqual(self.program.schedule, "1f1b")
+        self.assertEqual(self.program.microbatches, 32)
         stages = self.stages
         self.assertEqual(len(stages), 4)
-        keys = {"name", "module", "replicas", "devices_per_replica", "first_device", "device_stride", "depth", "prev",
-                "next", "instructions"}
         for s, stage in enumerate(stages):
-            self.assertEqual(set(stage), keys)
-            self.assertEqual(stage["depth"], s)
-            self.assertEqual(stage["replicas"], 1)
-            self.assertEqual(stage["devices_per_replica"], 8)
-            self.assertEqual(stage["prev"], [s - 1] if s > 0 else [])
-            self.assertEqual(stage["next"], [s + 1] if s < 3 else [])
-            forwards, backwards = ops(stage, "FORWARD"), ops(stage, "BACKWARD")
-            self.assertEqual([i["microbatch"] for i in forwards], list(range(32)))
-            self.assertEqual([i["microbatch"] for i in backwards], list(range(32)))
-            for i in stage["instructions"]:
-                self.assertIn(i["op"], braid.OPCODES)
-                self.assertEqual(set(i), {"op", "microbatch", "chunk", "peer", "group", "unit", "flags"})
-                if i["op"] == "SEND_ACTIVATION":
-                    self.assertEqual(i["peer"], s + 1)
-                if i["op"] in ("RECV_ACTIVATION", "SEND_GRAD"):
-                    self.assertEqual(i["peer"], s - 1)
-                if i["op"] == "RECV_GRAD":
-                    self.assertEqual(i["peer"], s + 1)
+            self.assertIsInstance(stage, braid.records.StageInfo)
+            self.assertEqual(stage.depth, s)
+            self.assertEqual(stage.replicas, 1)
+            self.assertEqual(stage.devices_per_replica, 8)
+            self.assertEqual(stage.gradient_scale, 1.0)
+            self.assertEqual(stage.prev, (s - 1,) if s > 0 else ())
+            self.assertEqual(stage.next, (s + 1,) if s < 3 else ())
+            instructions = self.program.instructions(s)
+            self.assertEqual(len(instructions), stage.instruction_count)
+            forwards, backwards = ops(instructions, "Forward"), ops(instructions, "Backward")
+            self.assertEqual([i.microbatch for i in forwards], list(range(32)))
+            self.assertEqual([i.microbatch for i in backwards], list(range(32)))
+            for i in instructions:
+                self.assertIn(i.opcode, braid.vocab.opcodes())
+                self.assertEqual(set(i._asdict()), {"opcode", "microbatch", "chunk", "peer", "group", "unit", "flags"})
+                if i.opcode == "SendActivation":
+                    self.assertEqual(i.peer, s + 1)
+                if i.opcode in ("RecvActivation", "SendGrad"):
+                    self.assertEqual(i.peer, s - 1)
+                if i.opcode == "RecvGrad":
+                    self.assertEqual(i.peer, s + 1)
             # Megatron 1F1B: p-s-1 warm-up forwards, then one forward per backward.
-            compute = [i["op"] for i in ops(stage, "FORWARD", "BACKWARD")]
-            self.assertEqual(compute.index("BACKWARD"), (4 - s - 1) + 1, stage["name"])
-        self.assertEqual(stages[0]["prev"], [])
-        self.assertEqual(stages[0]["next"], [1])
-        self.assertEqual(len(ops(stages[0], "LOAD_MICROBATCH")), 32)
-        self.assertIn("stage 3", stages[3]["name"])
-        first, second = ops(stages[3], "FORWARD", "BACKWARD")[:2]
-        self.assertEqual((first["op"], first["microbatch"]), ("FORWARD", 0))
-        self.assertEqual((second["op"], second["microbatch"]), ("BACKWARD", 0))
+            compute = [i.opcode for i in ops(instructions, "Forward", "Backward")]
+            self.assertEqual(compute.index("Backward"), (4 - s - 1) + 1, stage.name)
+        self.assertEqual(len(ops(self.program.instructions(0), "LoadMicrobatch")), 32)
+        self.assertIn("stage 3", stages[3].name)
+        first, second = ops(self.program.instructions(3), "Forward", "Backward")[:2]
+        self.assertEqual((first.opcode, first.microbatch), ("Forward", 0))
+        self.assertEqual((second.opcode, second.microbatch), ("Backward", 0))
+
+    def test_parts_cover_every_llm_layer_once(self):
+        # A monolithic plan: the encoder's layers on the first stage, the llm's split evenly.
+        layers = {}
+        for stage in self.stages:
+            self.assertGreaterEqual(len(stage.parts), 1)
+            for part in stage.parts:
+                self.assertIsInstance(part, braid.records.StagePart)
+                layers.setdefault(part.module, []).append((part.first_layer, part.layer_count))
+        for module, ranges in layers.items():
+            info = self.plan.modules[module]
+            self.assertEqual(sum(n for _, n in ranges), sum(info.layers_per_stage), info.name)
+
+    def test_rank_programs_are_their_stages(self):
+        for rank in range(self.plan.estimate.devices):
+            mine = self.program.rank(rank)
+            self.assertIsInstance(mine, braid.records.RankProgram)
+            stage = self.stages[mine.stage]
+            self.assertEqual(stage.first_device + mine.replica * stage.device_stride + mine.tp_rank, rank)
+            self.assertEqual(mine.instructions, self.program.instructions(mine.stage))
+        with self.assertRaises(braid.InvalidArgumentError) as cm:
+            self.program.rank(32)
+        self.assertIn("32", str(cm.exception))
 
     def test_schedules_by_name(self):
         for name in ("", "1f1b", "gpipe"):
             with self.subTest(schedule=name), self.plan.program(name) as program:
                 self.assertEqual(program.schedule, name or "1f1b")
         with self.plan.program("gpipe") as gpipe:
-            compute = [i["op"] for i in ops(gpipe.stages[0], "FORWARD", "BACKWARD")]
-            self.assertEqual(compute, ["FORWARD"] * 32 + ["BACKWARD"] * 32)
+            compute = [i.opcode for i in ops(gpipe.instructions(0), "Forward", "Backward")]
+            self.assertEqual(compute, ["Forward"] * 32 + ["Backward"] * 32)
 
     def test_unsupported_schedule(self):
-        with self.assertRaises(braid.UnsupportedError) as cm:
-            self.plan.program("zigzag")
-        self.assertEqual(cm.exception.status, braid.ERR_UNSUPPORTED)
+        with self.assertRaises(braid.InvalidArgumentError) as cm:
+            self.plan.program("zigzag")  # no schedule of that name
         self.assertIn("zigzag", str(cm.exception))
         self.assertIn("1f1b", str(cm.exception))
-        self.assertIn("gpipe", str(cm.exception))
-        with self.assertRaises(braid.UnsupportedError):
-            self.plan.program("distmm-pipe")  # not contrastive
+        with self.assertRaises(braid.UnsupportedError) as cm:
+            self.plan.program("distmm-pipe")  # a schedule, not for this layout: not contrastive
+        self.assertEqual(cm.exception.status, braid.ERR_UNSUPPORTED)
+        self.assertIn("distmm-pipe", str(cm.exception))
         with self.assertRaises(braid.InvalidArgumentError):
             self.plan.program(42)
+        with self.assertRaises(braid.InvalidArgumentError):
+            self.program.instructions(4)
 
     def test_simulation(self):
         with self.program.simulate(trace=True, trace_replicas=1) as sim:
             r = sim.result
-            self.assertEqual(set(r), {"step_time_s", "bubble_fraction", "bubbles", "peak_memory_gib", "mfu", "devices",
-                                      "ranks", "events"})
-            self.assertEqual(tuple(r["bubbles"]), braid.BUBBLE_CAUSES)
-            self.assertEqual(set(r["bubbles"]), {"dp_start", "dp_end", "dp_shard", "pp_warmup", "pp_cooldown",
-                                                 "pp_other", "tp", "batch_sync", "imbalance"})
-            self.assertGreater(r["step_time_s"], 0)
-            self.assertGreaterEqual(r["bubble_fraction"], 0)
-            self.assertLess(r["bubble_fraction"], 1)
-            self.assertGreater(r["bubbles"]["pp_warmup"], 0)
-            self.assertEqual(r["bubbles"]["batch_sync"], 0)
-            self.assertTrue(all(v >= 0 for v in r["bubbles"].values()))
-            self.assertEqual(r["devices"], 32)
-            self.assertEqual(r["ranks"], 4)
-            self.assertGreater(r["events"], 0)
-            self.assertTrue(0 < r["mfu"] < 1)
-            self.assertGreater(r["peak_memory_gib"], 0)
+            self.assertIsInstance(r, braid.records.SimulationResult)
+            bubbles = braid.vocab.by_cause(r.bubbles_s)
+            self.assertEqual(tuple(bubbles), braid.vocab.bubble_causes())
+            self.assertEqual(len(r.bubbles_s), len(braid.vocab.bubble_causes()))
+            self.assertGreater(r.step_time_s, 0)
+            self.assertGreaterEqual(r.bubble_fraction, 0)
+            self.assertLess(r.bubble_fraction, 1)
+            self.assertGreater(bubbles["pp_warmup"], 0)
+            self.assertEqual(bubbles["batch_sync"], 0)
+            self.assertTrue(all(v >= 0 for v in r.bubbles_s))
+            self.assertEqual(r.devices, 32)
+            self.assertEqual(r.ranks, 4)
+            self.assertGreater(r.events, 0)
+            self.assertTrue(0 < r.mfu < 1)
+            self.assertGreater(r.peak_memory_gib, 0)
 
             stages = sim.stages
-            self.assertEqual([st["name"] for st in stages], [st["name"] for st in self.stages])
+            self.assertEqual(len(stages), len(self.stages))
             for st in stages:
-                self.assertEqual(set(st), {"name", "busy_s", "idle_s", "bubbles", "peak_memory_gib", "finish_s"})
-                self.assertGreater(st["busy_s"], 0)
-                self.assertGreaterEqual(st["idle_s"], 0)
-                self.assertLessEqual(st["finish_s"], r["step_time_s"] * (1 + 1e-9))
-                self.assertEqual(tuple(st["bubbles"]), braid.BUBBLE_CAUSES)
+                self.assertIsInstance(st, braid.records.StageResult)
+                self.assertGreater(st.busy_s, 0)
+                self.assertGreaterEqual(st.idle_s, 0)
+                self.assertLessEqual(st.finish_s, r.step_time_s * (1 + 1e-9))
+                self.assertEqual(len(st.bubbles_s), len(braid.vocab.bubble_causes()))
                 # busy + idle covers the step on every device
-                self.assertAlmostEqual(st["busy_s"] + st["idle_s"], r["step_time_s"], delta=1e-6 * r["step_time_s"])
-            self.assertAlmostEqual(max(st["peak_memory_gib"] for st in stages), r["peak_memory_gib"])
+                self.assertAlmostEqual(st.busy_s + st.idle_s, r.step_time_s, delta=1e-6 * r.step_time_s)
+            self.assertAlmostEqual(max(st.peak_memory_gib for st in stages), r.peak_memory_gib)
 
             gantt = sim.gantt()
             self.assertIn("stage 3", gantt)
@@ -437,7 +466,7 @@ class ProgramTest(unittest.TestCase):
             with self.assertRaises(braid.InvalidArgumentError):
                 sim.gantt(width=-1)
 
-    def test_trace_file_is_json(self):
+    def test_trace_file_names_opcodes_as_the_vocabulary(self):
         with self.program.simulate(trace=True) as sim, tempfile.TemporaryDirectory(prefix="braid-py-") as d:
             path = os.path.join(d, "trace.json")
             sim.write_trace(path)
@@ -446,13 +475,15 @@ class ProgramTest(unittest.TestCase):
             self.assertIn("traceEvents", doc)
             events = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
             self.assertTrue(events)
-            self.assertTrue(any(e["args"]["op"] == "FORWARD" or "forward" in e["name"] for e in events))
+            self.assertTrue({e["args"]["op"] for e in events if "op" in e.get("args", {})} <=
+                            set(braid.vocab.opcodes()))
+            self.assertTrue(any(e["args"].get("op") == "Forward" for e in events))
             with self.assertRaises(braid.BraidIOError):
                 sim.write_trace(os.path.join(d, "no-such-dir", "trace.json"))
 
     def test_no_trace_without_record(self):
         with self.program.simulate() as sim:
-            self.assertGreater(sim.result["step_time_s"], 0)
+            self.assertGreater(sim.result.step_time_s, 0)
             with self.assertRaises(braid.InvalidArgumentError) as cm:
                 sim.gantt()
             self.assertIn("record_trace", str(cm.exception))
@@ -469,7 +500,7 @@ class ProgramTest(unittest.TestCase):
         # The plan's JSON reports the simulated step of its default program.
         simulated = self.plan.to_json()["estimate"]["simulated_iteration_time_s"]
         with self.program.simulate() as sim:
-            self.assertAlmostEqual(sim.result["step_time_s"], simulated, delta=1e-9 * simulated)
+            self.assertAlmostEqual(sim.result.step_time_s, simulated, delta=1e-9 * simulated)
 
 
 class DistmmProgramTest(unittest.TestCase):
@@ -477,18 +508,24 @@ class DistmmProgramTest(unittest.TestCase):
         with braid.Config.from_file(CLIP) as config, braid.plan(config, "distmm") as p, \
                 p.program("distmm-pipe") as program:
             self.assertEqual(program.schedule, "distmm-pipe")
-            last = [st for st in program.stages if not st["next"]]
+            stages = program.stages
+            last = [s for s, st in enumerate(stages) if not st.next]
             self.assertEqual(len(last), 2)  # image and text encoder
-            for st in last:
-                syncs = ops(st, "BATCH_SYNC")
-                groups = [i["group"] for i in syncs]
+            for s in last:
+                ins = program.instructions(s)
+                syncs = ops(ins, "BatchSync")
+                groups = [i.group for i in syncs]
                 self.assertTrue(groups)
-                self.assertEqual(sorted(groups), list(range(len(groups))), st["name"])
-                ins = st["instructions"]
-                first_backward = next(k for k, i in enumerate(ins) if i["op"] == "BACKWARD")
+                self.assertEqual(sorted(groups), list(range(len(groups))), stages[s].name)
+                first_backward = next(k for k, i in enumerate(ins) if i.opcode == "Backward")
                 self.assertLess(ins.index(syncs[0]), first_backward)
+            # Every layer of every module appears exactly once over a disaggregated program.
+            for m, module in enumerate(p.modules):
+                parts = [part for st in stages for part in st.parts if part.module == m]
+                self.assertEqual(sorted((x.first_layer, x.layer_count) for x in parts),
+                                 [(sum(module.layers_per_stage[:k]), n) for k, n in enumerate(module.layers_per_stage)])
             with program.simulate() as sim:
-                self.assertGreater(sim.result["bubbles"]["batch_sync"], 0)
+                self.assertGreater(braid.vocab.by_cause(sim.result.bubbles_s)["batch_sync"], 0)
 
 
 class ProgramLifetimeTest(unittest.TestCase):
@@ -502,7 +539,7 @@ class ProgramLifetimeTest(unittest.TestCase):
         gc.collect()
         self.assertEqual(len(program.stages), 4)
         with program.simulate() as sim:
-            self.assertGreater(sim.result["step_time_s"], 0)
+            self.assertGreater(sim.result.step_time_s, 0)
         program.close()
 
     def test_simulation_keeps_program_alive(self):
@@ -550,35 +587,37 @@ class ReorderTest(unittest.TestCase):
     def test_assignment_has_equal_counts_whole_microbatches_and_is_deterministic(self):
         with llava_config() as config, braid.plan(config, "disttrain") as p:
             batch = p.reorder(text_tokens=self.TEXT, image_resolution=self.IMAGE)
+            self.assertIsInstance(batch, braid.records.ReorderedBatch)
             self.assertEqual(batch, p.reorder(text_tokens=self.TEXT, image_resolution=self.IMAGE))
-            self.assertEqual(batch["samples"], 32)
-            self.assertLess(batch["straggler_after"], batch["straggler_before"])
-            self.assertGreater(batch["evaluations"], 0)
+            info = batch.info
+            self.assertEqual(info.samples, 32)
+            self.assertLess(info.straggler_after, info.straggler_before)
+            self.assertGreater(info.evaluations, 0)
             for module in p.modules:
-                ranks = batch["ranks"][module["name"]]
-                counts = [ranks.count(r) for r in range(module["dp"])]
-                self.assertEqual(counts, [32 // module["dp"]] * module["dp"], module["name"])
-            m = batch["microbatches_per_pipeline"]
-            slots = list(zip(batch["cells"], batch["microbatches"]))
+                ranks = batch.ranks[module.name]
+                counts = [ranks.count(r) for r in range(module.dp)]
+                self.assertEqual(counts, [32 // module.dp] * module.dp, module.name)
+            slots = list(zip(batch.cells, batch.microbatches))
             for slot in set(slots):
-                self.assertEqual(slots.count(slot), batch["cell_microbatch"])
-            self.assertEqual(len(batch["orders"]), batch["pipeline_groups"])
-            for order in batch["orders"]:
-                self.assertEqual(sorted(order), list(range(m)))
+                self.assertEqual(slots.count(slot), info.cell_microbatch)
+            self.assertEqual(len(batch.orders), info.pipeline_groups)
+            for order in batch.orders:
+                self.assertEqual(sorted(order), list(range(info.microbatches)))
+            json.dumps(batch._asdict())
 
     def test_no_reordering_keeps_dataset_order(self):
         with llava_config() as config, braid.plan(config, "disttrain") as p:
             batch = p.reorder(text_tokens=self.TEXT, reordering="none")
-            self.assertEqual(batch["straggler_after"], batch["straggler_before"])
-            self.assertEqual(batch["cells"], sorted(batch["cells"]))
-            for order in batch["orders"]:
-                self.assertEqual(order, sorted(order))
+            self.assertEqual(batch.info.straggler_after, batch.info.straggler_before)
+            self.assertEqual(list(batch.cells), sorted(batch.cells))
+            for order in batch.orders:
+                self.assertEqual(list(order), sorted(order))
 
     def test_module_costs_directly(self):
         with llava_config() as config, braid.plan(config, "disttrain") as p:
             costs = [[t * (k + 1) for k in range(len(p.modules))] for t in self.TEXT]
             batch = p.reorder(module_costs=costs, reordering="intra")
-            self.assertLess(batch["straggler_after"], batch["straggler_before"])
+            self.assertLess(batch.info.straggler_after, batch.info.straggler_before)
             with self.assertRaises(braid.InvalidArgumentError) as e:
                 p.reorder(module_costs=[[1.0]] * 32)
             self.assertIn("the plan has", str(e.exception))
@@ -600,7 +639,7 @@ class ReorderTest(unittest.TestCase):
 
 
 def most_encoder_tasks(program):
-    return max(len(ops(stage, "ENCODER_TASK")) for stage in program.stages)
+    return max(len(ops(program.instructions(s), "EncoderTask")) for s in range(len(program.stages)))
 
 
 class BubbleSchedulerTest(unittest.TestCase):
@@ -621,37 +660,39 @@ class BubbleSchedulerTest(unittest.TestCase):
 
     def test_report(self):
         r = self.report
-        self.assertEqual(set(r), {"plain_step_s", "coarse_step_s", "fine_step_s", "recovered_coarse", "recovered_fine",
-                                  "bubbles_before", "bubbles_after", "scheduler_time_s", "placements", "encoder_tasks",
-                                  "tp_bubble_tasks"})
-        self.assertGreater(r["plain_step_s"], 0)
-        self.assertLessEqual(r["fine_step_s"], r["coarse_step_s"])
-        self.assertLessEqual(r["coarse_step_s"], r["plain_step_s"])
-        self.assertTrue(0 <= r["recovered_coarse"] <= r["recovered_fine"] <= 1, r)
-        for key in ("bubbles_before", "bubbles_after"):
-            self.assertEqual(tuple(r[key]), braid.BUBBLE_CAUSES)
-            self.assertTrue(all(v >= 0 for v in r[key].values()))
+        self.assertIsInstance(r, braid.records.BubbleReport)
+        self.assertGreater(r.plain_step_s, 0)
+        self.assertLessEqual(r.fine_step_s, r.coarse_step_s)
+        self.assertLessEqual(r.coarse_step_s, r.plain_step_s)
+        self.assertTrue(0 <= r.recovered_coarse <= r.recovered_fine <= 1, r)
+        for values in (r.bubbles_before_s, r.bubbles_after_s):
+            self.assertEqual(len(values), len(braid.vocab.bubble_causes()))
+            self.assertTrue(all(v >= 0 for v in values))
         # The recovered share is the idle time the fine schedule took from encoder-first.
-        before, after = sum(r["bubbles_before"].values()), sum(r["bubbles_after"].values())
-        self.assertAlmostEqual(r["recovered_fine"], (before - after) / before, delta=1e-9)
-        self.assertGreater(r["encoder_tasks"], 0)
-        self.assertGreaterEqual(r["placements"], 3)
+        before, after = sum(r.bubbles_before_s), sum(r.bubbles_after_s)
+        self.assertAlmostEqual(r.recovered_fine, (before - after) / before, delta=1e-9)
+        self.assertGreater(r.encoder_tasks, 0)
+        self.assertGreaterEqual(r.placements, 3)
         self.assertEqual(self.scheduler.run(), r)  # idempotent
         self.assertEqual(self.scheduler.report, r)
 
     def test_programs(self):
-        for name in braid.BUBBLE_SCHEDULES + (None, ""):
+        schedules = braid.vocab.bubble_schedules()
+        self.assertEqual(schedules[0], "optimus-fine")
+        for name in schedules + (None, ""):
             with self.subTest(schedule=name), self.scheduler.program(name) as program:
-                self.assertEqual(program.schedule, name or "optimus-fine")
+                self.assertEqual(program.schedule, name or schedules[0])
                 # Each encoder task once per microbatch: the busiest stage holds the report's count.
-                self.assertEqual(most_encoder_tasks(program), self.report["encoder_tasks"])
+                self.assertEqual(most_encoder_tasks(program), self.report.encoder_tasks)
 
     def test_fine_program_is_the_plans_and_simulates_to_the_report(self):
         with self.scheduler.program() as fine, self.plan.program("optimus-fine") as reference:
             self.assertEqual(fine.stages, reference.stages)
+            for s in range(len(fine.stages)):
+                self.assertEqual(fine.instructions(s), reference.instructions(s))
             with fine.simulate() as sim:
-                step = sim.result["step_time_s"]
-        self.assertAlmostEqual(step, self.report["fine_step_s"], delta=1e-9 * step)
+                step = sim.result.step_time_s
+        self.assertAlmostEqual(step, self.report.fine_step_s, delta=1e-9 * step)
 
     def test_bad_schedule(self):
         with self.assertRaises(braid.InvalidArgumentError) as e:
@@ -686,7 +727,7 @@ class BubbleSchedulerTest(unittest.TestCase):
         p.close()
         config.close()  # deferred: the scheduler uses its cost model
         self.assertTrue(config._handle)
-        self.assertEqual(scheduler.run()["fine_step_s"], self.report["fine_step_s"])
+        self.assertEqual(scheduler.run().fine_step_s, self.report.fine_step_s)
         scheduler.close()
         self.assertFalse(config._handle)  # freed with the scheduler
 

@@ -75,6 +75,26 @@ TEST(Pipeline, InterleavedBubbleIsClosedForm) {
   }
 }
 
+// The stages a stage exchanges messages with come from its instructions: interleaved 1F1B
+// sends the last stage's chunk-c output to the first stage's chunk c+1, which the module
+// graph (StageProgram::prev/next) does not show.
+TEST(Pipeline, MessagePeersIncludeTheInterleavedWrapAround) {
+  Program a = uniform(4, 2);
+  pipeline::interleaved(a, 8, 2);
+  EXPECT_EQ(a.stages[0].prev, std::vector<int>{});
+  const auto first = pipeline::message_peers(a.stages[0]);
+  const auto last = pipeline::message_peers(a.stages[3]);
+  EXPECT_EQ(first.prev, std::vector<int>{3});
+  EXPECT_EQ(first.next, std::vector<int>{1});
+  EXPECT_EQ(last.prev, std::vector<int>{2});
+  EXPECT_EQ(last.next, std::vector<int>{0});
+  Program b = uniform(4);
+  pipeline::one_f_one_b(b, 8);
+  EXPECT_EQ(pipeline::message_peers(b.stages[0]).prev, std::vector<int>{});
+  EXPECT_EQ(pipeline::message_peers(b.stages[2]).prev, std::vector<int>{1});
+  EXPECT_EQ(pipeline::message_peers(b.stages[2]).next, std::vector<int>{3});
+}
+
 // The compute instructions of a stage as "F3" / "B0".
 std::vector<std::string> compute_order(const Program& p, int s) {
   std::vector<std::string> out;

@@ -53,11 +53,14 @@ TEST(Simulate, UnsupportedScheduleIsRefused) {
   const std::string refused = "a chain plan of this model runs 1f1b or gpipe, not 'batch-sync'";
   test::expect_error([&] { pipeline::build_program(cost, result.best, spec::Schedule::batch_sync); },
                      Status::unsupported, {refused});
-  // Names are parsed where they enter: an unknown one is refused the same way.
+  // Names are parsed where they enter: a known schedule the plan does not run is unsupported...
   test::expect_error([&] { orchestrate::parse_schedule_for(cost, result.best, "batch-sync"); }, Status::unsupported,
                      {refused});
-  test::expect_error([&] { orchestrate::parse_schedule_for(cost, result.best, "zigzag"); }, Status::unsupported,
-                     {"a chain plan of this model runs 1f1b or gpipe, not 'zigzag'"});
+  // ...a name that is no schedule an invalid argument, with the closest name.
+  test::expect_error([&] { orchestrate::parse_schedule_for(cost, result.best, "zigzag"); }, Status::invalid_argument,
+                     {"unknown schedule 'zigzag'", "braid's schedules are 1f1b, interleaved"});
+  test::expect_error([&] { orchestrate::parse_schedule_for(cost, result.best, "gpipee"); }, Status::invalid_argument,
+                     {"unknown schedule 'gpipee' (did you mean 'gpipe'?)"});
   EXPECT_EQ(orchestrate::parse_schedule_for(cost, result.best, "gpipe"), spec::Schedule::gpipe);
   EXPECT_EQ(orchestrate::parse_schedule_for(cost, result.best, ""), std::nullopt);
 }

@@ -76,6 +76,43 @@ TEST(Spec, ReadsTheNamedRuns) {
   EXPECT_EQ(gpt.model.topology, spec::Topology::llm_only);
 }
 
+TEST(Spec, ADirectoryIsAnIoErrorNotAnEmptyDocument) {
+  const std::string dir = test::source_path("configs/runs");
+  expect_error([&] { spec::load_run(dir); }, Status::io, {"cannot read '" + dir + "': it is a directory"});
+  expect_error([&] { spec::load_run(dir + "/no-such-run.yaml"); }, Status::io, {"No such file or directory"});
+}
+
+// The typed checks (the C ABI's braid_run_settings) say what the reader says, field by field.
+TEST(Spec, TypedTrainingChecksMatchTheReader) {
+  const auto run = test::load("llava-13b-256gpu.yaml");
+  EXPECT_EQ(spec::check_training(run.training, run.model), std::nullopt);
+  EXPECT_EQ(spec::check_input_sizes(run.data, run.model), std::nullopt);
+  auto t = run.training;
+  t.microbatch = 3;
+  auto problem = spec::check_training(t, run.model);
+  ASSERT_TRUE(problem);
+  EXPECT_EQ(problem->field, "training.global_batch");
+  expect_error([&] { parse(clip_run("  global_batch: 1024\n  microbatch: 3\n")); }, Status::bad_config,
+               {"training.global_batch: global batch 1024 is not divisible by the microbatch size 3"});
+  EXPECT_EQ(problem->message, "global batch 1024 is not divisible by the microbatch size 3");
+  t = run.training;
+  t.virtual_stages = 2;
+  problem = spec::check_training(t, run.model);
+  ASSERT_TRUE(problem);
+  EXPECT_EQ(problem->field, "training.virtual_stages");
+  EXPECT_EQ(problem->message, "virtual stages need 'schedule: interleaved'");
+  t = run.training;
+  t.contrastive_batch = t.global_batch / 2;
+  problem = spec::check_training(t, run.model);
+  ASSERT_TRUE(problem);
+  EXPECT_EQ(problem->message, "only applies to models with a contrastive loss");
+  auto d = run.data;
+  d.audio_tokens = 4;
+  problem = spec::check_input_sizes(d, run.model);
+  ASSERT_TRUE(problem);
+  EXPECT_EQ(problem->field, "data.audio.tokens");
+}
+
 TEST(Spec, ValidInlineRunParses) {
   auto run = parse(clip_run(kTraining));
   EXPECT_EQ(run.model.modules.size(), 3u);

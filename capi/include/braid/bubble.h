@@ -18,7 +18,8 @@
  *
  * Each pass is simulated and never ends slower than the one before it. The programs are
  * ordinary braid_program handles (braid/pipeline.h): their ENCODER_TASK instructions say
- * which encoder work unit runs for which microbatch, and where.
+ * which encoder work unit runs for which microbatch, and where ("Values" in
+ * braid/pipeline.h gives the numbering of units, layers and encoder microbatches).
  *
  *   braid_bubble_scheduler* s = NULL;
  *   braid_bubble_scheduler_create(plan, &s);
@@ -50,7 +51,9 @@ typedef struct braid_bubble_scheduler braid_bubble_scheduler;
  * BRAID_ERR_UNSUPPORTED when the plan is not colocated (the message names its layout and
  * strategy); BRAID_ERR_INVALID_ARGUMENT for NULL arguments. *out is NULL on failure. */
 BRAID_API braid_status braid_bubble_scheduler_create(const braid_plan* plan, braid_bubble_scheduler** out);
+typedef braid_status (*braid_bubble_scheduler_create_fn)(const braid_plan*, braid_bubble_scheduler**);
 BRAID_API braid_status braid_bubble_scheduler_destroy(braid_bubble_scheduler* scheduler);
+typedef braid_status (*braid_bubble_scheduler_destroy_fn)(braid_bubble_scheduler*);
 
 /* Schedules the plan: all three programs and the report. Idempotent: a second call
  * returns BRAID_OK at once and changes nothing. Safe to call from several threads (one
@@ -58,6 +61,7 @@ BRAID_API braid_status braid_bubble_scheduler_destroy(braid_bubble_scheduler* sc
  * colocated program (the message says why); on failure nothing is kept and a later
  * call tries again. */
 BRAID_API braid_status braid_bubble_scheduler_run(braid_bubble_scheduler* scheduler);
+typedef braid_status (*braid_bubble_scheduler_run_fn)(braid_bubble_scheduler*);
 
 /* What the scheduler found. Idle seconds are per device, mean over devices, by cause
  * (indexed by braid_bubble_cause). */
@@ -85,6 +89,7 @@ typedef struct braid_bubble_report {
  * braid_bubble_scheduler_run has succeeded, or when report->struct_size is too small. */
 BRAID_API braid_status braid_bubble_scheduler_report(const braid_bubble_scheduler* scheduler,
                                                      braid_bubble_report* report);
+typedef braid_status (*braid_bubble_scheduler_report_fn)(const braid_bubble_scheduler*, braid_bubble_report*);
 
 /* A new program holding the scheduled step: `schedule` is "optimus-fine" (NULL or "": the
  * default), "optimus-coarse" or "encoder-first". The caller owns it (braid_program_destroy);
@@ -95,6 +100,7 @@ BRAID_API braid_status braid_bubble_scheduler_report(const braid_bubble_schedule
  * lists the three). */
 BRAID_API braid_status braid_bubble_scheduler_program(const braid_bubble_scheduler* scheduler, const char* schedule,
                                                       braid_program** out);
+typedef braid_status (*braid_bubble_scheduler_program_fn)(const braid_bubble_scheduler*, const char*, braid_program**);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -75,7 +75,10 @@ typedef struct braid_reorder braid_reorder;
  * whose schedule groups microbatches for a contrastive batch-sync. */
 BRAID_API braid_status braid_reorder_create(const braid_plan* plan, const braid_sample_batch* batch,
                                             const braid_reorder_options* options, braid_reorder** out);
+typedef braid_status (*braid_reorder_create_fn)(const braid_plan*, const braid_sample_batch*,
+                                                const braid_reorder_options*, braid_reorder**);
 BRAID_API braid_status braid_reorder_destroy(braid_reorder* reorder);
+typedef braid_status (*braid_reorder_destroy_fn)(braid_reorder*);
 
 typedef struct braid_reorder_info {
   size_t struct_size; /* set by the caller: sizeof(braid_reorder_info) */
@@ -93,21 +96,26 @@ typedef struct braid_reorder_info {
   { sizeof(braid_reorder_info), 0, 0, 0, 0, 0, 0, 0, 0 }
 
 BRAID_API braid_status braid_reorder_info_get(const braid_reorder* reorder, braid_reorder_info* info);
+typedef braid_status (*braid_reorder_info_get_fn)(const braid_reorder*, braid_reorder_info*);
 
 /* Writes, for each of the `count` (== samples) samples, its DP rank in module `module`
  * (an index of braid_plan_module). BRAID_ERR_UNSUPPORTED for a module off the grid (the
  * encoders of a colocated plan, which run as encoder tasks on the llm's devices). */
 BRAID_API braid_status braid_reorder_ranks(const braid_reorder* reorder, size_t module, int32_t* ranks, size_t count);
+typedef braid_status (*braid_reorder_ranks_fn)(const braid_reorder*, size_t, int32_t*, size_t);
 /* Writes, for each sample, its grid cell (0 .. cells-1). */
 BRAID_API braid_status braid_reorder_cells(const braid_reorder* reorder, int32_t* cells, size_t count);
+typedef braid_status (*braid_reorder_cells_fn)(const braid_reorder*, int32_t*, size_t);
 /* Writes, for each sample, the microbatch it runs in on its pipeline: the position in
  * the schedule (0 first), after the inter order. A rank's microbatch k holds its
  * samples with microbatch k, in sample order. */
 BRAID_API braid_status braid_reorder_microbatches(const braid_reorder* reorder, int32_t* microbatches, size_t count);
+typedef braid_status (*braid_reorder_microbatches_fn)(const braid_reorder*, int32_t*, size_t);
 /* Writes the inter order of pipeline group `group` (< pipeline_groups): order[k] is the
  * microbatch (numbered in sample order within each rank, before reordering) run k-th.
  * `count` == microbatches. The identity without BRAID_REORDER_INTRA_INTER. */
 BRAID_API braid_status braid_reorder_order(const braid_reorder* reorder, size_t group, int32_t* order, size_t count);
+typedef braid_status (*braid_reorder_order_fn)(const braid_reorder*, size_t, int32_t*, size_t);
 
 #ifdef __cplusplus
 } /* extern "C" */

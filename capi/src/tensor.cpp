@@ -1,0 +1,154 @@
+// braid/tensor.h: braid_tensor views converted to core views, and the contrastive loss
+// (core/nn/contrastive_tiled).
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "capi/src/guard.hpp"
+#include "core/nn/contrastive_tiled.hpp"
+
+// The DLTensor layout (DLPack v0.8) on every 64-bit target braid builds for.
+static_assert(sizeof(braid_device) == 8 && sizeof(braid_dtype) == 4);
+static_assert(offsetof(braid_tensor, device) == 8 && offsetof(braid_tensor, ndim) == 16 &&
+              offsetof(braid_tensor, dtype) == 20 && offsetof(braid_tensor, shape) == 24 &&
+              offsetof(braid_tensor, strides) == 32 && offsetof(braid_tensor, byte_offset) == 40 &&
+              sizeof(braid_tensor) == 48);
+
+namespace {
+
+using braid::Error;
+using braid::Status;
+using braid::nn::RowsView;
+
+constexpr std::size_t kOptionsV1 = offsetof(braid_contrastive_options, tile) + sizeof(int32_t);
+
+std::string shape_text(const braid_tensor& t) {
+  std::string s = "(";
+  for (int32_t d = 0; d < t.ndim; ++d) s += (d ? ", " : "") + std::to_string(t.shape[d]);
+  return s + (t.ndim == 1 ? ",)" : ")");
+}
+
+// A 2-D float32 CPU tensor with contiguous rows as a core view, or an error naming `name`.
+template <class T>
+RowsView<T> rows_view(const char* func, const char* name, const braid_tensor* t) {
+  const std::string where = std::string(func) + ": " + name;
+  if (!t) throw Error(Status::invalid_argument, where + " is NULL");
+  if (t->device.type == BRAID_DEVICE_CUDA)
+    throw Error(Status::unsupported,
+                where + " is in CUDA memory (device type BRAID_DEVICE_CUDA); CUDA tensors are " +
+                    "not supported until the CUDA backend lands: pass CPU tensors (BRAID_DEVICE_CPU)");
+  if (t->device.type != BRAID_DEVICE_CPU)
+    throw Error(Status::unsupported, where + " has device type " + std::to_string(t->device.type) +
+                                         "; supported: CPU memory (BRAID_DEVICE_CPU, 1)");
+  if (t->dtype.code != BRAID_DTYPE_FLOAT || t->dtype.bits != 32 || t->dtype.lanes != 1)
+    throw Error(Status::unsupported, where + " has dtype {code " + std::to_string(t->dtype.code) + ", bits " +
+                                         std::to_string(t->dtype.bits) + ", lanes " + std::to_string(t->dtype.lanes) +
+                                         "}; supported: float32 {BRAID_DTYPE_FLOAT, 32, 1}");
+  if (t->ndim != 2) {
+    const std::string shape = t->shape && t->ndim > 0 && t->ndim < 64 ? " " + shape_text(*t) : "";
+    throw Error(Status::unsupported,
+                where + " has " + std::to_string(t->ndim) + " dimensions" + shape + "; supported: 2-D (rows, E) views");
+  }
+  if (!t->shape) throw Error(Status::invalid_argument, where + "->shape is NULL");
+  const int64_t rows = t->shape[0], cols = t->shape[1];
+  if (rows < 0 || cols < 0) throw Error(Status::invalid_argument, where + " has a negative shape " + shape_text(*t));
+  int64_t row_stride = cols;
+  if (t->strides) {
+    if (cols > 1 && t->strides[1] != 1)
+      throw Error(Status::unsupported,
+                  where + " " + shape_text(*t) + " has strides (" + std::to_string(t->strides[0]) + ", " +
+                      std::to_string(t->strides[1]) +
+                      "); supported: contiguous rows (strides[1] == 1) with a row stride >= " + std::to_string(cols));
+    row_stride = t->strides[0];
+    if (rows > 1 && row_stride < cols)
+      throw Error(Status::unsupported, where + " " + shape_text(*t) + " has strides (" + std::to_string(t->strides[0]) +
+                                           ", " + std::to_string(t->strides[1]) +
+                                           "): its rows overlap; supported: a row stride >= " + std::to_string(cols));
+  }
+  if (!t->data && rows * cols > 0) throw Error(Status::invalid_argument, where + "->data is NULL");
+  char* first = static_cast<char*>(t->data) + t->byte_offset;
+  if (reinterpret_cast<std::uintptr_t>(first) % alignof(float) != 0)
+    throw Error(Status::invalid_argument, where + ": data + byte_offset is not aligned to a float (4 bytes)");
+  return {reinterpret_cast<T*>(first), rows, cols, row_stride};
+}
+
+// The problem from the four inputs, the scale and the caller's options.
+braid::nn::ContrastiveProblem read_problem(const char* func, const braid_tensor* local_image,
+                                           const braid_tensor* local_text, const braid_tensor* all_image,
+                                           const braid_tensor* all_text, float logit_scale,
+                                           const braid_contrastive_options& options) {
+  braid::nn::ContrastiveProblem p;
+  p.local_image = rows_view<const float>(func, "local_image", local_image);
+  p.local_text = rows_view<const float>(func, "local_text", local_text);
+  p.all_image = rows_view<const float>(func, "all_image", all_image);
+  p.all_text = rows_view<const float>(func, "all_text", all_text);
+  p.row_offset = options.row_offset;
+  p.logit_scale = logit_scale;
+  p.tile = options.tile;
+  braid::nn::check_contrastive_problem(p);  // the inputs' errors before those of the outputs
+  return p;
+}
+
+// stats (2, n): its two rows.
+braid::nn::ContrastiveStats read_stats(const char* func, const braid_tensor* stats, int64_t n) {
+  const auto view = rows_view<float>(func, "stats", stats);
+  if (view.rows != 2 || view.cols != n)
+    throw Error(Status::invalid_argument, std::string(func) + ": stats is (" + std::to_string(view.rows) + ", " +
+                                              std::to_string(view.cols) + "); expected (2, " + std::to_string(n) +
+                                              "): one log-sum-exp per local row and direction");
+  return {view.data, view.data + view.stride};
+}
+
+RowsView<float> optional_view(const char* func, const char* name, braid_tensor* t) {
+  return t ? rows_view<float>(func, name, t) : RowsView<float>{};
+}
+
+}  // namespace
+
+extern "C" {
+
+BRAID_API braid_status braid_contrastive_forward(const braid_tensor* local_image, const braid_tensor* local_text,
+                                                 const braid_tensor* all_image, const braid_tensor* all_text,
+                                                 float logit_scale, const braid_contrastive_options* options,
+                                                 braid_tensor* stats, float* loss, void* stream) {
+  BRAID_API_BEGIN(void) stream;  // CPU tensors only, for now: the call is synchronous
+  BRAID_REQUIRE(loss, "loss is NULL");
+  braid_contrastive_options opts = BRAID_CONTRASTIVE_OPTIONS_INIT;
+  if (options)
+    BRAID_READ_OPTIONS(options, braid_contrastive_options, kOptionsV1, BRAID_CONTRASTIVE_OPTIONS_VERSION,
+                       BRAID_CONTRASTIVE_OPTIONS_INIT, &opts);
+  const auto problem = read_problem(__func__, local_image, local_text, all_image, all_text, logit_scale, opts);
+  const int64_t n = problem.local_image.rows;
+  const double sum = braid::nn::contrastive_tiled_forward(problem, read_stats(__func__, stats, n));
+  *loss = n > 0 ? static_cast<float>(sum / (2.0 * static_cast<double>(n))) : 0.0f;
+  return BRAID_OK;
+  BRAID_API_END
+}
+
+BRAID_API braid_status braid_contrastive_backward(const braid_tensor* local_image, const braid_tensor* local_text,
+                                                  const braid_tensor* all_image, const braid_tensor* all_text,
+                                                  float logit_scale, const braid_contrastive_options* options,
+                                                  const braid_tensor* stats, float grad_loss,
+                                                  braid_tensor* grad_local_image, braid_tensor* grad_local_text,
+                                                  braid_tensor* grad_all_image, braid_tensor* grad_all_text,
+                                                  float* grad_logit_scale, void* stream) {
+  BRAID_API_BEGIN(void) stream;  // CPU tensors only, for now: the call is synchronous
+  braid_contrastive_options opts = BRAID_CONTRASTIVE_OPTIONS_INIT;
+  if (options)
+    BRAID_READ_OPTIONS(options, braid_contrastive_options, kOptionsV1, BRAID_CONTRASTIVE_OPTIONS_VERSION,
+                       BRAID_CONTRASTIVE_OPTIONS_INIT, &opts);
+  const auto problem = read_problem(__func__, local_image, local_text, all_image, all_text, logit_scale, opts);
+  const int64_t n = problem.local_image.rows;
+  const braid::nn::ContrastiveGradViews grads{optional_view(__func__, "grad_local_image", grad_local_image),
+                                              optional_view(__func__, "grad_local_text", grad_local_text),
+                                              optional_view(__func__, "grad_all_image", grad_all_image),
+                                              optional_view(__func__, "grad_all_text", grad_all_text)};
+  // loss = sum / 2n: d sum = grad_loss / 2n.
+  const double weight = n > 0 ? static_cast<double>(grad_loss) / (2.0 * static_cast<double>(n)) : 0.0;
+  const double d_scale = braid::nn::contrastive_tiled_backward(problem, read_stats(__func__, stats, n), weight, grads);
+  if (grad_logit_scale) *grad_logit_scale = static_cast<float>(d_scale);
+  return BRAID_OK;
+  BRAID_API_END
+}
+
+}  // extern "C"

@@ -1,0 +1,111 @@
+"""CLIP's contrastive loss over a torch.distributed group, computed by braid's tiled
+kernel (braid_contrastive_forward / _backward: O(n x tile) memory, never N x N).
+
+The contract is open_clip's ``ClipLoss(local_loss=True, gather_with_grad=True)``: each
+rank passes its own normalised features and the exponentiated logit scale and gets its
+local mean loss back. The backward hands each rank, for its rows, the sum of every
+rank's gradient with respect to them (an all-reduce of the gathered rows' gradients,
+then this rank's slice: torch 1.13's differentiable all-gather resolves sub-group ranks
+as global ones, and gloo has no reduce-scatter). After DDP averages the parameters'
+gradients over the ranks, they equal the single-device CLIP loss's.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from .. import tensor as _tensor
+
+
+def _gather_rows(x: torch.Tensor, group) -> torch.Tensor:
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x, group=group)
+    return torch.cat(parts, dim=0)
+
+
+def _host_float32(x: torch.Tensor, name: str) -> torch.Tensor:
+    if x.dim() != 2:
+        raise ValueError(f"ContrastiveLoss: {name} must be (rows, features), got shape {tuple(x.shape)}")
+    if x.device.type != "cpu":
+        raise NotImplementedError(
+            f"ContrastiveLoss: {name} is on {x.device}; braid's contrastive kernel runs on host memory "
+            "until the CUDA backend lands")
+    return x.detach().to(torch.float32).contiguous()
+
+
+class _ContrastiveFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, image: torch.Tensor, text: torch.Tensor, logit_scale: torch.Tensor, group, tile: int):
+        if image.shape != text.shape:
+            raise ValueError(f"ContrastiveLoss: image features {tuple(image.shape)} and text features "
+                             f"{tuple(text.shape)} differ in shape")
+        local_image = _host_float32(image, "image_features")
+        local_text = _host_float32(text, "text_features")
+        distributed = group is not None or (dist.is_available() and dist.is_initialized())
+        if distributed:
+            sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(sizes, torch.tensor([local_image.shape[0]], dtype=torch.int64), group=group)
+            if any(int(s) != local_image.shape[0] for s in sizes):
+                raise ValueError("ContrastiveLoss: every rank of the group must hold the same number of rows, got "
+                                 + ", ".join(str(int(s)) for s in sizes))
+            all_image = _gather_rows(local_image, group)
+            all_text = _gather_rows(local_text, group)
+            offset = dist.get_rank(group) * local_image.shape[0]
+        else:
+            all_image, all_text, offset = local_image, local_text, 0
+        scale = float(logit_scale)
+        loss, stats = _tensor.contrastive_forward(local_image, local_text, all_image, all_text, scale, offset, tile)
+        ctx.save_for_backward(local_image, local_text, all_image, all_text, stats)
+        ctx.scale, ctx.offset, ctx.group, ctx.tile, ctx.distributed = scale, offset, group, tile, distributed
+        ctx.dtypes = (image.dtype, text.dtype, logit_scale.dtype)
+        return torch.tensor(loss, dtype=image.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        local_image, local_text, all_image, all_text, stats = ctx.saved_tensors
+        n = local_image.shape[0]
+        grad_local_image = torch.empty_like(local_image)
+        grad_local_text = torch.empty_like(local_text)
+        grad_all_image = torch.empty_like(all_image)
+        grad_all_text = torch.empty_like(all_text)
+        grad_scale = _tensor.contrastive_backward(local_image, local_text, all_image, all_text, ctx.scale, ctx.offset,
+                                                  stats, float(grad_loss), grad_local_image, grad_local_text,
+                                                  grad_all_image, grad_all_text, ctx.tile)
+        if ctx.distributed:
+            # Every rank's gradient of its own loss with respect to every gathered row, summed
+            # over the group; this rank keeps its rows.
+            both = torch.stack([grad_all_image, grad_all_text])
+            dist.all_reduce(both, group=ctx.group)
+            rows = slice(ctx.offset, ctx.offset + n)
+            grad_image = grad_local_image + both[0, rows]
+            grad_text = grad_local_text + both[1, rows]
+        else:  # local and gathered rows are the same tensor
+            grad_image = grad_local_image + grad_all_image
+            grad_text = grad_local_text + grad_all_text
+        image_dtype, text_dtype, scale_dtype = ctx.dtypes
+        return (grad_image.to(image_dtype), grad_text.to(text_dtype), torch.tensor(grad_scale, dtype=scale_dtype),
+                None, None)
+
+
+class ContrastiveLoss(torch.nn.Module):
+    """CLIP's symmetric InfoNCE loss over the ranks of ``group`` (a torch.distributed
+    group; None: the world, or one process when torch.distributed is not initialised).
+
+    ``loss_fn(image_features, text_features, logit_scale)``: this rank's L2-normalised
+    features (n, E), every rank the same n, and the exponentiated scale (a 0-d tensor);
+    returns this rank's local mean loss. ``tile``: rows and columns per tile of braid's
+    kernel (0: its default)."""
+
+    def __init__(self, group=None, tile: int = 0) -> None:
+        super().__init__()
+        self.group = group
+        self.tile = int(tile)
+
+    def forward(self, image_features: torch.Tensor, text_features: torch.Tensor,
+                logit_scale: torch.Tensor) -> torch.Tensor:
+        if not torch.is_tensor(logit_scale):
+            logit_scale = torch.tensor(float(logit_scale))
+        return _ContrastiveFunction.apply(image_features, text_features, logit_scale, self.group, self.tile)

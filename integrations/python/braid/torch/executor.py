@@ -1,0 +1,452 @@
+"""Runs one rank's braid program over PyTorch modules (braid-driven mode).
+
+The program (``braid.Program``) is the only description of a step: this executor walks
+this rank's instruction list through one dispatch table keyed by opcode name, as braid's
+own interpreter and DeepSpeed's ``_INSTRUCTION_MAP`` do, and records what it executed so
+that "executed = planned" can be checked.
+
+What the host provides:
+
+* ``layers``: plan module name -> that module's layers, a sequence of ``nn.Module`` or a
+  callable ``layer_index -> nn.Module`` (only the layers this rank runs are built).
+  A module's first layer is called as ``layer(inputs, batch)``: ``inputs`` is the
+  upstream module's output (None for a module that starts the model) and ``batch`` the
+  microbatch's data; every other layer as ``layer(x)``.
+* ``loss_fn(output, batch)``: per-sample losses (shape ``[samples]``) of the model's last
+  module; the step's loss is their mean over the global batch.
+* a contrastive model's towers end in a BATCH_SYNC: CLIP's loss over the group's
+  samples, with ``logit_scale`` (the exponentiated scale) — the step's loss is the mean
+  of the groups' losses weighted by their sample counts.
+* ``data(indices)``: the step's samples ``indices`` (positions in its global batch) as a
+  dict of tensors, batch dimension first.
+
+Gradients: every backward starts from the step's loss as defined above, so a rank's
+gradients are its partial derivatives of that loss; REDUCE_GRADS sums them over the
+module's DP group (fan-in producers included, whose consumers' losses already span all
+of them) and scales by the stage's ``gradient_scale``. Samples: replica r of a stage that
+starts the model, with D replicas and M microbatches, holds samples
+[r G/D + m G/(D M), ...) of the global batch G in microbatch m; a stage fed by another
+holds what it receives (fan-in: its producers' microbatches concatenated in replica
+order; fan-out: an equal slice of its producer's).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+from .. import tensor as _tensor
+from .. import vocab
+from ..vocab import ENCODER_UNIT_FIRST_KERNEL, ENCODER_UNITS, FLAG_BACKWARD_TASK
+
+LayerSource = Union[Sequence[torch.nn.Module], Callable[[int], torch.nn.Module]]
+
+# Message kinds, part of the point-to-point tag (with the microbatch).
+_ACTIVATION, _GRADIENT = 0, 1
+_HEADER = 8  # int64 slots: ndim, then the shape
+
+
+def _replica_peers(my_replicas: int, my_replica: int, peer_replicas: int) -> List[int]:
+    """The peer stage's replicas that replica ``my_replica`` exchanges with (braid/pipeline.h:
+    fan-in r -> r/(A/B), fan-out r -> r*(B/A) .. r*(B/A)+B/A-1)."""
+    if my_replicas == peer_replicas:
+        return [my_replica]
+    if my_replicas > peer_replicas:
+        return [my_replica // (my_replicas // peer_replicas)]
+    k = peer_replicas // my_replicas
+    return list(range(my_replica * k, my_replica * k + k))
+
+
+class ProgramExecutor:
+    """Executes one rank's slice of a braid program.
+
+    ``program``: the ``braid.Program`` every rank built from the same plan;
+    ``groups``: a :class:`braid.torch.Groups` of that plan; ``rank``: this process's
+    rank (default: torch.distributed's); ``optimizer``: built by the host over
+    :meth:`parameters` (``make_optimizer(params)`` may be given instead)."""
+
+    def __init__(self, program, groups, layers: Mapping[str, LayerSource], loss_fn: Optional[Callable] = None,
+                 global_batch: Optional[int] = None, logit_scale: float = 1.0, rank: Optional[int] = None,
+                 make_optimizer: Optional[Callable] = None) -> None:
+        self.program = program
+        self.groups = groups
+        self.rank = dist.get_rank() if rank is None else int(rank)
+        self.loss_fn = loss_fn
+        self.logit_scale = float(logit_scale)
+        plan = program.plan
+        self.modules = plan.modules
+        self.global_batch = int(global_batch if global_batch is not None else plan.config.run_settings.global_batch)
+        self.stages = program.stages
+        me = program.rank(self.rank)
+        self.stage_index, self.replica = me.stage, me.replica
+        self.stage = self.stages[self.stage_index]
+        self.instructions = tuple(me.instructions)
+        self.layers: List[Tuple[int, bool, torch.nn.Module]] = []  # (plan module, first of its module, layer)
+        self.module_parameters: Dict[int, List[torch.nn.Parameter]] = {}
+        colocated = any(i.opcode == "EncoderTask" for i in self.instructions)
+        self.encoders = [m for m, info in enumerate(self.modules) if info.role == "encoder"]
+        self.encoder_layers: Dict[int, Dict[int, torch.nn.Module]] = {}  # plan module -> layer index -> layer
+        for part in self.stage.parts:
+            name = self.modules[part.module].name
+            if name not in layers:
+                raise KeyError(f"braid.torch: stage '{self.stage.name}' runs module '{name}' but no layers were given "
+                               f"for it (given: {', '.join(sorted(layers)) or 'none'})")
+            source = layers[name]
+            for i in range(part.first_layer, part.first_layer + part.layer_count):
+                layer = source(i) if callable(source) and not isinstance(source, torch.nn.Module) else source[i]
+                if colocated and part.module in self.encoders:
+                    self.encoder_layers.setdefault(part.module, {})[i] = layer
+                else:
+                    self.layers.append((part.module, i == 0, layer))
+                self.module_parameters.setdefault(part.module, []).extend(layer.parameters())
+        self._check_supported()
+        self.optimizer = make_optimizer(self.parameters()) if make_optimizer else None
+        self.microbatches = sorted({i.microbatch for i in self.instructions if i.opcode == "Forward"})
+        self.terminal = not self.stage.next and not any(i.opcode == "BatchSync" for i in self.instructions)
+        # The dispatch table: opcode name -> handler. A host engine may rebind entries to
+        # run an opcode its own way (braid.deepspeed routes every opcode through DeepSpeed's
+        # instruction map and calls these handlers for braid's semantics).
+        self.dispatch = {
+            "LoadMicrobatch": self._load_microbatch,
+            "Forward": self._forward,
+            "Backward": self._backward,
+            "SendActivation": self._send_activation,
+            "RecvActivation": self._recv_activation,
+            "SendGrad": self._send_grad,
+            "RecvGrad": self._recv_grad,
+            "BatchSync": self._batch_sync,
+            "ReduceGrads": self._reduce_grads,
+            "OptimizerStep": self._optimizer_step,
+            "EncoderTask": self._encoder_task,
+        }
+        unknown = [op for op in vocab.opcodes() if op not in self.dispatch]
+        if unknown:
+            raise RuntimeError(f"braid.torch: the library has opcodes this executor does not know: {unknown}")
+
+    # ---- what this executor runs --------------------------------------------------------
+
+    def _check_supported(self) -> None:
+        for module in self.encoder_layers:
+            if self.modules[module].pp != 1:
+                raise NotImplementedError(
+                    f"braid.torch: colocated encoder '{self.modules[module].name}' is pipelined "
+                    f"(pp={self.modules[module].pp}); this executor runs colocated encoders with pp=1")
+        if len(self.encoder_layers) > 1:
+            raise NotImplementedError("braid.torch: a colocated stage with several encoders (their outputs' order "
+                                      "into the llm is the host model's business); run one encoder")
+        if self.stage.devices_per_replica != 1:
+            raise NotImplementedError(
+                f"braid.torch: stage '{self.stage.name}' is tensor-parallel ({self.stage.devices_per_replica} devices "
+                "per replica); the PyTorch executor runs user modules unsharded, so plan with tp=1")
+        for i in self.instructions:
+            if i.chunk != 0 and i.opcode != "EncoderTask":
+                raise NotImplementedError(
+                    f"braid.torch: stage '{self.stage.name}' runs model chunk {i.chunk} (schedule "
+                    f"'{self.program.schedule}'); this executor runs one chunk per stage")
+
+    def named_layers(self) -> List[Tuple[str, torch.nn.Module]]:
+        """Every layer this rank runs, named "<module>_<layer index>", in the order of its
+        stage's parts (colocated encoders' layers included)."""
+        model_layers = iter(layer for _, _, layer in self.layers)
+        named = []
+        for part in self.stage.parts:
+            name = self.modules[part.module].name
+            for i in range(part.first_layer, part.first_layer + part.layer_count):
+                encoder = self.encoder_layers.get(part.module)
+                named.append((f"{name}_{i}", encoder[i] if encoder is not None else next(model_layers)))
+        return named
+
+    def parameters(self) -> List[torch.nn.Parameter]:
+        """This rank's parameters, each once, in layer order (colocated encoders last)."""
+        seen, out = set(), []
+        encoder_layers = [layer for layers in self.encoder_layers.values() for _, layer in sorted(layers.items())]
+        for layer in [layer for _, _, layer in self.layers] + encoder_layers:
+            for p in layer.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    out.append(p)
+        return out
+
+    # ---- samples --------------------------------------------------------------------------
+
+    def _upstream(self, stage: int) -> Optional[int]:
+        """The stage that feeds ``stage`` its activations (the shallowest of its prev)."""
+        info = self.stages[stage]
+        feeders = [p for p in info.prev if self.stages[p].depth < info.depth]
+        return min(feeders, key=lambda p: self.stages[p].depth) if feeders else None
+
+    def _stage_microbatches(self, stage: int) -> int:
+        if stage == self.stage_index:
+            return len(self.microbatches)
+        return len({i.microbatch for i in self.program.instructions(stage) if i.opcode == "Forward"})
+
+    def samples(self, stage: int, replica: int, microbatch: int) -> List[int]:
+        """Positions in the step's global batch of ``microbatch`` of ``replica`` of ``stage``."""
+        up = self._upstream(stage)
+        replicas = self.stages[stage].replicas
+        if up is None:
+            per = self.global_batch // (replicas * self._stage_microbatches(stage))
+            first = replica * (self.global_batch // replicas) + microbatch * per
+            return list(range(first, first + per))
+        peers = _replica_peers(replicas, replica, self.stages[up].replicas)
+        if len(peers) > 1 or self.stages[up].replicas <= replicas:
+            if self.stages[up].replicas < replicas:  # fan-out: a slice of the producer's
+                k = replicas // self.stages[up].replicas
+                rows = self.samples(up, peers[0], microbatch)
+                size = len(rows) // k
+                j = replica % k
+                return rows[j * size:(j + 1) * size]
+        return [s for p in peers for s in self.samples(up, p, microbatch)]
+
+    # ---- the step -------------------------------------------------------------------------
+
+    def step(self, data: Callable[[List[int]], Mapping[str, torch.Tensor]]) -> Dict[str, Any]:
+        """Runs this rank's instructions for one step. Returns ``loss`` (this rank's share
+        of the step's loss; their sum over the ranks is the step's loss) and ``executed``
+        (the instructions run, in order)."""
+        self._data = data
+        self._batches: Dict[int, Mapping[str, torch.Tensor]] = {}
+        self._inputs: Dict[int, Optional[torch.Tensor]] = {}
+        self._outputs: Dict[int, torch.Tensor] = {}
+        self._grads: Dict[int, torch.Tensor] = {}
+        self._pending: List[Any] = []  # sends in flight, with their buffers
+        self._synced: List[int] = []
+        self._encoder: Dict[Tuple[int, int], Dict[str, Any]] = {}  # (plan module, encoder microbatch) -> state
+        self.loss = 0.0
+        executed = []
+        for instruction in self.instructions:
+            self.dispatch[instruction.opcode](instruction)
+            executed.append(instruction)
+        for work, _ in self._pending:
+            work.wait()
+        return {"loss": self.loss, "executed": executed}
+
+    def _batch(self, microbatch: int) -> Mapping[str, torch.Tensor]:
+        if microbatch not in self._batches:
+            self._batches[microbatch] = self._data(self.samples(self.stage_index, self.replica, microbatch))
+        return self._batches[microbatch]
+
+    def _load_microbatch(self, ins) -> None:
+        self._batch(ins.microbatch)
+        self._inputs.setdefault(ins.microbatch, None)
+
+    def _forward(self, ins) -> None:
+        m = ins.microbatch
+        if self.encoder_layers and self._inputs.get(m) is None:
+            self._inputs[m] = self._encoder_output(m)
+        x = self._inputs.get(m)
+        batch = self._batch(m)
+        for _, first, layer in self.layers:
+            x = layer(x, batch) if first else layer(x)
+        if self.terminal:
+            losses = self.loss_fn(x, batch)
+            x = losses.sum() / self.global_batch
+            self.loss += float(x)
+        self._outputs[m] = x
+
+    def _backward(self, ins) -> None:
+        m = ins.microbatch
+        out = self._outputs.pop(m)
+        if self.terminal:
+            out.backward()
+        else:
+            out.backward(self._grads.pop(m))
+        if self.encoder_layers:
+            self._encoder_gradient(m, self._inputs.pop(m))
+
+    # ---- point to point -------------------------------------------------------------------
+
+    def _peer_ranks(self, peer_stage: int) -> List[int]:
+        peer = self.stages[peer_stage]
+        return [peer.first_device + r * peer.device_stride
+                for r in _replica_peers(self.stage.replicas, self.replica, peer.replicas)]
+
+    @staticmethod
+    def _tag(kind: int, microbatch: int) -> int:
+        return microbatch * 2 + kind
+
+    def _send(self, tensor: torch.Tensor, peer_stage: int, kind: int, microbatch: int) -> None:
+        ranks = self._peer_ranks(peer_stage)
+        for part, dst in zip(torch.chunk(tensor.detach().contiguous(), len(ranks), dim=0), ranks):
+            part = part.contiguous().to(torch.float32)
+            header = torch.zeros(_HEADER, dtype=torch.int64)
+            header[0] = part.dim()
+            header[1:1 + part.dim()] = torch.tensor(part.shape, dtype=torch.int64)
+            tag = self._tag(kind, microbatch)
+            self._pending.append((dist.isend(header, dst, tag=tag), header))
+            self._pending.append((dist.isend(part, dst, tag=tag), part))
+
+    def _recv(self, peer_stage: int, kind: int, microbatch: int) -> torch.Tensor:
+        parts = []
+        for src in self._peer_ranks(peer_stage):
+            header = torch.zeros(_HEADER, dtype=torch.int64)
+            tag = self._tag(kind, microbatch)
+            dist.recv(header, src, tag=tag)
+            shape = tuple(int(v) for v in header[1:1 + int(header[0])])
+            part = torch.empty(shape, dtype=torch.float32)
+            dist.recv(part, src, tag=tag)
+            parts.append(part)
+        return torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
+
+    def _send_activation(self, ins) -> None:
+        self._send(self._outputs[ins.microbatch], ins.peer, _ACTIVATION, ins.microbatch)
+
+    def _recv_activation(self, ins) -> None:
+        self._inputs[ins.microbatch] = self._recv(ins.peer, _ACTIVATION, ins.microbatch).requires_grad_(True)
+
+    def _send_grad(self, ins) -> None:
+        x = self._inputs.pop(ins.microbatch)
+        self._send(x.grad, ins.peer, _GRADIENT, ins.microbatch)
+
+    def _recv_grad(self, ins) -> None:
+        self._grads[ins.microbatch] = self._recv(ins.peer, _GRADIENT, ins.microbatch)
+
+    # ---- contrastive batch-sync -----------------------------------------------------------
+
+    def _batch_sync(self, ins) -> None:
+        """CLIP's loss over the samples of the contrastive group: every member writes its
+        tower's rows of the group's embeddings, one all-reduce assembles them, each member
+        computes the loss of its own rows with braid's kernel and the gradients of every
+        row, a second all-reduce sums those, and each keeps its tower's rows."""
+        mine = [m for m in self.microbatches if m in self._outputs and m not in self._synced]
+        self._synced.extend(mine)
+        index, members = self._batch_sync_group()
+        towers = sorted({member.module for member in members})
+        tower = towers.index(self.stage.parts[-1].module)
+        # The group's samples: those of this stage's microbatches over all its replicas
+        # (every tower's replicas cover the same samples).
+        group_samples = sorted({s for r in range(self.stage.replicas) for m in mine
+                                for s in self.samples(self.stage_index, r, m)})
+        position = {s: k for k, s in enumerate(group_samples)}
+        own = [s for m in mine for s in self.samples(self.stage_index, self.replica, m)]
+        rows = torch.tensor([position[s] for s in own])
+        if rows.numel() and not torch.equal(rows, torch.arange(int(rows[0]), int(rows[0]) + rows.numel())):
+            raise RuntimeError("braid.torch: a batch-sync member's rows are not contiguous in its group")
+        embeddings = torch.cat([self._outputs[m] for m in mine], dim=0)
+        n, width = embeddings.shape
+        total = len(group_samples)
+        gathered = torch.zeros(len(towers), total, width)
+        gathered[tower, rows] = embeddings.detach().to(torch.float32)
+        group = self.groups.batch_syncs[index]
+        dist.all_reduce(gathered, group=group)
+        if len(towers) != 2:
+            raise NotImplementedError(f"braid.torch: a contrastive loss over {len(towers)} towers")
+        offset = int(rows[0]) if n else 0
+        local = [gathered[t, offset:offset + n].contiguous() for t in range(2)]
+        loss, stats = _tensor.contrastive_forward(local[0], local[1], gathered[0].contiguous(),
+                                                  gathered[1].contiguous(), self.logit_scale, offset)
+        # Each sample's loss is computed once per tower (by the member of each tower holding it).
+        weight = n / (self.global_batch * len(towers))
+        grads = [torch.empty_like(local[0]), torch.empty_like(local[1])]
+        grad_all = torch.empty(2, total, width)
+        _tensor.contrastive_backward(local[0], local[1], gathered[0].contiguous(), gathered[1].contiguous(),
+                                     self.logit_scale, offset, stats, weight, grads[0], grads[1], grad_all[0],
+                                     grad_all[1])
+        grad_all[0, offset:offset + n] += grads[0]
+        grad_all[1, offset:offset + n] += grads[1]
+        dist.all_reduce(grad_all, group=group)
+        self.loss += loss * weight
+        mine_grad = grad_all[tower, rows]
+        at = 0
+        for m in mine:
+            size = self._outputs[m].shape[0]
+            self._grads[m] = mine_grad[at:at + size].to(self._outputs[m].dtype)
+            at += size
+
+    def _batch_sync_group(self):
+        for index, sync in enumerate(self.groups.braid.batch_syncs):
+            if self.rank in sync.ranks:
+                return index, sync.members
+        raise RuntimeError(f"braid.torch: rank {self.rank} runs a BatchSync but is in no batch-sync group")
+
+    # ---- colocated encoder tasks (Optimus) -------------------------------------------------
+    #
+    # Layer granularity: layer L of an encoder runs its forward (and later its backward) at
+    # the task of L's first kernel; the layer's other kernels, the embedding and head
+    # (inside the host's first and last layers), the hand-over to the llm (on this device)
+    # and the shard traffic are inside that work, so their tasks only mark its place.
+
+    def _encoder_samples(self, module: int, microbatch: int) -> List[int]:
+        info = self.modules[module]
+        replica = next(h.dp for h in self.groups.braid.rank(self.rank).holdings if h.module == module)
+        per = info.microbatch_size
+        first = replica * (self.global_batch // info.dp) + microbatch * per
+        return list(range(first, first + per))
+
+    def _encoder_task(self, ins) -> None:
+        encoder, slot = divmod(ins.unit - 1, ENCODER_UNITS)
+        module = self.encoders[encoder]
+        if slot != ENCODER_UNIT_FIRST_KERNEL or module not in self.encoder_layers:
+            return
+        layer_index = self._first_encoder_layer(module) + ins.chunk
+        state = self._encoder.setdefault((module, ins.microbatch), {"inputs": {}, "outputs": {}, "grads": {}})
+        layers = self.encoder_layers[module]
+        if not ins.flags & FLAG_BACKWARD_TASK:
+            if layer_index == 0:
+                samples = self._encoder_samples(module, ins.microbatch)
+                state["samples"] = samples
+                y = layers[0](None, self._data(samples))
+            else:
+                x = state["outputs"][layer_index - 1].detach().requires_grad_(True)
+                state["inputs"][layer_index] = x
+                y = layers[layer_index](x)
+            state["outputs"][layer_index] = y
+            return
+        out = state["outputs"].pop(layer_index)
+        if layer_index + 1 in state["inputs"]:
+            grad = state["inputs"].pop(layer_index + 1).grad
+        else:
+            grad = state["grads"].pop("output")
+        out.backward(grad)
+
+    def _first_encoder_layer(self, module: int) -> int:
+        return min(self.encoder_layers[module])
+
+    def _encoder_output(self, microbatch: int) -> torch.Tensor:
+        """The llm microbatch's input: its samples' rows of the encoder's outputs."""
+        module = next(iter(self.encoder_layers))
+        last = max(self.encoder_layers[module])
+        rows = {}
+        for (mod, _), state in self._encoder.items():
+            if mod == module and last in state["outputs"]:
+                out = state["outputs"][last]
+                rows.update({s: out[k] for k, s in enumerate(state["samples"])})
+        samples = self.samples(self.stage_index, self.replica, microbatch)
+        missing = [s for s in samples if s not in rows]
+        if missing:
+            raise RuntimeError(f"braid.torch: llm microbatch {microbatch} needs samples {missing} that no encoder task "
+                               "of this rank produced (the colocated encoder must hold the llm replica's samples)")
+        return torch.stack([rows[s].detach() for s in samples]).requires_grad_(True)
+
+    def _encoder_gradient(self, microbatch: int, x: torch.Tensor) -> None:
+        """Hands the llm input's gradient back to the encoder microbatches its rows came from."""
+        module = next(iter(self.encoder_layers))
+        at = {s: k for k, s in enumerate(self.samples(self.stage_index, self.replica, microbatch))}
+        for (mod, _), state in self._encoder.items():
+            if mod != module or "samples" not in state or not any(s in at for s in state["samples"]):
+                continue
+            grad = state["grads"].setdefault("output", torch.zeros_like(state["outputs"][max(state["outputs"])]))
+            for k, s in enumerate(state["samples"]):
+                if s in at:
+                    grad[k] += x.grad[at[s]]
+
+    # ---- gradients and the optimizer ------------------------------------------------------
+
+    def _reduce_grads(self, ins) -> None:
+        scale = self.stage.gradient_scale
+        for module, params in self.module_parameters.items():
+            group = self.groups.of(module, "dp", self.rank)
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                if len(self.groups.ranks(self.groups.name_of(module, "dp", self.rank))) > 1:
+                    dist.all_reduce(p.grad, group=group)
+                if scale != 1.0:
+                    p.grad.mul_(scale)
+
+    def _optimizer_step(self, ins) -> None:
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=False)

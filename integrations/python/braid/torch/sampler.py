@@ -1,0 +1,72 @@
+"""A DataLoader batch sampler that orders each global batch with braid's reordering
+(DistTrain): which data-parallel replica takes each sample (intra-microbatch balance)
+and in which order a pipeline runs its microbatches (inter-microbatch). Every rank asks
+the library the same question and gets the same answer, so no communication is needed.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence
+
+import torch
+
+
+class ReorderingBatchSampler(torch.utils.data.Sampler):
+    """Yields this rank's microbatches (lists of dataset indices), in run order.
+
+    ``plan``: the ``braid.Plan`` being trained; ``sizes(index)``: a sample's sizes, a
+    mapping with any of ``image_resolution``, ``text_tokens``, ``audio_tokens``,
+    ``generated_image_resolution``; ``module``: the plan module whose data-parallel
+    replica ``replica`` this rank is (its stage's first module); ``global_batch``: the
+    run's. ``reordering``: "none", "intra" or "intra_inter". Dataset order is
+    ``range(len(dataset_size))``, shuffled with ``seed`` each epoch when ``shuffle``;
+    a last partial global batch is dropped (braid balances whole batches)."""
+
+    def __init__(self, plan, dataset_size: int, sizes: Callable[[int], Mapping[str, int]], module: str,
+                 replica: int, global_batch: int, reordering: str = "intra_inter", shuffle: bool = False,
+                 seed: int = 0) -> None:
+        names = [m.name for m in plan.modules]
+        if module not in names:
+            raise ValueError(f"ReorderingBatchSampler: the plan has no module '{module}' (it has {', '.join(names)})")
+        self.plan, self.dataset_size, self.sizes = plan, int(dataset_size), sizes
+        self.module, self.replica, self.global_batch = module, int(replica), int(global_batch)
+        self.reordering, self.shuffle, self.seed, self.epoch = reordering, bool(shuffle), int(seed), 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return (self.dataset_size // self.global_batch) * len(self.assignment(list(range(self.global_batch))))
+
+    def assignment(self, batch: Sequence[int]) -> List[List[int]]:
+        """This rank's microbatches of the global batch ``batch`` (dataset indices), in run order."""
+        columns: Dict[str, List[int]] = {}
+        per_sample = [self.sizes(i) for i in batch]
+        for key in ("image_resolution", "text_tokens", "audio_tokens", "generated_image_resolution"):
+            if any(key in s for s in per_sample):
+                columns[key] = [int(s[key]) for s in per_sample]
+        answer = self.plan.reorder(reordering=self.reordering, **columns)
+        ranks = _field(answer, "ranks")[self.module]
+        microbatches, cells, orders = _field(answer, "microbatches"), _field(answer, "cells"), _field(answer, "orders")
+        mine: Dict[int, List[int]] = {}
+        cell = None
+        for k, index in enumerate(batch):
+            if ranks[k] == self.replica:
+                mine.setdefault(microbatches[k], []).append(index)
+                cell = cells[k]
+        # The order this sample's pipeline runs its microbatches in (inter-microbatch reordering).
+        order = orders[cell] if cell is not None and cell < len(orders) else sorted(mine)
+        return [mine[m] for m in order if m in mine]
+
+    def __iter__(self) -> Iterator[List[int]]:
+        order = list(range(self.dataset_size))
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.dataset_size, generator=g).tolist()
+        for start in range(0, self.dataset_size - self.global_batch + 1, self.global_batch):
+            yield from self.assignment(order[start:start + self.global_batch])
+
+
+def _field(answer, name):
+    return answer[name] if isinstance(answer, Mapping) else getattr(answer, name)

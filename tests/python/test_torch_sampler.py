@@ -1,0 +1,81 @@
+"""braid.torch.ReorderingBatchSampler and braid.torch.Groups on real gloo processes:
+every rank computes the same sample assignment without communicating, the union of the
+ranks' samples is each global batch (each sample once), and the torch groups follow
+braid's groups on every rank.
+
+Environment: BRAID_LIBRARY, BRAID_SOURCE_DIR, PYTHONPATH with integrations/python.
+"""
+
+import os
+import tempfile
+import unittest
+
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    REASON = ""
+except ImportError as e:  # pragma: no cover - depends on the machine
+    torch = None
+    REASON = f"PyTorch is not importable ({e}); install python3-torch"
+
+SOURCE_DIR = os.environ.get("BRAID_SOURCE_DIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+RUN = os.path.join(SOURCE_DIR, "configs", "runs", "tiny-mllm-4px.yaml")
+DATASET = 48
+
+
+def sizes(index):
+    """Skewed sample sizes, so that reordering has something to balance."""
+    return {"image_resolution": 16 + (index * 7) % 17, "text_tokens": 4 + (index * 5) % 9}
+
+
+def worker(rank, world, init_file, results):
+    import braid
+    import braid.torch as bt
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    plan = braid.Config.from_file(RUN).plan(strategy="disttrain")
+    groups = bt.Groups(plan.groups(world))
+    # Every rank's torch group of each braid group has the members braid lists.
+    for name, ranks in ((g.name, tuple(g.ranks)) for g in plan.groups(world).groups):
+        assert groups.ranks(name) == ranks, name
+    me = plan.program().rank(rank)
+    module = plan.modules[plan.program().stages[me.stage].parts[0].module].name
+    global_batch = plan.config.run_settings.global_batch
+    # Every rank computes every replica's microbatches; they must agree everywhere.
+    table = {}
+    for replica in range(plan.program().stages[me.stage].replicas):
+        sampler = bt.ReorderingBatchSampler(plan, DATASET, sizes, module, replica, global_batch, shuffle=True, seed=3)
+        table[replica] = list(sampler)
+    results[rank] = {"module": module, "table": table, "global_batch": global_batch}
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@unittest.skipIf(torch is None, REASON)
+class SamplerAgreesEverywhere(unittest.TestCase):
+
+    def test_same_assignment_on_every_rank_and_each_sample_once(self):
+        world = 4
+        with tempfile.TemporaryDirectory() as tmp:
+            results = mp.Manager().dict()
+            mp.spawn(worker, args=(world, os.path.join(tmp, "init"), results), nprocs=world, join=True)
+            results = dict(results)
+        by_module = {}
+        for rank, got in results.items():
+            by_module.setdefault(got["module"], []).append(got["table"])
+        for module, tables in by_module.items():
+            for table in tables[1:]:
+                self.assertEqual(table, tables[0], f"ranks of {module} disagree")
+            table = tables[0]
+            samples = sorted(i for microbatches in table.values() for mb in microbatches for i in mb)
+            global_batch = results[0]["global_batch"]
+            self.assertEqual(samples, list(range(DATASET // global_batch * global_batch)),
+                             f"{module}: the replicas' microbatches do not cover the epoch once")
+            # Each global batch is split over the replicas: equal sample counts per replica.
+            counts = {r: sum(len(mb) for mb in mbs) for r, mbs in table.items()}
+            self.assertEqual(len(set(counts.values())), 1, f"{module}: unequal shares {counts}")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
