@@ -6,7 +6,7 @@
 //   Backward per tile: recompute, d logits = weight (P - onehot) in place, then
 //   d I_local += s dA T_all[tile], d T_all[tile] = s dA^T I_local, and the same for text.
 // - shared (local and gathered rows are the same memory, so n = N): one N x w GEMM
-//   L[:, tile] = I T[tile]^T serves both directions: its rows are pieces of the
+//   L[:, tile] = s I T[tile]^T serves both directions: its rows are pieces of the
 //   image -> text softmaxes (merged online over tiles, O(N) state) and its columns are whole
 //   text -> image softmaxes (all N rows are in the tile). Backward per tile: recompute,
 //   dL = weight (P_row + P_col - 2 I), d I += s dL T[tile], d T[tile] = s dL^T I: three
@@ -15,6 +15,7 @@
 // The GEMMs give the logits (alpha = s) and d/ds = sum(dlogits x logits) / s; at s = 0, where
 // that cannot be divided, from the embeddings' sums. Exponentials use the vectorised float
 // exp of float4.hpp.
+//
 // Every row's, column's and tile's sums run in a fixed order over fixed blocks, and the
 // tiles are visited in order, so results do not depend on the thread count.
 #include "core/nn/contrastive_tiled.hpp"
@@ -78,12 +79,17 @@ struct SoftmaxStats {
   double log_norm() const { return max + std::log(sum); }
 };
 
+// Max of a row (piece) of logits: two running maxima for two loads in flight.
 float max_of(const float* x, int64_t n) {
-  F4 m = splat(kMinusInf);
+  F4 m0 = splat(kMinusInf), m1 = m0;
   int64_t j = 0;
-  for (; j + kWidth <= n; j += kWidth) m = max4(m, load(x + j));
-  if (j < n) m = max4(m, load_tail(x + j, n - j, kMinusInf));
-  return max_lane(m);
+  for (; j + 2 * kWidth <= n; j += 2 * kWidth) {
+    m0 = max4(m0, load(x + j));
+    m1 = max4(m1, load(x + j + kWidth));
+  }
+  for (; j + kWidth <= n; j += kWidth) m0 = max4(m0, load(x + j));
+  if (j < n) m1 = max4(m1, load_tail(x + j, n - j, kMinusInf));
+  return max_lane(max4(m0, m1));
 }
 
 float min_of(const float* x, int64_t n) {
@@ -95,19 +101,6 @@ float min_of(const float* x, int64_t n) {
 }
 
 // ---- general layout: one row piece at a time --------------------------------------------
-
-// Max of a row piece of logits.
-float piece_max(const float* x, int64_t w) {
-  F4 m0 = splat(kMinusInf), m1 = m0;
-  int64_t j = 0;
-  for (; j + 2 * kWidth <= w; j += 2 * kWidth) {
-    m0 = max4(m0, load(x + j));
-    m1 = max4(m1, load(x + j + kWidth));
-  }
-  for (; j + kWidth <= w; j += kWidth) m0 = max4(m0, load(x + j));
-  if (j < w) m1 = max4(m1, load_tail(x + j, w - j, kMinusInf));
-  return max_lane(max4(m0, m1));
-}
 
 // Sum of exp(x - ref) over a row piece of logits.
 double piece_exp_sum(const float* x, int64_t w, float ref) {
@@ -312,9 +305,6 @@ class TiledLoss {
       text_grad_ = grads.local_text.data ? grads.local_text : grads.all_text;
       if (grads.local_image.data && grads.all_image.data) zero(grads.all_image);
       if (grads.local_text.data && grads.all_text.data) zero(grads.all_text);
-    } else if (n_ == 0) {  // no rows, no tile GEMM writes the gathered rows
-      zero(grads.all_image);
-      zero(grads.all_text);
     }
   }
   void backward_tile(int64_t t, const ContrastiveStats& stats, double weight) {
@@ -336,7 +326,7 @@ class TiledLoss {
         float* x = buffer_.get() + r * w;
         const int64_t target = p_.row_offset + r % n_;
         const float at_target = x[target];
-        const float m = piece_max(x, w);
+        const float m = max_of(x, w);
         const F4 ref = splat(m);
         F4 sum = splat(0.0f), weighted = sum;
         double row_sum = 0.0, row_weighted = 0.0;
@@ -430,7 +420,7 @@ class TiledLoss {
     parallel_for(threads_, 2 * n_, chunk_for(12.0 * static_cast<double>(w)), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const float* x = buffer_.get() + r * w;
-        const float m = piece_max(x, w);
+        const float m = max_of(x, w);
         rows_[static_cast<std::size_t>(r)].merge(m, piece_exp_sum(x, w, m));
         const int64_t target = p_.row_offset + r % n_ - c0;
         if (target >= 0 && target < w) target_[static_cast<std::size_t>(r)] = x[target];

@@ -35,9 +35,10 @@ pipeline::Program build_program(const cost::CostModel& cost, const plan::Plan& p
 }
 
 std::vector<pipeline::StagePart> plan_parts(const plan::Plan& plan, const pipeline::StageProgram& stage) {
+  // Kept in the order the stage runs them (data flow: an encoder before its projector,
+  // then the colocated encoders of its ENCODER_TASKs): a host runs them in this order.
   std::vector<pipeline::StagePart> out = stage.parts;
   for (auto& p : out) p.module = plan::placement_index(plan, p.module);
-  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.module < b.module; });
   return out;
 }
 

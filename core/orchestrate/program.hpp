@@ -30,7 +30,8 @@ pipeline::Program build_program(const cost::CostModel& cost, const plan::Plan& p
                                 std::optional<spec::Schedule> schedule = std::nullopt);
 
 // What `stage` of a program of `plan` runs (pipeline::StagePart), its modules numbered as
-// the plan numbers them (indices into plan.modules, the C ABI's numbering), in that order.
+// the plan numbers them (indices into plan.modules, the C ABI's numbering), in the order
+// the stage runs them.
 std::vector<pipeline::StagePart> plan_parts(const plan::Plan& plan, const pipeline::StageProgram& stage);
 
 }  // namespace braid::orchestrate

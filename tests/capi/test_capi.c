@@ -8,23 +8,9 @@
  * never a crash.
  * Compiled as C99 with -Wall -Wextra -Wpedantic -Werror.
  * usage: test_capi LIBBRAID_SO SOURCE_DIR */
-#include <dlfcn.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
-#include "braid/braid.h"
-
-static int failures = 0;
-
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                              \
-    }                                                                          \
-  } while (0)
+#include "capi_test.h"
 
 /* Every entry point, resolved by name. */
 static struct {
@@ -72,20 +58,6 @@ static struct {
   braid_status (*bubble_scheduler_report)(const braid_bubble_scheduler*, braid_bubble_report*);
   braid_status (*bubble_scheduler_program)(const braid_bubble_scheduler*, const char*, braid_program**);
 } api;
-
-static void* resolve(void* lib, const char* name) {
-  void* sym = dlsym(lib, name);
-  if (!sym) {
-    fprintf(stderr, "missing symbol %s\n", name);
-    exit(1);
-  }
-  return sym;
-}
-
-/* dlsym returns void*; POSIX guarantees the round trip to a function pointer. */
-#define RESOLVE(field, name) memcpy(&api.field, &(void*){resolve(lib, name)}, sizeof api.field)
-
-static int contains(const char* text, const char* part) { return text && strstr(text, part) != NULL; }
 
 static void test_versions(void) {
   CHECK(api.abi_version() == BRAID_ABI_VERSION);
@@ -1039,57 +1011,49 @@ static void test_bubble_misuse(const char* source_dir) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: %s LIBBRAID_SO SOURCE_DIR\n", argv[0]);
-    return 2;
-  }
-  void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    fprintf(stderr, "dlopen %s: %s\n", argv[1], dlerror());
-    return 1;
-  }
-  RESOLVE(abi_version, "braid_abi_version");
-  RESOLVE(version_string, "braid_version_string");
-  RESOLVE(status_string, "braid_status_string");
-  RESOLVE(last_error, "braid_last_error");
-  RESOLVE(config_load_file, "braid_config_load_file");
-  RESOLVE(config_load_string, "braid_config_load_string");
-  RESOLVE(config_destroy, "braid_config_destroy");
-  RESOLVE(config_devices, "braid_config_devices");
-  RESOLVE(plan_create, "braid_plan_create");
-  RESOLVE(plan_destroy, "braid_plan_destroy");
-  RESOLVE(plan_strategy, "braid_plan_strategy");
-  RESOLVE(plan_module_count, "braid_plan_module_count");
-  RESOLVE(plan_module, "braid_plan_module");
-  RESOLVE(plan_estimate, "braid_plan_estimate");
-  RESOLVE(plan_to_json, "braid_plan_to_json");
-  RESOLVE(plan_to_yaml, "braid_plan_to_yaml");
-  RESOLVE(plan_alternative_count, "braid_plan_alternative_count");
-  RESOLVE(plan_alternative, "braid_plan_alternative");
-  RESOLVE(program_create, "braid_program_create");
-  RESOLVE(program_destroy, "braid_program_destroy");
-  RESOLVE(program_schedule, "braid_program_schedule");
-  RESOLVE(program_stage_count, "braid_program_stage_count");
-  RESOLVE(program_stage, "braid_program_stage");
-  RESOLVE(program_instruction, "braid_program_instruction");
-  RESOLVE(simulate, "braid_simulate");
-  RESOLVE(simulation_destroy, "braid_simulation_destroy");
-  RESOLVE(simulation_result_get, "braid_simulation_result_get");
-  RESOLVE(simulation_stage, "braid_simulation_stage");
-  RESOLVE(simulation_write_trace, "braid_simulation_write_trace");
-  RESOLVE(simulation_gantt, "braid_simulation_gantt");
-  RESOLVE(reorder_create, "braid_reorder_create");
-  RESOLVE(reorder_destroy, "braid_reorder_destroy");
-  RESOLVE(reorder_info_get, "braid_reorder_info_get");
-  RESOLVE(reorder_ranks, "braid_reorder_ranks");
-  RESOLVE(reorder_cells, "braid_reorder_cells");
-  RESOLVE(reorder_microbatches, "braid_reorder_microbatches");
-  RESOLVE(reorder_order, "braid_reorder_order");
-  RESOLVE(bubble_scheduler_create, "braid_bubble_scheduler_create");
-  RESOLVE(bubble_scheduler_destroy, "braid_bubble_scheduler_destroy");
-  RESOLVE(bubble_scheduler_run, "braid_bubble_scheduler_run");
-  RESOLVE(bubble_scheduler_report, "braid_bubble_scheduler_report");
-  RESOLVE(bubble_scheduler_program, "braid_bubble_scheduler_program");
+  void* lib = capi_open(argc, argv, 2, "LIBBRAID_SO SOURCE_DIR");
+  RESOLVE(abi_version);
+  RESOLVE(version_string);
+  RESOLVE(status_string);
+  RESOLVE(last_error);
+  RESOLVE(config_load_file);
+  RESOLVE(config_load_string);
+  RESOLVE(config_destroy);
+  RESOLVE(config_devices);
+  RESOLVE(plan_create);
+  RESOLVE(plan_destroy);
+  RESOLVE(plan_strategy);
+  RESOLVE(plan_module_count);
+  RESOLVE(plan_module);
+  RESOLVE(plan_estimate);
+  RESOLVE(plan_to_json);
+  RESOLVE(plan_to_yaml);
+  RESOLVE(plan_alternative_count);
+  RESOLVE(plan_alternative);
+  RESOLVE(program_create);
+  RESOLVE(program_destroy);
+  RESOLVE(program_schedule);
+  RESOLVE(program_stage_count);
+  RESOLVE(program_stage);
+  RESOLVE(program_instruction);
+  RESOLVE(simulate);
+  RESOLVE(simulation_destroy);
+  RESOLVE(simulation_result_get);
+  RESOLVE(simulation_stage);
+  RESOLVE(simulation_write_trace);
+  RESOLVE(simulation_gantt);
+  RESOLVE(reorder_create);
+  RESOLVE(reorder_destroy);
+  RESOLVE(reorder_info_get);
+  RESOLVE(reorder_ranks);
+  RESOLVE(reorder_cells);
+  RESOLVE(reorder_microbatches);
+  RESOLVE(reorder_order);
+  RESOLVE(bubble_scheduler_create);
+  RESOLVE(bubble_scheduler_destroy);
+  RESOLVE(bubble_scheduler_run);
+  RESOLVE(bubble_scheduler_report);
+  RESOLVE(bubble_scheduler_program);
 
   test_versions();
   test_plan_clip(argv[2]);
@@ -1099,11 +1063,5 @@ int main(int argc, char** argv) {
   test_reorder_llava(argv[2]);
   test_bubble_mllm(argv[2]);
   test_bubble_misuse(argv[2]);
-  dlclose(lib);
-  if (failures) {
-    fprintf(stderr, "%d check(s) failed\n", failures);
-    return 1;
-  }
-  printf("C ABI: all checks passed\n");
-  return 0;
+  return capi_finish(lib, "C ABI", "");
 }

@@ -21,22 +21,8 @@
  * naming the bad value, while a larger struct_size (a newer caller) gets a zeroed tail
  * and a smaller one (an older caller) is filled only as far as it reaches.
  * usage: test_groups LIBBRAID_SO SOURCE_DIR */
-#include <dlfcn.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
-#include "braid/braid.h"
-
-static int failures = 0;
-
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                              \
-    }                                                                          \
-  } while (0)
+#include "capi_test.h"
 
 /* Where a failure happened: the run and strategy being checked. */
 static const char* context = "";
@@ -82,20 +68,6 @@ static struct {
   braid_program_rank_instruction_fn program_rank_instruction;
   braid_program_stage_part_fn program_stage_part;
 } api;
-
-static void* resolve(void* lib, const char* name) {
-  void* sym = dlsym(lib, name);
-  if (!sym) {
-    fprintf(stderr, "missing symbol %s\n", name);
-    exit(1);
-  }
-  return sym;
-}
-
-/* dlsym returns void*; POSIX guarantees the round trip to a function pointer. */
-#define RESOLVE(field, name) memcpy(&api.field, &(void*){resolve(lib, name)}, sizeof api.field)
-
-static int contains(const char* text, const char* part) { return text && strstr(text, part) != NULL; }
 
 /* A status and a message that names `part`. */
 static int refused(braid_status status, const char* part) {
@@ -745,53 +717,39 @@ static void test_misuse(const char* source_dir) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: %s LIBBRAID_SO SOURCE_DIR\n", argv[0]);
-    return 2;
-  }
-  void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    fprintf(stderr, "dlopen %s: %s\n", argv[1], dlerror());
-    return 1;
-  }
-  RESOLVE(last_error, "braid_last_error");
-  RESOLVE(config_load_file, "braid_config_load_file");
-  RESOLVE(config_destroy, "braid_config_destroy");
-  RESOLVE(plan_create, "braid_plan_create");
-  RESOLVE(plan_destroy, "braid_plan_destroy");
-  RESOLVE(plan_module_count, "braid_plan_module_count");
-  RESOLVE(plan_module, "braid_plan_module");
-  RESOLVE(plan_estimate, "braid_plan_estimate");
-  RESOLVE(program_create, "braid_program_create");
-  RESOLVE(program_destroy, "braid_program_destroy");
-  RESOLVE(program_stage_count, "braid_program_stage_count");
-  RESOLVE(program_stage, "braid_program_stage");
-  RESOLVE(program_instruction, "braid_program_instruction");
-  RESOLVE(groups_create, "braid_groups_create");
-  RESOLVE(groups_destroy, "braid_groups_destroy");
-  RESOLVE(groups_world_size, "braid_groups_world_size");
-  RESOLVE(groups_count, "braid_groups_count");
-  RESOLVE(groups_group, "braid_groups_group");
-  RESOLVE(groups_rank, "braid_groups_rank");
-  RESOLVE(groups_holding, "braid_groups_holding");
-  RESOLVE(groups_link_count, "braid_groups_link_count");
-  RESOLVE(groups_link, "braid_groups_link");
-  RESOLVE(groups_link_pair, "braid_groups_link_pair");
-  RESOLVE(groups_batch_sync_count, "braid_groups_batch_sync_count");
-  RESOLVE(groups_batch_sync, "braid_groups_batch_sync");
-  RESOLVE(groups_batch_sync_member, "braid_groups_batch_sync_member");
-  RESOLVE(program_microbatches, "braid_program_microbatches");
-  RESOLVE(program_rank, "braid_program_rank");
-  RESOLVE(program_rank_instruction, "braid_program_rank_instruction");
-  RESOLVE(program_stage_part, "braid_program_stage_part");
+  void* lib = capi_open(argc, argv, 2, "LIBBRAID_SO SOURCE_DIR");
+  RESOLVE(last_error);
+  RESOLVE(config_load_file);
+  RESOLVE(config_destroy);
+  RESOLVE(plan_create);
+  RESOLVE(plan_destroy);
+  RESOLVE(plan_module_count);
+  RESOLVE(plan_module);
+  RESOLVE(plan_estimate);
+  RESOLVE(program_create);
+  RESOLVE(program_destroy);
+  RESOLVE(program_stage_count);
+  RESOLVE(program_stage);
+  RESOLVE(program_instruction);
+  RESOLVE(groups_create);
+  RESOLVE(groups_destroy);
+  RESOLVE(groups_world_size);
+  RESOLVE(groups_count);
+  RESOLVE(groups_group);
+  RESOLVE(groups_rank);
+  RESOLVE(groups_holding);
+  RESOLVE(groups_link_count);
+  RESOLVE(groups_link);
+  RESOLVE(groups_link_pair);
+  RESOLVE(groups_batch_sync_count);
+  RESOLVE(groups_batch_sync);
+  RESOLVE(groups_batch_sync_member);
+  RESOLVE(program_microbatches);
+  RESOLVE(program_rank);
+  RESOLVE(program_rank_instruction);
+  RESOLVE(program_stage_part);
 
   test_runs(argv[2]);
   test_misuse(argv[2]);
-  dlclose(lib);
-  if (failures) {
-    fprintf(stderr, "%d check(s) failed\n", failures);
-    return 1;
-  }
-  printf("C ABI groups and per-rank programs: all checks passed\n");
-  return 0;
+  return capi_finish(lib, "C ABI groups and per-rank programs", "");
 }

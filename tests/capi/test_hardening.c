@@ -23,25 +23,11 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <dirent.h>
-#include <dlfcn.h>
 #include <stddef.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "braid/braid.h"
-
-static int failures = 0;
-
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                              \
-    }                                                                          \
-  } while (0)
+#include "capi_test.h"
 
 static struct {
   braid_last_error_fn last_error;
@@ -76,29 +62,6 @@ static struct {
   braid_bubble_scheduler_report_fn bubble_scheduler_report;
   braid_bubble_scheduler_program_fn bubble_scheduler_program;
 } api;
-
-static void* resolve(void* lib, const char* name) {
-  void* sym = dlsym(lib, name);
-  if (!sym) {
-    fprintf(stderr, "missing symbol %s\n", name);
-    exit(1);
-  }
-  return sym;
-}
-
-/* dlsym returns void*; POSIX guarantees the round trip to a function pointer. */
-#define RESOLVE(field) memcpy(&api.field, &(void*){resolve(lib, "braid_" #field)}, sizeof api.field)
-
-static int contains(const char* text, const char* part) { return text && strstr(text, part) != NULL; }
-
-/* CHECK(contains(last_error, part)), printing the message when it lacks the part. */
-#define CHECK_ERROR(part)                                                                                  \
-  do {                                                                                                     \
-    if (!contains(api.last_error(), part)) {                                                               \
-      fprintf(stderr, "%s:%d: last error lacks \"%s\": %s\n", __FILE__, __LINE__, part, api.last_error()); \
-      ++failures;                                                                                          \
-    }                                                                                                      \
-  } while (0)
 
 static const char* source_dir;
 
@@ -1031,16 +994,8 @@ static void test_plan_options(void) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: %s LIBBRAID_SO SOURCE_DIR\n", argv[0]);
-    return 2;
-  }
+  void* lib = capi_open(argc, argv, 2, "LIBBRAID_SO SOURCE_DIR");
   source_dir = argv[2];
-  void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    fprintf(stderr, "dlopen %s: %s\n", argv[1], dlerror());
-    return 1;
-  }
   RESOLVE(last_error);
   RESOLVE(config_load_file);
   RESOLVE(config_load_string);
@@ -1083,11 +1038,7 @@ int main(int argc, char** argv) {
   test_wrap_around();
   test_run_settings();
   test_plan_options();
-  dlclose(lib);
-  if (failures) {
-    fprintf(stderr, "%d check(s) failed\n", failures);
-    return 1;
-  }
-  printf("C ABI hardening: all checks passed (%d programs of the bundled runs checked)\n", programs);
-  return 0;
+  char detail[64];
+  snprintf(detail, sizeof detail, " (%d programs of the bundled runs checked)", programs);
+  return capi_finish(lib, "C ABI hardening", detail);
 }

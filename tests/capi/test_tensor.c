@@ -14,44 +14,16 @@
  *    a message naming the argument.
  * Compiled as C99 with -Wall -Wextra -Wpedantic -Werror.
  * usage: test_tensor LIBBRAID_SO */
-#include <dlfcn.h>
 #include <math.h>
 #include <stddef.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
-#include "braid/braid.h"
-
-static int failures = 0;
-
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                              \
-    }                                                                          \
-  } while (0)
+#include "capi_test.h"
 
 static struct {
   const char* (*last_error)(void);
   braid_contrastive_forward_fn forward;
   braid_contrastive_backward_fn backward;
 } api;
-
-static void* resolve(void* lib, const char* name) {
-  void* sym = dlsym(lib, name);
-  if (!sym) {
-    fprintf(stderr, "missing symbol %s\n", name);
-    exit(1);
-  }
-  return sym;
-}
-
-/* dlsym returns void*; POSIX guarantees the round trip to a function pointer. */
-#define RESOLVE(field, name) memcpy(&api.field, &(void*){resolve(lib, name)}, sizeof api.field)
-
-static int contains(const char* text, const char* part) { return text && strstr(text, part) != NULL; }
 
 /* ---- 2-D float32 CPU views ------------------------------------------------------ */
 
@@ -527,27 +499,13 @@ static void test_misuse(void) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: %s LIBBRAID_SO\n", argv[0]);
-    return 2;
-  }
-  void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    fprintf(stderr, "dlopen %s: %s\n", argv[1], dlerror());
-    return 1;
-  }
-  RESOLVE(last_error, "braid_last_error");
-  RESOLVE(forward, "braid_contrastive_forward");
-  RESOLVE(backward, "braid_contrastive_backward");
+  void* lib = capi_open(argc, argv, 1, "LIBBRAID_SO");
+  RESOLVE(last_error);
+  RESOLVE_AS(forward, "braid_contrastive_forward");
+  RESOLVE_AS(backward, "braid_contrastive_backward");
 
   test_layout();
   test_against_naive();
   test_misuse();
-  dlclose(lib);
-  if (failures) {
-    fprintf(stderr, "%d check(s) failed\n", failures);
-    return 1;
-  }
-  printf("braid/tensor.h: all checks passed\n");
-  return 0;
+  return capi_finish(lib, "braid/tensor.h", "");
 }

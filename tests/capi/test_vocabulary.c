@@ -7,22 +7,8 @@
  * plan whose layout cannot run it).
  * Compiled as C99 with -Wall -Wextra -Wpedantic -Werror.
  * usage: test_vocabulary LIBBRAID_SO SOURCE_DIR */
-#include <dlfcn.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
-#include "braid/braid.h"
-
-static int failures = 0;
-
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                              \
-    }                                                                          \
-  } while (0)
+#include "capi_test.h"
 
 static struct {
   braid_vocabulary_size_fn vocabulary_size;
@@ -47,20 +33,6 @@ static void check_typedefs(void) {
   (void)size_fn;
   (void)name_fn;
 }
-
-static void* resolve(void* lib, const char* name) {
-  void* sym = dlsym(lib, name);
-  if (!sym) {
-    fprintf(stderr, "missing symbol %s\n", name);
-    exit(1);
-  }
-  return sym;
-}
-
-/* dlsym returns void*; POSIX guarantees the round trip to a function pointer. */
-#define RESOLVE(field, name) memcpy(&api.field, &(void*){resolve(lib, name)}, sizeof api.field)
-
-static int contains(const char* text, const char* part) { return text && strstr(text, part) != NULL; }
 
 static size_t size_of(braid_vocabulary vocabulary) {
   size_t n = 0;
@@ -222,37 +194,22 @@ static void test_every_schedule_builds_a_program(const char* source_dir) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: %s LIBBRAID_SO SOURCE_DIR\n", argv[0]);
-    return 2;
-  }
-  void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    fprintf(stderr, "dlopen(%s): %s\n", argv[1], dlerror());
-    return 1;
-  }
-  RESOLVE(vocabulary_size, "braid_vocabulary_size");
-  RESOLVE(vocabulary_name, "braid_vocabulary_name");
-  RESOLVE(last_error, "braid_last_error");
-  RESOLVE(config_load_file, "braid_config_load_file");
-  RESOLVE(config_destroy, "braid_config_destroy");
-  RESOLVE(plan_create, "braid_plan_create");
-  RESOLVE(plan_destroy, "braid_plan_destroy");
-  RESOLVE(program_create, "braid_program_create");
-  RESOLVE(program_destroy, "braid_program_destroy");
-  RESOLVE(program_schedule, "braid_program_schedule");
+  void* lib = capi_open(argc, argv, 2, "LIBBRAID_SO SOURCE_DIR");
+  RESOLVE(vocabulary_size);
+  RESOLVE(vocabulary_name);
+  RESOLVE(last_error);
+  RESOLVE(config_load_file);
+  RESOLVE(config_destroy);
+  RESOLVE(plan_create);
+  RESOLVE(plan_destroy);
+  RESOLVE(program_create);
+  RESOLVE(program_destroy);
+  RESOLVE(program_schedule);
 
   check_typedefs();
   test_sizes_match_the_enums();
   test_names();
   test_misuse();
   test_every_schedule_builds_a_program(argv[2]);
-
-  dlclose(lib);
-  if (failures) {
-    fprintf(stderr, "%d check(s) failed\n", failures);
-    return 1;
-  }
-  printf("vocabularies: all checks passed\n");
-  return 0;
+  return capi_finish(lib, "vocabularies", "");
 }

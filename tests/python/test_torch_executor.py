@@ -4,8 +4,9 @@ parameter after 5 steps equals a single-process reference (<= 1e-5), and every r
 executed exactly its instructions of the program.
 
 Layouts, on 4 processes: DistMM (two CLIP towers on their own ranks, joined by a
-contrastive batch-sync), DistTrain (vision + projector on their ranks, the llm on
-others), Optimus (encoder and llm on every rank, the encoder run by the program's
+contrastive batch-sync; one and two contrastive groups per step), DistTrain (vision +
+projector on their ranks, the llm on others; and 2 vision replicas fanning in to an llm
+of 2 pipeline stages), Optimus (encoder and llm on every rank, the encoder run by the program's
 encoder tasks) and Megatron (one grid for the whole model).
 
 Environment: BRAID_LIBRARY, BRAID_SOURCE_DIR, PYTHONPATH with integrations/python.
@@ -15,101 +16,43 @@ import os
 import tempfile
 import unittest
 
-try:
-    import torch
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-    import torch.nn.functional as F
-    REASON = ""
-except ImportError as e:  # pragma: no cover - depends on the machine
-    torch = None
-    REASON = f"PyTorch is not importable ({e}); install python3-torch"
+from _models import LOGIT_SCALE, caption_loss, clip_layers, clip_loss, dataset, dist, mllm_layers, mp, torch
+from _models import TORCH_REASON as REASON
 
 SOURCE_DIR = os.environ.get("BRAID_SOURCE_DIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 STEPS, LR, TOLERANCE = 5, 0.5, 1e-5
-IMAGE_PATCHES, PATCH, HIDDEN, TOKENS, VOCAB = 4, 6, 8, 3, 5
-LOGIT_SCALE = 3.0
+
+# DistMM with towers of unequal DP widths (image 2 replicas, text 1) on 3 ranks.
+UNEQUAL_TOWERS = """\
+strategy: distmm
+layout: branches
+devices: 3
+schedule: batch-sync
+virtual_stages: 1
+modules:
+  - {name: image_encoder, role: encoder, tp: 1, pp: 1, dp: 2, first_device: 0, devices: 2, first_stage: 0,
+     microbatch_size: 16, layers_per_stage: [2]}
+  - {name: text_encoder, role: encoder, tp: 1, pp: 1, dp: 1, first_device: 2, devices: 1, first_stage: 0,
+     microbatch_size: 16, layers_per_stage: [2]}
+"""
+DATA_SEED = 5
 
 
-class Linear(torch.nn.Module if torch else object):
-    """A layer with its own seed, so every process builds the same weights for it."""
-
-    def __init__(self, seed, d_in, d_out, activate=True, source=None, normalize=False):
-        super().__init__()
-        torch.manual_seed(seed)
-        self.linear = torch.nn.Linear(d_in, d_out)
-        self.activate, self.source, self.normalize = activate, source, normalize
-
-    def forward(self, x, batch=None):
-        if self.source is not None:  # a module's first layer reads its own input
-            x = batch[self.source] if x is None else x
-        y = self.linear(x)
-        y = F.gelu(y) if self.activate else y
-        return F.normalize(y, dim=-1) if self.normalize else y
-
-
-class LlmInput(torch.nn.Module if torch else object):
-    """The llm's first layer: projected image tokens followed by the caption's embeddings."""
-
-    def __init__(self, seed):
-        super().__init__()
-        torch.manual_seed(seed)
-        self.embed = torch.nn.Embedding(VOCAB, HIDDEN)
-        self.linear = torch.nn.Linear(HIDDEN, HIDDEN)
-
-    def forward(self, image_tokens, batch):
-        x = torch.cat([image_tokens, self.embed(batch["text"])], dim=1)
-        return F.gelu(self.linear(x))
-
-
-def clip_layers():
-    return {
-        "image_encoder": [Linear(11, PATCH, HIDDEN, source="image"), Linear(12, HIDDEN, HIDDEN, False, normalize=True)],
-        "text_encoder": [Linear(21, PATCH, HIDDEN, source="text"), Linear(22, HIDDEN, HIDDEN, False, normalize=True)],
-    }
-
-
-def mllm_layers():
-    return {
-        "vision": [Linear(31, PATCH, HIDDEN, source="image"), Linear(32, HIDDEN, HIDDEN)],
-        "projector": [Linear(41, HIDDEN, HIDDEN, source="none"), Linear(42, HIDDEN, HIDDEN, False)],
-        "llm": [LlmInput(51), Linear(52, HIDDEN, VOCAB, False)],
-    }
-
-
-def dataset(kind, size):
-    g = torch.Generator().manual_seed(5)
-    if kind == "clip":
-        return {"image": torch.randn(size, PATCH, generator=g), "text": torch.randn(size, PATCH, generator=g)}
-    return {"image": torch.randn(size, IMAGE_PATCHES, PATCH, generator=g),
-            "text": torch.randint(0, VOCAB, (size, TOKENS), generator=g)}
-
-
-def caption_loss(logits, batch):
-    """Per-sample loss: mean cross-entropy of the caption tokens (read from the image tokens' end)."""
-    text_logits = logits[:, IMAGE_PATCHES - 1:-1, :]
-    ce = F.cross_entropy(text_logits.reshape(-1, VOCAB), batch["text"].reshape(-1), reduction="none")
-    return ce.view(batch["text"].shape).mean(dim=1)
-
-
-def clip_loss(image, text):
-    logits = LOGIT_SCALE * image @ text.t()
-    labels = torch.arange(logits.shape[0])
-    return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2
-
-
-def reference(kind, global_batch):
-    """Single-process SGD on the whole model and the whole batch."""
-    layers = clip_layers() if kind == "clip" else mllm_layers()
+def reference(kind, global_batch, contrastive_batch=0):
+    """Single-process SGD on the whole model and the whole batch (CLIP: the mean of its
+    contrastive groups' losses, group g being samples [g C, (g+1) C))."""
+    layers = clip_layers() if kind == "clip" else mllm_layers("none")
     params = [p for module in layers.values() for layer in module for p in layer.parameters()]
     optimizer = torch.optim.SGD(params, lr=LR)
-    data = dataset(kind, global_batch)
+    data = dataset(kind, global_batch, DATA_SEED)
     for _ in range(STEPS):
         optimizer.zero_grad()
         if kind == "clip":
             image = layers["image_encoder"][1](layers["image_encoder"][0](None, data))
             text = layers["text_encoder"][1](layers["text_encoder"][0](None, data))
-            loss = clip_loss(image, text)
+            size = contrastive_batch or global_batch
+            loss = sum(clip_loss(image[g:g + size], text[g:g + size]) for g in range(0, global_batch, size))
+            loss = loss / (global_batch // size)
         else:
             x = None
             for name in ("vision", "projector", "llm"):
@@ -122,19 +65,21 @@ def reference(kind, global_batch):
             for i, layer in enumerate(module) for n, p in layer.named_parameters()}
 
 
-def worker(rank, world, init_file, run, strategy, kind, results):
+def worker(rank, world, init_file, run, strategy, kind, options, settings, results):
     import braid
     import braid.torch as bt
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     config = braid.Config.from_file(os.path.join(SOURCE_DIR, "configs", "runs", run))
-    plan = config.plan(strategy=strategy)
+    if settings:
+        config.set_run_settings(**settings)
+    plan = config.plan(strategy=strategy, **options)
     program = plan.program()
     groups = bt.Groups(plan.groups(world))
-    layers = clip_layers() if kind == "clip" else mllm_layers()
+    layers = clip_layers() if kind == "clip" else mllm_layers("none")
     executor = bt.ProgramExecutor(program, groups, layers, loss_fn=caption_loss, logit_scale=LOGIT_SCALE,
                                   make_optimizer=lambda params: torch.optim.SGD(params, lr=LR))
-    data = dataset(kind, executor.global_batch)
+    data = dataset(kind, executor.global_batch, DATA_SEED)
     executed = None
     for _ in range(STEPS):
         out = executor.step(lambda indices: {k: v[indices] for k, v in data.items()})
@@ -147,7 +92,8 @@ def worker(rank, world, init_file, run, strategy, kind, results):
                 owned[f"{name}.{i}.{n}"] = p.detach().clone()
     results[rank] = {"params": owned, "executed": [i._asdict() for i in executed],
                      "planned": [i._asdict() for i in program.rank(rank).instructions],
-                     "global_batch": executor.global_batch}
+                     "global_batch": executor.global_batch, "stages": len(program.stages),
+                     "replicas": [stage.replicas for stage in program.stages]}
     dist.barrier()
     dist.destroy_process_group()
 
@@ -155,13 +101,13 @@ def worker(rank, world, init_file, run, strategy, kind, results):
 @unittest.skipIf(torch is None, REASON)
 class ExecutorReproducesOneProcess(unittest.TestCase):
 
-    def train(self, run, strategy, kind, world=4):
+    def train(self, run, strategy, kind, world=4, options=None, settings=None):
         with tempfile.TemporaryDirectory() as tmp:
             results = mp.Manager().dict()
-            mp.spawn(worker, args=(world, os.path.join(tmp, "init"), run, strategy, kind, results), nprocs=world,
-                     join=True)
+            mp.spawn(worker, args=(world, os.path.join(tmp, "init"), run, strategy, kind, options or {}, settings or {},
+                                   results), nprocs=world, join=True)
             results = dict(results)
-        want = reference(kind, results[0]["global_batch"])
+        want = reference(kind, results[0]["global_batch"], (settings or {}).get("contrastive_batch", 0))
         seen = set()
         for rank, got in results.items():
             self.assertEqual(got["executed"], got["planned"], f"rank {rank} executed other instructions")
@@ -170,12 +116,27 @@ class ExecutorReproducesOneProcess(unittest.TestCase):
                 self.assertLessEqual(err, TOLERANCE, f"rank {rank}: {name} differs by {err}")
                 seen.add(name)
         self.assertEqual(seen, set(want), "some parameters were trained by no rank")
+        return results[0]
 
     def test_distmm_clip_towers_with_batch_sync(self):
         self.train("tiny-clip.yaml", "distmm", "clip")
 
+    def test_distmm_two_contrastive_groups(self):
+        self.train("tiny-clip.yaml", "distmm", "clip", settings={"contrastive_batch": 64})
+
+    def test_distmm_unequal_towers_two_groups(self):
+        # Each group pairs the same samples on both towers though their replicas split it differently.
+        shape = self.train("tiny-clip.yaml", "fixed", "clip", world=3, options={"plan_yaml": UNEQUAL_TOWERS},
+                           settings={"contrastive_batch": 64})
+        self.assertEqual(shape["replicas"], [2, 1])
+
     def test_disttrain_vision_projector_then_llm(self):
         self.train("tiny-mllm-4px.yaml", "disttrain", "mllm")
+
+    def test_disttrain_fan_in_into_a_two_stage_llm(self):
+        # The llm on one replica of 2 stages: the 2 vision + projector replicas fan in to it.
+        shape = self.train("tiny-mllm-4px.yaml", "disttrain", "mllm", options={"tp": 1, "dp": 1})
+        self.assertEqual(shape["replicas"], [2, 1, 1], "not the fan-in layout this test is about")
 
     def test_optimus_colocated_encoder_tasks(self):
         self.train("tiny-mllm-4px.yaml", "optimus", "mllm")

@@ -10,14 +10,8 @@ import os
 import tempfile
 import unittest
 
-try:
-    import torch
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-    REASON = ""
-except ImportError as e:  # pragma: no cover - depends on the machine
-    torch = None
-    REASON = f"PyTorch is not importable ({e}); install python3-torch"
+from _models import TORCH_REASON as REASON
+from _models import dist, mp, torch
 
 SOURCE_DIR = os.environ.get("BRAID_SOURCE_DIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 RUN = os.path.join(SOURCE_DIR, "configs", "runs", "tiny-mllm-4px.yaml")

@@ -215,7 +215,10 @@ typedef struct braid_stage_part {
 #define BRAID_STAGE_PART_INIT \
   { sizeof(braid_stage_part), 0, 0, 0, 0 }
 
-/* Part `index` (< part_count) of stage `stage`, in plan order of the modules. An
+/* Part `index` (< part_count) of stage `stage`, in the order the stage runs them: the
+ * modules of its pipeline in data-flow order (an encoder before the projector it feeds,
+ * a monolithic stage's modules as the model file chains them), then the colocated
+ * encoder stages its ENCODER_TASKs run. An
  * interleaved program runs a stage's layers as equal model chunks (instruction.chunk);
  * the part is the stage's whole range. */
 BRAID_API braid_status braid_program_stage_part(const braid_program* program, size_t stage, size_t index,

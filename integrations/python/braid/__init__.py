@@ -41,28 +41,7 @@ from ._loader import (  # noqa: F401 (_check_abi, _reset_library: for tests)
 )
 from .bubble import BubbleScheduler
 from .config import Config
-from .errors import (
-    ERR_BAD_CONFIG,
-    ERR_INFEASIBLE,
-    ERR_INTERNAL,
-    ERR_INVALID_ARGUMENT,
-    ERR_IO,
-    ERR_OUT_OF_MEMORY,
-    ERR_PLUGIN,
-    ERR_UNSUPPORTED,
-    OK,
-    AbiMismatchError,
-    BadConfigError,
-    BraidError,
-    BraidIOError,
-    InfeasibleError,
-    InternalError,
-    InvalidArgumentError,
-    LibraryNotFoundError,
-    OutOfHostMemoryError,
-    PluginError,
-    UnsupportedError,
-)
+from .errors import *  # noqa: F401,F403 (the statuses and exceptions, errors.__all__)
 from .groups import Groups
 from .plan import Plan, plan
 from .program import Program, Simulation
@@ -70,26 +49,7 @@ from .vocab import FLAG_ALL, FLAG_BACKWARD_TASK, FLAG_IN_TP_BUBBLE, FLAG_NO_STOR
 
 __all__ = [
     "ABI_VERSION",
-    "OK",
-    "ERR_INVALID_ARGUMENT",
-    "ERR_BAD_CONFIG",
-    "ERR_INFEASIBLE",
-    "ERR_IO",
-    "ERR_UNSUPPORTED",
-    "ERR_INTERNAL",
-    "ERR_OUT_OF_MEMORY",
-    "ERR_PLUGIN",
-    "BraidError",
-    "InvalidArgumentError",
-    "BadConfigError",
-    "InfeasibleError",
-    "BraidIOError",
-    "UnsupportedError",
-    "InternalError",
-    "OutOfHostMemoryError",
-    "PluginError",
-    "LibraryNotFoundError",
-    "AbiMismatchError",
+    *errors.__all__,
     "Config",
     "Plan",
     "Program",

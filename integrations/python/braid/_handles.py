@@ -17,7 +17,13 @@ PathLike = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
 class Handle:
     """A C handle freed deterministically: ``close()``, leaving a ``with`` block, or
-    garbage collection, whichever comes first."""
+    garbage collection, whichever comes first. ``_destroy``: the name of the C function
+    that frees it (braid_<area>_destroy), resolved on ``_lib``."""
+
+    _destroy = ""
+
+    def _free(self, handle: Any) -> None:
+        getattr(self._lib, self._destroy)(handle)
 
     def __enter__(self):
         self._ptr()

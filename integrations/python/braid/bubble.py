@@ -22,6 +22,8 @@ class BubbleScheduler(OwnedHandle):
     (the plan itself may be closed first). ``close()`` (or leaving a ``with`` block)
     frees it."""
 
+    _destroy = "braid_bubble_scheduler_destroy"
+
     def __init__(self, handle: "S.BubbleSchedulerPtr", plan: Any) -> None:
         self._lib = plan._lib
         self._handle = handle
@@ -41,9 +43,6 @@ class BubbleScheduler(OwnedHandle):
             config._release()
             raise
         return cls(out, plan)
-
-    def _free(self, handle: "S.BubbleSchedulerPtr") -> None:
-        self._lib.braid_bubble_scheduler_destroy(handle)
 
     @property
     def plan(self) -> Any:

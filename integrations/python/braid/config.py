@@ -25,14 +25,13 @@ class Config(SharedHandle):
     ``close()`` (or leaving a ``with`` block) frees it once no :class:`~braid.Plan` made
     from it is still open; plans keep their config alive."""
 
+    _destroy = "braid_config_destroy"
+
     def __init__(self, handle: "S.ConfigPtr", lib: ctypes.CDLL, source: str) -> None:
         self._lib = lib
         self._handle = handle
         self._source = source
         self._init_shared()
-
-    def _free(self, handle: "S.ConfigPtr") -> None:
-        self._lib.braid_config_destroy(handle)
 
     @classmethod
     def from_file(cls, path: PathLike) -> "Config":

@@ -83,52 +83,33 @@ class BraidError(Exception):
         return (BraidError, (self.status, self.message))
 
 
-class InvalidArgumentError(BraidError):
-    """BRAID_ERR_INVALID_ARGUMENT (1): a bad argument or option."""
-
-    status = ERR_INVALID_ARGUMENT
+# BraidError(status, ...) builds the class of that status, registered by _status_class.
+_ERROR_CLASSES: dict = {}
 
 
-class BadConfigError(BraidError):
-    """BRAID_ERR_BAD_CONFIG (2): the YAML or plan given is malformed or inconsistent."""
-
-    status = ERR_BAD_CONFIG
-
-
-class InfeasibleError(BraidError):
-    """BRAID_ERR_INFEASIBLE (3): valid input, but nothing fits (the message says what would)."""
-
-    status = ERR_INFEASIBLE
+def _status_class(status: int, name: str, meaning: str) -> type:
+    """The BraidError subclass `name` of `status`, documented as "BRAID_ERR_<X> (<status>):
+    <meaning>"."""
+    constant = next(k for k, v in globals().items() if k.startswith("ERR_") and v == status)
+    doc = f"BRAID_{constant} ({status}): {meaning}"
+    cls = type(name, (BraidError,), {"__doc__": doc, "__module__": __name__, "status": status})
+    _ERROR_CLASSES[status] = cls
+    return cls
 
 
-class BraidIOError(BraidError):
-    """BRAID_ERR_IO (4): a file could not be read."""
-
-    status = ERR_IO
-
-
-class UnsupportedError(BraidError):
-    """BRAID_ERR_UNSUPPORTED (5): a valid request this build or strategy does not handle."""
-
-    status = ERR_UNSUPPORTED
-
-
-class InternalError(BraidError):
-    """BRAID_ERR_INTERNAL (6): a bug in braid."""
-
-    status = ERR_INTERNAL
-
-
-class OutOfHostMemoryError(BraidError):
-    """BRAID_ERR_OUT_OF_MEMORY (7): host allocation failed."""
-
-    status = ERR_OUT_OF_MEMORY
-
-
-class PluginError(BraidError):
-    """BRAID_ERR_PLUGIN (8): a plugin could not be loaded or is incompatible."""
-
-    status = ERR_PLUGIN
+# One class per braid_status but OK.
+InvalidArgumentError = _status_class(ERR_INVALID_ARGUMENT, "InvalidArgumentError", "a bad argument or option.")
+BadConfigError = _status_class(ERR_BAD_CONFIG, "BadConfigError", "the YAML or plan given is malformed or inconsistent.")
+InfeasibleError = _status_class(
+    ERR_INFEASIBLE, "InfeasibleError", "valid input, but nothing fits (the message says what would)."
+)
+BraidIOError = _status_class(ERR_IO, "BraidIOError", "a file could not be read.")
+UnsupportedError = _status_class(
+    ERR_UNSUPPORTED, "UnsupportedError", "a valid request this build or strategy does not handle."
+)
+InternalError = _status_class(ERR_INTERNAL, "InternalError", "a bug in braid.")
+OutOfHostMemoryError = _status_class(ERR_OUT_OF_MEMORY, "OutOfHostMemoryError", "host allocation failed.")
+PluginError = _status_class(ERR_PLUGIN, "PluginError", "a plugin could not be loaded or is incompatible.")
 
 
 class LibraryNotFoundError(BraidIOError):
@@ -138,18 +119,6 @@ class LibraryNotFoundError(BraidIOError):
 class AbiMismatchError(UnsupportedError):
     """The loaded libbraid.so implements another ABI version, or lacks an entry point
     the binding needs (status BRAID_ERR_UNSUPPORTED)."""
-
-
-_ERROR_CLASSES = {
-    ERR_INVALID_ARGUMENT: InvalidArgumentError,
-    ERR_BAD_CONFIG: BadConfigError,
-    ERR_INFEASIBLE: InfeasibleError,
-    ERR_IO: BraidIOError,
-    ERR_UNSUPPORTED: UnsupportedError,
-    ERR_INTERNAL: InternalError,
-    ERR_OUT_OF_MEMORY: OutOfHostMemoryError,
-    ERR_PLUGIN: PluginError,
-}
 
 
 def invalid_argument(message: str) -> InvalidArgumentError:

@@ -19,11 +19,23 @@ from .records import BatchSync, BatchSyncMember, Group, Holding, Link, LinkPair,
 __all__ = ["Groups"]
 
 
+def _nested(lib: ctypes.CDLL, ptr: Any, index: int, record: Any, fn, struct: type, field: str, part: Any, part_fn,
+            part_struct: type) -> Any:
+    """``record`` of ``fn(ptr, index)`` with ``field``: the ``part`` records of
+    ``part_fn(ptr, index, k)`` for each k below the info's ``<field>_count`` (field minus its s)."""
+    info = read(lib, fn, struct, ptr, index)
+    parts = tuple(part.from_struct(read(lib, part_fn, part_struct, ptr, index, k))
+                  for k in range(getattr(info, field[:-1] + "_count")))
+    return record.from_struct(info, **{field: parts})
+
+
 class Groups(OwnedHandle):
     """The groups of ``plan`` on a world of ``world_size`` ranks (braid_groups_create;
     default: the plan's devices, which it must be). Also made by :meth:`Plan.groups`.
     Self-contained: it may outlive the plan. ``close()`` (or leaving a ``with`` block)
     frees it. Its answers never change, so they are read once and kept."""
+
+    _destroy = "braid_groups_destroy"
 
     def __init__(self, plan: Any, world_size: Optional[int] = None) -> None:
         lib = plan._lib
@@ -35,9 +47,6 @@ class Groups(OwnedHandle):
         self._lib = lib
         self._handle = out
         self._cache: Dict[str, Any] = {}
-
-    def _free(self, handle: "S.GroupsPtr") -> None:
-        self._lib.braid_groups_destroy(handle)
 
     def _kept(self, key: str, make):
         self._ptr()  # closed: refuse, as every other call does
@@ -73,10 +82,8 @@ class Groups(OwnedHandle):
         stage (the module's own), tp, dp for each module stage it holds)."""
         lib, ptr = self._lib, self._ptr()
         rank = int_arg("rank", rank)
-        info = read(lib, lib.braid_groups_rank, S.braid_rank_info, ptr, rank)
-        holdings = tuple(Holding.from_struct(read(lib, lib.braid_groups_holding, S.braid_holding, ptr, rank, k))
-                         for k in range(info.holding_count))
-        return RankInfo.from_struct(info, holdings=holdings)
+        return _nested(lib, ptr, rank, RankInfo, lib.braid_groups_rank, S.braid_rank_info, "holdings", Holding,
+                       lib.braid_groups_holding, S.braid_holding)
 
     @property
     def links(self) -> Tuple[Any, ...]:
@@ -86,13 +93,9 @@ class Groups(OwnedHandle):
 
         def make():
             lib, ptr = self._lib, self._ptr()
-            links = []
-            for i in range(count(lib, lib.braid_groups_link_count, ptr)):
-                info = read(lib, lib.braid_groups_link, S.braid_link_info, ptr, i)
-                pairs = tuple(LinkPair.from_struct(read(lib, lib.braid_groups_link_pair, S.braid_link_pair, ptr, i, k))
-                              for k in range(info.pair_count))
-                links.append(Link.from_struct(info, pairs=pairs))
-            return tuple(links)
+            return tuple(_nested(lib, ptr, i, Link, lib.braid_groups_link, S.braid_link_info, "pairs", LinkPair,
+                                 lib.braid_groups_link_pair, S.braid_link_pair)
+                         for i in range(count(lib, lib.braid_groups_link_count, ptr)))
 
         return self._kept("links", make)
 
@@ -104,15 +107,10 @@ class Groups(OwnedHandle):
 
         def make():
             lib, ptr = self._lib, self._ptr()
-            syncs = []
-            for i in range(count(lib, lib.braid_groups_batch_sync_count, ptr)):
-                info = read(lib, lib.braid_groups_batch_sync, S.braid_batch_sync_info, ptr, i)
-                members = tuple(
-                    BatchSyncMember.from_struct(read(lib, lib.braid_groups_batch_sync_member, S.braid_batch_sync_member,
-                                                     ptr, i, k))
-                    for k in range(info.member_count))
-                syncs.append(BatchSync.from_struct(info, members=members))
-            return tuple(syncs)
+            return tuple(_nested(lib, ptr, i, BatchSync, lib.braid_groups_batch_sync, S.braid_batch_sync_info,
+                                 "members", BatchSyncMember, lib.braid_groups_batch_sync_member,
+                                 S.braid_batch_sync_member)
+                         for i in range(count(lib, lib.braid_groups_batch_sync_count, ptr)))
 
         return self._kept("batch_syncs", make)
 

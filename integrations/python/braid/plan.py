@@ -24,13 +24,12 @@ class Plan(OwnedHandle):
     ``close()`` (or leaving a ``with`` block) frees it; reading a closed plan raises
     :class:`~braid.InvalidArgumentError`."""
 
+    _destroy = "braid_plan_destroy"
+
     def __init__(self, handle: "S.PlanPtr", config: Config) -> None:
         self._lib = config._lib
         self._handle = handle
         self._config = self._owner = config  # the C plan points into the config: keep it alive
-
-    def _free(self, handle: "S.PlanPtr") -> None:
-        self._lib.braid_plan_destroy(handle)
 
     @property
     def config(self) -> Config:

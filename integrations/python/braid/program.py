@@ -23,14 +23,13 @@ class Program(SharedHandle):
     so its :class:`~braid.Config`) alive. ``close()`` (or leaving a ``with`` block) frees
     it once no :class:`Simulation` of it is still open; simulations keep it alive."""
 
+    _destroy = "braid_program_destroy"
+
     def __init__(self, handle: "S.ProgramPtr", plan: Any) -> None:
         self._lib = plan._lib
         self._handle = handle
         self._plan = plan
         self._init_shared()
-
-    def _free(self, handle: "S.ProgramPtr") -> None:
-        self._lib.braid_program_destroy(handle)
 
     @property
     def plan(self) -> Any:
@@ -130,13 +129,12 @@ class Simulation(OwnedHandle):
     """A simulated step (braid_simulation) of a :class:`Program`, which it keeps alive.
     Made by :meth:`Program.simulate`. ``close()`` (or leaving a ``with`` block) frees it."""
 
+    _destroy = "braid_simulation_destroy"
+
     def __init__(self, handle: "S.SimulationPtr", program: Program) -> None:
         self._lib = program._lib
         self._handle = handle
         self._program = self._owner = program  # the C simulation points into the program: keep it alive
-
-    def _free(self, handle: "S.SimulationPtr") -> None:
-        self._lib.braid_simulation_destroy(handle)
 
     @property
     def program(self) -> Program:

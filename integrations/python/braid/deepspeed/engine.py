@@ -261,6 +261,7 @@ class BraidPipelineEngine(PipelineEngine):
         self._braid = {"executor": executor, "plan": braid_plan, "program": braid_program, "section": section}
         super().__init__(False, *super_args, **super_kwargs)
         self.braid_trace: List[_schedule.PipeInstruction] = []
+        self.braid_executed: List[Any] = []
         self.braid_arrangement: Optional[List[int]] = None
         self._braid_ops = dict(executor.dispatch)  # braid's semantics of each opcode
         unknown = [op for op in self._braid_ops if _key(op) not in _BUFFER_OPS and _key(op) not in _STEP_OPS]
@@ -312,6 +313,7 @@ class BraidPipelineEngine(PipelineEngine):
         self.fwd_outputs = []
         self.timers("train_batch").start()
         result = self.executor.step(self._arranged(_sampler(batch), sizes))
+        self.braid_executed = result["executed"]  # as the executor's handlers recorded them
         share = torch.tensor([float(result["loss"])], dtype=torch.float64)
         dist.all_reduce(share)  # every rank's share of the step's loss
         self.agg_train_loss = share.to(torch.float32)[0]

@@ -23,15 +23,24 @@ What the host provides:
 Gradients: every backward starts from the step's loss as defined above, so a rank's
 gradients are its partial derivatives of that loss; REDUCE_GRADS sums them over the
 module's DP group (fan-in producers included, whose consumers' losses already span all
-of them) and scales by the stage's ``gradient_scale``. Samples: replica r of a stage that
-starts the model, with D replicas and M microbatches, holds samples
-[r G/D + m G/(D M), ...) of the global batch G in microbatch m; a stage fed by another
-holds what it receives (fan-in: its producers' microbatches concatenated in replica
-order; fan-out: an equal slice of its producer's).
+of them) and scales by the stage's ``gradient_scale``.
+
+Samples (positions in the step's global batch G): the step's contrastive groups (G / C,
+C the contrastive batch; one group without a contrastive loss) are consecutive blocks of
+C positions; replica r of a stage that starts the model, with D replicas and K
+microbatches per group, holds positions [g C + r C/D + k C/(D K), ...) in microbatch
+g K + k, so every tower of a contrastive model holds the same samples in group g however
+its replicas split it. A stage fed by another holds what it receives (fan-in: its
+producers' microbatches concatenated in replica order; fan-out: an equal slice of its
+producer's); a colocated encoder's replicas hold their llm replica's samples.
+
+``step`` returns what the handlers ran: each records, under its own opcode, the
+instruction it executed, so a test can compare that with the program.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
@@ -39,7 +48,7 @@ import torch.distributed as dist
 
 from .. import tensor as _tensor
 from .. import vocab
-from ..vocab import ENCODER_UNIT_FIRST_KERNEL, ENCODER_UNITS, FLAG_BACKWARD_TASK
+from ..vocab import ENCODER_UNIT_FIRST_KERNEL, ENCODER_UNITS, FLAG_BACKWARD_TASK, FLAG_SYNC_ONLY
 
 LayerSource = Union[Sequence[torch.nn.Module], Callable[[int], torch.nn.Module]]
 
@@ -77,7 +86,14 @@ class ProgramExecutor:
         self.logit_scale = float(logit_scale)
         plan = program.plan
         self.modules = plan.modules
-        self.global_batch = int(global_batch if global_batch is not None else plan.config.run_settings.global_batch)
+        settings = plan.config.run_settings
+        self.global_batch = int(global_batch if global_batch is not None else settings.global_batch)
+        # Contrastive groups per step (BATCH_SYNC group g is the step's g-th contrastive batch).
+        contrastive = int(settings.contrastive_batch) or self.global_batch
+        if self.global_batch % contrastive:
+            raise ValueError(f"braid.torch: the contrastive batch {contrastive} does not divide the global batch "
+                             f"{self.global_batch}")
+        self.contrastive_groups = self.global_batch // contrastive
         self.stages = program.stages
         me = program.rank(self.rank)
         self.stage_index, self.replica = me.stage, me.replica
@@ -108,22 +124,31 @@ class ProgramExecutor:
         # The dispatch table: opcode name -> handler. A host engine may rebind entries to
         # run an opcode its own way (braid.deepspeed routes every opcode through DeepSpeed's
         # instruction map and calls these handlers for braid's semantics).
-        self.dispatch = {
-            "LoadMicrobatch": self._load_microbatch,
-            "Forward": self._forward,
-            "Backward": self._backward,
-            "SendActivation": self._send_activation,
-            "RecvActivation": self._recv_activation,
-            "SendGrad": self._send_grad,
-            "RecvGrad": self._recv_grad,
-            "BatchSync": self._batch_sync,
-            "ReduceGrads": self._reduce_grads,
-            "OptimizerStep": self._optimizer_step,
-            "EncoderTask": self._encoder_task,
-        }
+        # Each handler records, under its own opcode, the instruction it ran: the step's
+        # `executed` is what the handlers did, not what the loop handed out.
+        self.dispatch = {op: self._recording(op, handler) for op, handler in (
+            ("LoadMicrobatch", self._load_microbatch),
+            ("Forward", self._forward),
+            ("Backward", self._backward),
+            ("SendActivation", self._send_activation),
+            ("RecvActivation", self._recv_activation),
+            ("SendGrad", self._send_grad),
+            ("RecvGrad", self._recv_grad),
+            ("BatchSync", self._batch_sync),
+            ("ReduceGrads", self._reduce_grads),
+            ("OptimizerStep", self._optimizer_step),
+            ("EncoderTask", self._encoder_task),
+        )}
         unknown = [op for op in vocab.opcodes() if op not in self.dispatch]
         if unknown:
             raise RuntimeError(f"braid.torch: the library has opcodes this executor does not know: {unknown}")
+
+    def _recording(self, opcode: str, handler: Callable) -> Callable:
+        def run(instruction) -> None:
+            handler(instruction)
+            self._executed.append(dataclasses.replace(instruction, opcode=opcode))
+
+        return run
 
     # ---- what this executor runs --------------------------------------------------------
 
@@ -140,7 +165,19 @@ class ProgramExecutor:
             raise NotImplementedError(
                 f"braid.torch: stage '{self.stage.name}' is tensor-parallel ({self.stage.devices_per_replica} devices "
                 "per replica); the PyTorch executor runs user modules unsharded, so plan with tp=1")
+        for module in self.encoder_layers:
+            held = next(h for h in self.groups.braid.rank(self.rank).holdings if h.module == module)
+            if self.modules[module].dp != self.stage.replicas or held.dp != self.replica:
+                raise NotImplementedError(
+                    f"braid.torch: colocated encoder '{self.modules[module].name}' has {self.modules[module].dp} DP "
+                    f"replicas and stage '{self.stage.name}' {self.stage.replicas}: this executor runs a colocated "
+                    "encoder whose replicas hold the llm replicas' samples (equal DP widths)")
         for i in self.instructions:
+            if i.flags & FLAG_SYNC_ONLY:
+                raise NotImplementedError(
+                    f"braid.torch: stage '{self.stage.name}' hands colocated encoder outputs to another stage "
+                    f"({i.opcode} of microbatch {i.microbatch}, an ordering-only message); this executor runs "
+                    "colocated plans whose llm is one pipeline stage")
             if i.chunk != 0 and i.opcode != "EncoderTask":
                 raise NotImplementedError(
                     f"braid.torch: stage '{self.stage.name}' runs model chunk {i.chunk} (schedule "
@@ -187,8 +224,14 @@ class ProgramExecutor:
         up = self._upstream(stage)
         replicas = self.stages[stage].replicas
         if up is None:
-            per = self.global_batch // (replicas * self._stage_microbatches(stage))
-            first = replica * (self.global_batch // replicas) + microbatch * per
+            # Contrastive group g holds positions [g C, (g+1) C), C the contrastive batch
+            # (the whole batch without one); its K microbatches per replica split it.
+            groups = self.contrastive_groups
+            per_group = self._stage_microbatches(stage) // groups
+            size = self.global_batch // groups
+            per = size // (replicas * per_group)
+            group, k = divmod(microbatch, per_group)
+            first = group * size + replica * (size // replicas) + k * per
             return list(range(first, first + per))
         peers = _replica_peers(replicas, replica, self.stages[up].replicas)
         if len(peers) > 1 or self.stages[up].replicas <= replicas:
@@ -212,16 +255,14 @@ class ProgramExecutor:
         self._outputs: Dict[int, torch.Tensor] = {}
         self._grads: Dict[int, torch.Tensor] = {}
         self._pending: List[Any] = []  # sends in flight, with their buffers
-        self._synced: List[int] = []
         self._encoder: Dict[Tuple[int, int], Dict[str, Any]] = {}  # (plan module, encoder microbatch) -> state
         self.loss = 0.0
-        executed = []
+        self._executed: List[Any] = []
         for instruction in self.instructions:
             self.dispatch[instruction.opcode](instruction)
-            executed.append(instruction)
         for work, _ in self._pending:
             work.wait()
-        return {"loss": self.loss, "executed": executed}
+        return {"loss": self.loss, "executed": list(self._executed)}
 
     def _batch(self, microbatch: int) -> Mapping[str, torch.Tensor]:
         if microbatch not in self._batches:
@@ -269,7 +310,11 @@ class ProgramExecutor:
 
     def _send(self, tensor: torch.Tensor, peer_stage: int, kind: int, microbatch: int) -> None:
         ranks = self._peer_ranks(peer_stage)
-        for part, dst in zip(torch.chunk(tensor.detach().contiguous(), len(ranks), dim=0), ranks):
+        rows = tensor.shape[0]
+        if rows % len(ranks):
+            raise RuntimeError(f"braid.torch: {rows} rows cannot be split evenly over the {len(ranks)} replicas of "
+                               f"stage '{self.stages[peer_stage].name}' (fan-out)")
+        for part, dst in zip(tensor.detach().split(rows // len(ranks), dim=0), ranks):
             part = part.contiguous().to(torch.float32)
             header = torch.zeros(_HEADER, dtype=torch.int64)
             header[0] = part.dim()
@@ -310,23 +355,23 @@ class ProgramExecutor:
         tower's rows of the group's embeddings, one all-reduce assembles them, each member
         computes the loss of its own rows with braid's kernel and the gradients of every
         row, a second all-reduce sums those, and each keeps its tower's rows."""
-        mine = [m for m in self.microbatches if m in self._outputs and m not in self._synced]
-        self._synced.extend(mine)
+        per_group = len(self.microbatches) // self.contrastive_groups
+        mine = [m for m in self.microbatches if m // per_group == ins.group]
+        missing = [m for m in mine if m not in self._outputs]
+        if missing:
+            raise RuntimeError(f"braid.torch: BatchSync of group {ins.group} before the forwards of microbatches "
+                               f"{missing}")
         index, members = self._batch_sync_group()
         towers = sorted({member.module for member in members})
         tower = towers.index(self.stage.parts[-1].module)
-        # The group's samples: those of this stage's microbatches over all its replicas
-        # (every tower's replicas cover the same samples).
-        group_samples = sorted({s for r in range(self.stage.replicas) for m in mine
-                                for s in self.samples(self.stage_index, r, m)})
-        position = {s: k for k, s in enumerate(group_samples)}
-        own = [s for m in mine for s in self.samples(self.stage_index, self.replica, m)]
-        rows = torch.tensor([position[s] for s in own])
+        # The group's rows are positions [g C, (g+1) C) of the batch, on every tower.
+        total = self.global_batch // self.contrastive_groups
+        own = [s - ins.group * total for m in mine for s in self.samples(self.stage_index, self.replica, m)]
+        rows = torch.tensor(own)
         if rows.numel() and not torch.equal(rows, torch.arange(int(rows[0]), int(rows[0]) + rows.numel())):
             raise RuntimeError("braid.torch: a batch-sync member's rows are not contiguous in its group")
         embeddings = torch.cat([self._outputs[m] for m in mine], dim=0)
         n, width = embeddings.shape
-        total = len(group_samples)
         gathered = torch.zeros(len(towers), total, width)
         gathered[tower, rows] = embeddings.detach().to(torch.float32)
         group = self.groups.batch_syncs[index]
