@@ -119,8 +119,7 @@ BRAID_API braid_status braid_contrastive_forward(const braid_tensor* local_image
                        BRAID_CONTRASTIVE_OPTIONS_INIT, &opts);
   const auto problem = read_problem(__func__, local_image, local_text, all_image, all_text, logit_scale, opts);
   const int64_t n = problem.local_image.rows;
-  const double sum = braid::nn::contrastive_tiled_forward(problem, read_stats(__func__, stats, n));
-  *loss = n > 0 ? static_cast<float>(sum / (2.0 * static_cast<double>(n))) : 0.0f;
+  *loss = static_cast<float>(braid::nn::contrastive_local_mean_forward(problem, read_stats(__func__, stats, n)));
   return BRAID_OK;
   BRAID_API_END
 }
@@ -143,9 +142,8 @@ BRAID_API braid_status braid_contrastive_backward(const braid_tensor* local_imag
                                               optional_view(__func__, "grad_local_text", grad_local_text),
                                               optional_view(__func__, "grad_all_image", grad_all_image),
                                               optional_view(__func__, "grad_all_text", grad_all_text)};
-  // loss = sum / 2n: d sum = grad_loss / 2n.
-  const double weight = n > 0 ? static_cast<double>(grad_loss) / (2.0 * static_cast<double>(n)) : 0.0;
-  const double d_scale = braid::nn::contrastive_tiled_backward(problem, read_stats(__func__, stats, n), weight, grads);
+  const double d_scale =
+      braid::nn::contrastive_local_mean_backward(problem, read_stats(__func__, stats, n), grad_loss, grads);
   if (grad_logit_scale) *grad_logit_scale = static_cast<float>(d_scale);
   return BRAID_OK;
   BRAID_API_END

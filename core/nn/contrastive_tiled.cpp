@@ -696,4 +696,16 @@ double contrastive_tiled_loss(const ContrastiveProblem& problem, double weight, 
   return sum;
 }
 
+double contrastive_local_mean_forward(const ContrastiveProblem& problem, const ContrastiveStats& stats) {
+  const double rows = 2.0 * static_cast<double>(problem.local_image.rows);
+  const double sum = contrastive_tiled_forward(problem, stats);
+  return rows > 0 ? sum / rows : 0.0;
+}
+
+double contrastive_local_mean_backward(const ContrastiveProblem& problem, const ContrastiveStats& stats,
+                                       double grad_loss, const ContrastiveGradViews& grads) {
+  const double rows = 2.0 * static_cast<double>(problem.local_image.rows);
+  return contrastive_tiled_backward(problem, stats, rows > 0 ? grad_loss / rows : 0.0, grads);
+}
+
 }  // namespace braid::nn

@@ -75,4 +75,11 @@ double contrastive_tiled_backward(const ContrastiveProblem& problem, const Contr
 double contrastive_tiled_loss(const ContrastiveProblem& problem, double weight, const ContrastiveGradViews& grads,
                               double* d_scale);
 
+// open_clip's local loss (ClipLoss(local_loss=True)), what the C ABI's contrastive op
+// returns: the mean over the n local rows of both directions' cross-entropies, sum / 2n
+// (0 for n = 0), and its backward from d loss = grad_loss. Returns d / d logit_scale.
+double contrastive_local_mean_forward(const ContrastiveProblem& problem, const ContrastiveStats& stats);
+double contrastive_local_mean_backward(const ContrastiveProblem& problem, const ContrastiveStats& stats,
+                                       double grad_loss, const ContrastiveGradViews& grads);
+
 }  // namespace braid::nn
