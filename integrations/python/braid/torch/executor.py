@@ -233,15 +233,14 @@ class ProgramExecutor:
             group, k = divmod(microbatch, per_group)
             first = group * size + replica * (size // replicas) + k * per
             return list(range(first, first + per))
-        peers = _replica_peers(replicas, replica, self.stages[up].replicas)
-        if len(peers) > 1 or self.stages[up].replicas <= replicas:
-            if self.stages[up].replicas < replicas:  # fan-out: a slice of the producer's
-                k = replicas // self.stages[up].replicas
-                rows = self.samples(up, peers[0], microbatch)
-                size = len(rows) // k
-                j = replica % k
-                return rows[j * size:(j + 1) * size]
-        return [s for p in peers for s in self.samples(up, p, microbatch)]
+        producers = self.stages[up].replicas
+        peers = _replica_peers(replicas, replica, producers)
+        if producers < replicas:  # fan-out: an equal slice of the one producer's rows
+            k = replicas // producers
+            rows = self.samples(up, peers[0], microbatch)
+            size = len(rows) // k
+            return rows[(replica % k) * size:(replica % k + 1) * size]
+        return [s for p in peers for s in self.samples(up, p, microbatch)]  # fan-in: concatenated
 
     # ---- the step -------------------------------------------------------------------------
 
@@ -425,7 +424,7 @@ class ProgramExecutor:
         module = self.encoders[encoder]
         if slot != ENCODER_UNIT_FIRST_KERNEL or module not in self.encoder_layers:
             return
-        layer_index = self._first_encoder_layer(module) + ins.chunk
+        layer_index = min(self.encoder_layers[module]) + ins.chunk  # chunk: the layer within the stage's range
         state = self._encoder.setdefault((module, ins.microbatch), {"inputs": {}, "outputs": {}, "grads": {}})
         layers = self.encoder_layers[module]
         if not ins.flags & FLAG_BACKWARD_TASK:
@@ -445,9 +444,6 @@ class ProgramExecutor:
         else:
             grad = state["grads"].pop("output")
         out.backward(grad)
-
-    def _first_encoder_layer(self, module: int) -> int:
-        return min(self.encoder_layers[module])
 
     def _encoder_output(self, microbatch: int) -> torch.Tensor:
         """The llm microbatch's input: its samples' rows of the encoder's outputs."""
@@ -482,12 +478,13 @@ class ProgramExecutor:
     def _reduce_grads(self, ins) -> None:
         scale = self.stage.gradient_scale
         for module, params in self.module_parameters.items():
-            group = self.groups.of(module, "dp", self.rank)
+            name = self.groups.name_of(module, "dp")
+            replicated = len(self.groups.ranks(name)) > 1
             for p in params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                if len(self.groups.ranks(self.groups.name_of(module, "dp", self.rank))) > 1:
-                    dist.all_reduce(p.grad, group=group)
+                if replicated:
+                    dist.all_reduce(p.grad, group=self.groups.groups[name])
                 if scale != 1.0:
                     p.grad.mul_(scale)
 
