@@ -4,6 +4,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "core/common/error.hpp"
 #include "core/plan/stage_load.hpp"
 
 namespace braid::plan {
@@ -151,20 +152,30 @@ bool check_placements(const cost::CostModel& cost, const Plan& plan, std::string
 
 }  // namespace
 
-bool evaluate(const cost::CostModel& cost, Plan& plan, std::string* why) {
+bool evaluate(const cost::CostModel& cost, Plan& plan, std::string* why, std::vector<MemoryBreakdown>* per_device) {
   plan.estimate = Estimate{};
   if (!check_placements(cost, plan, why)) return false;
   switch (plan.layout) {
     case Layout::monolithic:
-      return evaluate_monolithic(cost, plan, why);
+      return evaluate_monolithic(cost, plan, why, per_device);
     case Layout::branches:
-      return evaluate_branches(cost, plan, why);
+      return evaluate_branches(cost, plan, why, per_device);
     case Layout::chain:
-      return evaluate_chain(cost, plan, why);
+      return evaluate_chain(cost, plan, why, per_device);
     case Layout::colocated:
-      return evaluate_colocated(cost, plan, why);
+      return evaluate_colocated(cost, plan, why, per_device);
   }
   return reject(why, "unknown layout");
+}
+
+std::vector<MemoryBreakdown> device_memory(const cost::CostModel& cost, const Plan& plan) {
+  Plan copy = plan;
+  std::vector<MemoryBreakdown> out(static_cast<std::size_t>(cost.run().devices()));
+  std::string why;
+  // Memory is the evaluators' last check: a plan that only fails it has its figures.
+  if (!evaluate(cost, copy, &why, &out) && copy.estimate.peak_memory_gib <= 0)
+    throw Error(Status::bad_config, "the plan's memory cannot be predicted: " + why);
+  return out;
 }
 
 }  // namespace braid::plan

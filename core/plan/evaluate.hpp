@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/cost/cost_model.hpp"
 #include "core/plan/plan.hpp"
@@ -13,13 +14,28 @@ namespace braid::plan {
 // Fills plan.estimate and returns true when the plan can run; otherwise returns
 // false and, when `why` is not null, explains what is wrong. Planners call this
 // in their inner loops with why == nullptr, so failures build no strings then.
-bool evaluate(const cost::CostModel& cost, Plan& plan, std::string* why);
+// With `per_device` (sized to the cluster's devices), also sets each device's breakdown
+// (see device_memory).
+bool evaluate(const cost::CostModel& cost, Plan& plan, std::string* why,
+              std::vector<MemoryBreakdown>* per_device = nullptr);
 
 // Per-layout evaluators behind evaluate().
-bool evaluate_monolithic(const cost::CostModel& cost, Plan& plan, std::string* why);
-bool evaluate_branches(const cost::CostModel& cost, Plan& plan, std::string* why);
-bool evaluate_chain(const cost::CostModel& cost, Plan& plan, std::string* why);
-bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* why);
+bool evaluate_monolithic(const cost::CostModel& cost, Plan& plan, std::string* why,
+                         std::vector<MemoryBreakdown>* per_device = nullptr);
+bool evaluate_branches(const cost::CostModel& cost, Plan& plan, std::string* why,
+                       std::vector<MemoryBreakdown>* per_device = nullptr);
+bool evaluate_chain(const cost::CostModel& cost, Plan& plan, std::string* why,
+                    std::vector<MemoryBreakdown>* per_device = nullptr);
+bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* why,
+                        std::vector<MemoryBreakdown>* per_device = nullptr);
+
+// The memory the cost model predicts on each device of `plan` at its peak, by kind, indexed
+// by device id (the rank that runs it; devices the plan leaves idle: zero): the per-stage
+// figures evaluate() takes the peak of, so the largest total is estimate.peak_memory_gib
+// and the peak device's breakdown is estimate.memory. A plan that needs more memory than a
+// device has still gets its figures; Error(bad_config) with the reason for one that does
+// not evaluate otherwise.
+std::vector<MemoryBreakdown> device_memory(const cost::CostModel& cost, const Plan& plan);
 
 // Shared validity checks; each returns false (and says why) on the first problem.
 // A module's TP width: inside one node, dividing the node, its heads and KV groups.

@@ -145,7 +145,8 @@ double combine_branches(const cost::CostModel& cost, const std::vector<const Mod
   return span + sync + tail;
 }
 
-bool evaluate_branches(const cost::CostModel& cost, Plan& plan, std::string* why) {
+bool evaluate_branches(const cost::CostModel& cost, Plan& plan, std::string* why,
+                       std::vector<MemoryBreakdown>* per_device) {
   const auto& run = cost.run();
   if (run.model.topology != spec::Topology::contrastive) {
     return reject(why, "the branches layout needs encoders joined by a contrastive loss");
@@ -187,7 +188,7 @@ bool evaluate_branches(const cost::CostModel& cost, Plan& plan, std::string* why
   e.optimizer_s = last_out->tail_optimizer;
   record_slowest_stage(e, *worst, mbs);
   e.pipeline_bubble_s = slowest->span - mbs * slowest->longest;
-  record_peak_memory(e, loads, acts);
+  record_peak_memory(e, loads, acts, per_device);
   finish_estimate(e, cost, devices, hardware, busy);
   plan.devices = devices;
   plan.microbatches = 0;

@@ -61,7 +61,8 @@ double combine_chain(const std::vector<const ModuleAnalysis*>& encoders, const M
   return enc + llm.sum + gen + (m - 1) * longest + tail;
 }
 
-bool evaluate_chain(const cost::CostModel& cost, Plan& plan, std::string* why) {
+bool evaluate_chain(const cost::CostModel& cost, Plan& plan, std::string* why,
+                    std::vector<MemoryBreakdown>* per_device) {
   const auto& run = cost.run();
   const auto& train = run.training;
   const auto& model = run.model;
@@ -148,7 +149,7 @@ bool evaluate_chain(const cost::CostModel& cost, Plan& plan, std::string* why) {
   e.optimizer_s = last_out->tail_optimizer;
   record_slowest_stage(e, *worst, m);
   e.pipeline_bubble_s = e.iteration_time_s - last_out->tail - m * slowest->longest;
-  record_peak_memory(e, loads, acts);
+  record_peak_memory(e, loads, acts, per_device);
   finish_estimate(e, cost, devices, hardware, busy);
   plan.devices = devices;
   plan.microbatches = m;

@@ -18,7 +18,8 @@
 
 namespace braid::plan {
 
-bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* why) {
+bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* why,
+                        std::vector<MemoryBreakdown>* per_device) {
   const auto& run = cost.run();
   const auto& train = run.training;
   if (run.model.topology != spec::Topology::chain)
@@ -112,7 +113,7 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
     loads[s].memory.gradients += enc_mem[s].gradients;
     loads[s].memory.optimizer += enc_mem[s].optimizer;
   }
-  record_peak_memory(e, loads, acts);
+  record_peak_memory(e, loads, acts, per_device);
   finish_estimate(e, cost, devices, hardware, busy);
   plan.devices = devices;
   plan.microbatches = m;

@@ -90,6 +90,7 @@ bool analyze_monolithic(const cost::CostModel& cost, const Plan& plan, Monolithi
   loads.resize(static_cast<std::size_t>(stages));
   for (int s = 0; s < stages; ++s) {
     loads[static_cast<std::size_t>(s)].stage = s;
+    loads[static_cast<std::size_t>(s)].devices = grid_stage_devices(tp, dp, s);
     loads[static_cast<std::size_t>(s)].memory.reserved = run.cluster.reserved_memory_bytes;
   }
   for (const auto& p : plan.modules) {
@@ -131,7 +132,8 @@ bool analyze_monolithic(const cost::CostModel& cost, const Plan& plan, Monolithi
   return true;
 }
 
-bool evaluate_monolithic(const cost::CostModel& cost, Plan& plan, std::string* why) {
+bool evaluate_monolithic(const cost::CostModel& cost, Plan& plan, std::string* why,
+                         std::vector<MemoryBreakdown>* per_device) {
   MonolithicStages g;
   if (!analyze_monolithic(cost, plan, g, why)) return false;
   const auto& train = cost.run().training;
@@ -170,7 +172,7 @@ bool evaluate_monolithic(const cost::CostModel& cost, Plan& plan, std::string* w
   e.iteration_time_s = span + e.sync_s + tail;
   record_slowest_stage(e, worst, m);
   e.pipeline_bubble_s = span - m * g.times[slowest];
-  record_peak_memory(e, g.loads, acts);
+  record_peak_memory(e, g.loads, acts, per_device);
   const int devices = g.tp * g.dp * g.stages;
   finish_estimate(e, cost, devices, hardware, busy);
   plan.devices = devices;

@@ -65,7 +65,8 @@ void record_slowest_stage(Estimate& e, const StageLoad& worst, double microbatch
   e.dp_comm_s += microbatches * worst.shard_comm_s;
 }
 
-void record_peak_memory(Estimate& e, const std::vector<StageLoad>& loads, const std::vector<double>& acts) {
+void record_peak_memory(Estimate& e, const std::vector<StageLoad>& loads, const std::vector<double>& acts,
+                        std::vector<MemoryBreakdown>* per_device) {
   double peak = -1;
   for (std::size_t i = 0; i < loads.size(); ++i) {
     MemoryBreakdown m = loads[i].memory;
@@ -74,6 +75,14 @@ void record_peak_memory(Estimate& e, const std::vector<StageLoad>& loads, const 
       peak = m.total();
       e.memory = m;
       e.peak_memory_at = loads[i].label();
+    }
+    if (!per_device) continue;
+    const StageDevices& d = loads[i].devices;
+    for (int r = 0; r < d.replicas; ++r) {
+      for (int k = 0; k < d.devices_per_replica; ++k) {
+        const auto device = static_cast<std::size_t>(d.first_device + r * d.stride + k);
+        if (device < per_device->size()) (*per_device)[device] = m;
+      }
     }
   }
   e.peak_memory_gib = peak / kGiB;
@@ -113,6 +122,7 @@ std::vector<StageLoad> grid_loads(const cost::CostModel& cost, const ModulePlace
       l.add(cost, p.module, layers, first, last, p.tp, samples, dp_group);
     }
     l.stage = s;
+    l.devices = module_stage_devices(p, s);
     if (!last) {
       double bytes = samples * cost.tokens(p.module) * m.hidden * cost.element_bytes() / p.tp;
       l.p2p_s += 2 * cost.comm().p2p(bytes, stage_boundary_crosses_nodes(cost, p.first_device, p.tp, p.dp, s));

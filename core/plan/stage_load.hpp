@@ -21,6 +21,7 @@ struct StageLoad {
   MemoryBreakdown memory;               // static part: weights, gradients, optimizer, reserved
   const std::string* module = nullptr;  // for messages: "llm stage 3"; null in monolithic grids
   int stage = 0;
+  StageDevices devices;  // the devices holding this stage, one per TP rank of each DP replica
 
   std::string label() const;
 
@@ -58,8 +59,10 @@ inline double contrastive_loss_flops(double rows, double dim) { return 3 * 2.0 *
 void record_slowest_stage(Estimate& e, const StageLoad& worst, double microbatches);
 
 // Largest device memory over `loads`, each keeping `acts[i]` bytes of activations;
-// records the breakdown and label of the peak in `e`.
-void record_peak_memory(Estimate& e, const std::vector<StageLoad>& loads, const std::vector<double>& acts);
+// records the breakdown and label of the peak in `e`. With `per_device` (sized to the
+// cluster's devices), also sets the breakdown of every device each load lies on.
+void record_peak_memory(Estimate& e, const std::vector<StageLoad>& loads, const std::vector<double>& acts,
+                        std::vector<MemoryBreakdown>* per_device = nullptr);
 
 // Stage loads of one module grid (ranks tp-dp-pp from its first device) for
 // microbatches of `samples`, with the pipeline sends between its own stages.

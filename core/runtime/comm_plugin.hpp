@@ -3,6 +3,7 @@
 // Communicator (world.hpp, communicator.hpp) are the C++ side most code uses.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -19,10 +20,11 @@ class CommPlugin {
   CommPlugin& operator=(const CommPlugin&) = delete;
 
   const std::string& path() const { return path_; }
-  const char* name() const { return api_->name; }
+  const char* name() const { return api_.name; }
   // "Open MPI v4.1.4, ..."
-  std::string backend_version() const { return api_->backend_version(); }
-  const braid_comm_plugin_v1& api() const { return *api_; }
+  std::string backend_version() const { return api_.backend_version(); }
+  // The plugin's table; optional functions it predates are NULL (braid_comm_v1.h).
+  const braid_comm_plugin_v1& api() const { return api_; }
 
   // Joins the launcher's world (api().init); throws Error(Status::plugin) with the plugin's reason.
   void init();
@@ -34,13 +36,15 @@ class CommPlugin {
   friend std::shared_ptr<CommPlugin> load_comm_plugin(const std::string&);
   CommPlugin() = default;
   void* handle_ = nullptr;
-  const braid_comm_plugin_v1* api_ = nullptr;
+  braid_comm_plugin_v1 api_{};  // a copy of the exported table's bytes, the rest zero
   std::string path_;
   bool initialised_ = false;
 };
 
-// Why `api` cannot be used by this braid ("interface version 2, ..."), or "".
-std::string comm_plugin_incompatibility(const braid_comm_plugin_v1& api);
+// Why `api` cannot be used by this braid ("interface version 2, ..."), or "". `bytes`: the
+// size of the exported table, which is shorter when built against an older braid_comm_v1.h.
+std::string comm_plugin_incompatibility(const braid_comm_plugin_v1& api,
+                                        std::size_t bytes = sizeof(braid_comm_plugin_v1));
 // Loads libbraid-<name>.so (not yet initialised); throws Error(Status::plugin) naming every
 // file tried and why: not found, not loadable, no braidCommPlugin_v1, wrong version.
 std::shared_ptr<CommPlugin> load_comm_plugin(const std::string& name);

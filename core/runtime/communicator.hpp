@@ -43,15 +43,26 @@ class Request {
 
  private:
   friend class Communicator;
-  Request(std::shared_ptr<CommPlugin> plugin, braid_comm_request_v1* handle, std::string what);
+  // The reduce-scatter of a plugin without ireduce_scatter: an all-reduce into `reduced`,
+  // which the plugin writes until the request completes, then this rank's block copied out.
+  struct BlockCopy {
+    std::vector<std::byte> reduced;
+    std::size_t offset = 0;  // bytes
+    std::span<std::byte> out;
+  };
+  Request(std::shared_ptr<CommPlugin> plugin, braid_comm_request_v1* handle, std::string what,
+          std::unique_ptr<BlockCopy> block_copy = nullptr);
   void release() noexcept;
+  // After the plugin released the request: the block copy when it succeeded, then frees its buffer.
+  void finish(bool succeeded) noexcept;
   std::shared_ptr<CommPlugin> plugin_;
   braid_comm_request_v1* handle_ = nullptr;
   std::string what_;
   double waited_ = 0;
+  std::unique_ptr<BlockCopy> block_copy_;
 };
 
-// Element types iallreduce takes.
+// Element types iallreduce and ireduce_scatter take.
 template <class T>
 inline constexpr int32_t comm_dtype = -1;
 template <>
@@ -91,6 +102,16 @@ class Communicator {
   Request iallreduce(std::span<T> data, ReduceOp op = ReduceOp::sum) {
     return iallreduce(std::span<const T>(data), data, op);
   }
+  // MPI_Reduce_scatter_block: send holds size() blocks of recv.size() elements; recv gets
+  // op over ranks of block rank(). send and recv must not overlap. A plugin without
+  // ireduce_scatter (braid_comm_v1.h) all-reduces the whole of send into a buffer the
+  // request owns and copies this rank's block into recv when it completes: about twice
+  // the bytes on the wire, and size() * recv.size() elements of memory meanwhile.
+  template <class T>
+  Request ireduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op = ReduceOp::sum) {
+    static_assert(comm_dtype<T> >= 0, "ireduce_scatter takes float, double, int32_t or int64_t");
+    return ireduce_scatter_raw(send.data(), recv.data(), send.size(), recv.size(), sizeof(T), comm_dtype<T>, op);
+  }
   // Every rank sends send.size() bytes; recv (size() * send.size() bytes) gets rank r's at r * send.size().
   Request iallgather(std::span<const std::byte> send, std::span<std::byte> recv);
   // root's data is copied into every other rank's data (same size everywhere).
@@ -103,6 +124,10 @@ class Communicator {
   void allreduce(std::span<T> data, ReduceOp op = ReduceOp::sum) {
     iallreduce(data, op).wait();
   }
+  template <class T>
+  void reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op = ReduceOp::sum) {
+    ireduce_scatter(send, recv, op).wait();
+  }
   void allgather(std::span<const std::byte> send, std::span<std::byte> recv) { iallgather(send, recv).wait(); }
   void broadcast(std::span<std::byte> data, int root) { ibroadcast(data, root).wait(); }
   void barrier();
@@ -112,6 +137,8 @@ class Communicator {
   Communicator(std::shared_ptr<CommPlugin> plugin, braid_comm_v1* handle, std::vector<int> world_ranks);
   Request iallreduce_raw(const void* send, void* recv, std::size_t count, std::size_t recv_count, int32_t dtype,
                          ReduceOp op);
+  Request ireduce_scatter_raw(const void* send, void* recv, std::size_t send_count, std::size_t recv_count,
+                              std::size_t element_bytes, int32_t dtype, ReduceOp op);
   void check_rank(int rank, const char* call, const char* role) const;
   std::string describe() const;
   std::shared_ptr<CommPlugin> plugin_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <set>
 #include <string>
 
 #include "core/bubble/encoder_tasks.hpp"
@@ -35,6 +36,7 @@ ChainStage::ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, co
   vision_ = role_of(layout, spec::Role::encoder);
   projector_ = role_of(layout, spec::Role::projector);
   llm_ = role_of(layout, spec::Role::llm);
+  check_sequence_parallel(run, std::max({vision_.tp, projector_.tp, llm_.tp}));
   const auto& chain = *model.chain;
   if (!llm_.grid) throw Error(Status::bad_config, "the plan places no llm");
   if (chain.vision && !vision_.grid) throw Error(Status::bad_config, "the plan places no image encoder");
@@ -119,34 +121,123 @@ ChainStage::ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, co
     };
   }
 
-  // Groups in one order on every rank: llm tp, llm dp, encoder dp, projector dp.
+  // Groups in one order on every rank: llm tp, encoder tp, projector tp, llm dp, encoder dp,
+  // projector dp.
   comm_ = &world.communicator();
-  if (llm_.held && llm_.tp > 1) tp_comm_.emplace(world.group(llm_.tp_ranks));
+  if (llm_.held && llm_.tp > 1) llm_tp_.emplace(world.group(llm_.tp_ranks));
+  if (vision_.held && vision_.tp > 1) vision_tp_.emplace(world.group(vision_.tp_ranks));
+  if (projector_.held && projector_.tp > 1) projector_tp_.emplace(world.group(projector_.tp_ranks));
   if (llm_.held && llm_.replicas > 1) llm_dp_.emplace(world.group(llm_.dp_ranks));
   if (vision_.held && vision_.replicas > 1) vision_dp_.emplace(world.group(vision_.dp_ranks));
   if (projector_.held && projector_.replicas > 1) projector_dp_.emplace(world.group(projector_.dp_ranks));
-  if (tp_comm_) {
-    tp_.rank = llm_.tp_rank;
-    tp_.size = llm_.tp;
-    tp_.allreduce_sum = [this](nn::Tensor& t) {
-      auto req = tp_comm_->iallreduce(std::span<float>(t.data));
-      const double waited = req.wait();
-      if (result_) result_->idle[static_cast<std::size_t>(sim::Cause::tp)] += waited;
-    };
-    model.chain->llm->set_tensor_parallel(tp_);
+  // Each module holds only its slices of what tensor parallelism splits.
+  if (vision_tp_) vision_group_ = tensor_parallel(*vision_tp_, vision_.tp_rank);
+  if (projector_tp_) projector_group_ = tensor_parallel(*projector_tp_, projector_.tp_rank);
+  if (llm_tp_) llm_group_ = tensor_parallel(*llm_tp_, llm_.tp_rank);
+  if (encoder_ && vision_tp_) {
+    // A tensor-parallel encoder's collectives must come in one order on the ranks of its group:
+    // the program's, not whatever each rank found ready first.
+    fill_.movable = [](int) { return false; };
   }
+  set_tensor_parallel(false);
+  params_ = trained_parameters(run.training.zero_stage);
+  make_zero(run.training.zero_stage);
 }
 
-// The model outlives this stage: its TP callback must not call back into it.
+void ChainStage::make_zero(int stage) {
+  if (stage == 0) return;
+  const auto& chain = *model_.chain;
+  auto trainable = [](const std::vector<nn::Parameter*>& params) {
+    std::vector<nn::Parameter*> out;
+    for (nn::Parameter* p : params)
+      if (p->trainable) out.push_back(p);
+    return out;
+  };
+  // Each block a unit; the rest of the part (embeddings, norms, heads) one more.
+  auto units = [&](const std::vector<nn::Parameter*>& part, auto&& blocks) {
+    std::vector<ZeroUnitSpec> out;
+    std::set<const nn::Parameter*> in_blocks;
+    for (const nn::TransformerBlock* b : blocks) {
+      out.push_back({b, trainable(b->parameters())});
+      in_blocks.insert(b->parameters().begin(), b->parameters().end());
+    }
+    ZeroUnitSpec rest;
+    for (nn::Parameter* p : trainable(part))
+      if (!in_blocks.count(p)) rest.params.push_back(p);
+    out.push_back(std::move(rest));
+    return out;
+  };
+  auto in_pipeline = [this](double seconds) {
+    if (result_) result_->idle[static_cast<std::size_t>(sim::Cause::dp_shard)] += seconds;
+  };
+  if (llm_dp_) {
+    std::vector<const nn::TransformerBlock*> blocks;
+    for (int l = part_.first; l < part_.last; ++l) blocks.push_back(&chain.llm->block(l));
+    llm_zero_ = std::make_unique<ZeroModule>(llm_.name, stage, *llm_dp_,
+                                             units(chain.llm->part_parameters(part_), blocks), params_, in_pipeline);
+    if (stage >= 2) chain.llm->set_block_hooks(llm_zero_.get());
+  }
+  if (vision_dp_ && !chain.vision->frozen()) {
+    if (colocated_ && stage >= 2)
+      throw Error(Status::unsupported,
+                  "the CPU trainer runs a colocated encoder's ZeRO at stage 1 only: '" + vision_.name +
+                      "' is data parallel over ranks of different pipeline stages, whose programs place its "
+                      "encoder tasks (and so stage " +
+                      std::to_string(stage) + "'s collectives) differently");
+    std::vector<const nn::TransformerBlock*> blocks;
+    for (int l = 0; l < chain.vision->layers(); ++l) blocks.push_back(&chain.vision->block(l));
+    vision_zero_ = std::make_unique<ZeroModule>(vision_.name, stage, *vision_dp_,
+                                                units(chain.vision->parameters(), blocks), params_, in_pipeline);
+    if (stage >= 2) chain.vision->set_block_hooks(vision_zero_.get());
+  }
+  if (projector_dp_ && !chain.projector->frozen())
+    projector_zero_ = std::make_unique<ZeroModule>(
+        projector_.name, stage, *projector_dp_,
+        units(chain.projector->parameters(), std::vector<const nn::TransformerBlock*>{}), params_, in_pipeline);
+}
+
+nn::TensorParallel ChainStage::tensor_parallel(runtime::Communicator& group, int rank) {
+  nn::TensorParallel tp;
+  tp.rank = rank;
+  tp.size = group.size();
+  tp.allreduce_sum = [this, &group](nn::Tensor& t) {
+    auto req = group.iallreduce(std::span<float>(t.data));
+    const double waited = req.wait();
+    if (result_) result_->idle[static_cast<std::size_t>(sim::Cause::tp)] += waited;
+  };
+  return tp;
+}
+
+void ChainStage::set_tensor_parallel(bool single_process) {
+  const auto& chain = *model_.chain;
+  // In one order on every rank: each change of a split module gathers over its group.
+  if (vision_tp_) chain.vision->set_tensor_parallel(single_process ? nn::TensorParallel{} : vision_group_);
+  if (projector_tp_) chain.projector->set_tensor_parallel(single_process ? nn::TensorParallel{} : projector_group_);
+  if (llm_tp_) chain.llm->set_tensor_parallel(single_process ? nn::TensorParallel{} : llm_group_);
+}
+
+// The model outlives this stage: its TP callbacks and ZeRO hooks must not call back into it.
 ChainStage::~ChainStage() {
-  if (tp_comm_) model_.chain->llm->set_tensor_parallel({});
+  const auto& chain = *model_.chain;
+  if (llm_zero_) chain.llm->set_block_hooks(nullptr);
+  if (vision_zero_) chain.vision->set_block_hooks(nullptr);
+  if (vision_tp_) chain.vision->detach_tensor_parallel();
+  if (projector_tp_) chain.projector->detach_tensor_parallel();
+  if (llm_tp_) chain.llm->detach_tensor_parallel();
 }
 
-std::vector<TrainedParameter> ChainStage::parameters() const {
+std::vector<TrainedParameter> ChainStage::trained_parameters(int zero_stage) const {
   std::vector<TrainedParameter> out;
   auto add = [&](const std::vector<nn::Parameter*>& params, const ModuleRole& role) {
-    for (auto* p : params)
-      if (p->trainable) out.push_back({p, {}, role.replica == 0 && role.tp_rank == 0});
+    // Counted once in the gradient norm: a tensor-parallel slice by every TP rank, a replicated
+    // tensor by the first; under ZeRO each replica its own shard, else the first replica.
+    const bool sharded = zero_stage > 0 && role.replicas > 1;
+    for (auto* p : params) {
+      TrainedParameter t;
+      t.param = p;
+      t.counted = (sharded || role.replica == 0) && (role.tp_rank == 0 || !p->slice.whole());
+      if (p->trainable) out.push_back(std::move(t));
+    }
   };
   const auto& chain = *model_.chain;
   if (vision_.held) add(chain.vision->parameters(), vision_);
@@ -189,6 +280,8 @@ void ChainStage::begin_step(std::int64_t step, StepResult& r) {
   result_ = &r;
   loss_ = 0;
   in_flight_.clear();
+  for (ZeroModule* z : {llm_zero_.get(), vision_zero_.get(), projector_zero_.get()})
+    if (z) z->begin_step();
   encoded_.clear();
   if (!prefetch_)
     prefetch_ = std::make_unique<Prefetcher>(*loader_, llm_replica_, step, data_.last_step, data_.prefetch);
@@ -239,12 +332,18 @@ void ChainStage::encode(int i, const std::vector<std::size_t>& positions) {
   Encoded& e = encoded_[i];
   e.positions = positions;
   e.groups.clear();
-  for (auto& g : side_groups(mine)) {
+  const auto groups = side_groups(mine);
+  const int calls = static_cast<int>(groups.size());
+  Calls vision_calls(vision_zero_.get(), calls, false);
+  Calls projector_calls(projector_on_encoder_ ? projector_zero_.get() : nullptr, calls, false);
+  for (auto& g : groups) {
     EncodedGroup& eg = e.groups.emplace_back();
     eg.members = g.members;
     eg.side = g.side;
-    nn::Tensor tokens = chain.vision->forward(ops_, g.images, eg.vision).tokens;
-    if (projector_on_encoder_) tokens = chain.projector->forward(ops_, tokens, eg.projector);
+    nn::Tensor tokens =
+        within(vision_zero_.get(), [&] { return chain.vision->forward(ops_, g.images, eg.vision).tokens; });
+    if (projector_on_encoder_)
+      tokens = within(projector_zero_.get(), [&] { return chain.projector->forward(ops_, tokens, eg.projector); });
     const std::size_t n = static_cast<std::size_t>(tokens.numel() / tokens.dim(0));
     for (std::size_t m = 0; m < eg.members.size(); ++m)
       store_.tokens(i, positions[eg.members[m]])
@@ -259,6 +358,9 @@ void ChainStage::encode_backward(int i) {
   if (it == encoded_.end()) throw Error(Status::internal, "encoder backward of a microbatch it did not encode");
   if (encoder_trains()) {
     const Encoded& e = it->second;
+    const int calls = static_cast<int>(e.groups.size());
+    Calls projector_calls(projector_on_encoder_ ? projector_zero_.get() : nullptr, calls, true);
+    Calls vision_calls(chain.vision->frozen() ? nullptr : vision_zero_.get(), calls, true);
     for (const auto& eg : e.groups) {
       nn::Tensor d({static_cast<std::int64_t>(eg.members.size()), image_tokens(eg.side), token_width()});
       const std::size_t n = static_cast<std::size_t>(d.numel() / d.dim(0));
@@ -266,8 +368,11 @@ void ChainStage::encode_backward(int i) {
         const auto& rows = store_.grads(i, e.positions[eg.members[m]]);
         std::copy(rows.begin(), rows.end(), d.data.begin() + static_cast<std::ptrdiff_t>(m * n));
       }
-      if (projector_on_encoder_) d = chain.projector->backward(ops_, d, eg.projector, !chain.vision->frozen());
-      if (!chain.vision->frozen()) chain.vision->backward(ops_, &d, nullptr, eg.vision);
+      if (projector_on_encoder_)
+        d = within(projector_zero_.get(),
+                   [&] { return chain.projector->backward(ops_, d, eg.projector, !chain.vision->frozen()); });
+      if (!chain.vision->frozen())
+        within(vision_zero_.get(), [&] { chain.vision->backward(ops_, &d, nullptr, eg.vision); });
     }
   }
   encoded_.erase(it);
@@ -334,6 +439,8 @@ Pending ChainStage::forward(const Instruction& ins) {
     }
     // Each side group's prefix: its samples' tokens, through the projector when it is here.
     const std::int64_t width = token_width();
+    Calls projector_calls(chain.projector && !projector_on_encoder_ ? projector_zero_.get() : nullptr,
+                          static_cast<int>(mb.groups.size()), false);
     for (auto& g : mb.groups) {
       const std::int64_t n = image_tokens(g.side) * width;
       nn::Tensor prefix({static_cast<std::int64_t>(g.members.size()), image_tokens(g.side), width});
@@ -346,17 +453,19 @@ Pending ChainStage::forward(const Instruction& ins) {
       }
       if (chain.projector && !projector_on_encoder_) {
         g.encoder_tokens = std::move(prefix);
-        g.input = chain.projector->forward(ops_, g.encoder_tokens, g.projector);
+        g.input = within(projector_zero_.get(),
+                         [&] { return chain.projector->forward(ops_, g.encoder_tokens, g.projector); });
       } else {
         g.input = std::move(prefix);
       }
     }
   }
+  Calls llm_calls(llm_zero_.get(), static_cast<int>(mb.groups.size()), false);
   for (auto& g : mb.groups) {
     const nn::Tensor* input = g.input.data.empty() ? nullptr : &g.input;
-    g.output = chain.llm->forward_part(ops_, part_, input, g.text, g.cache);
+    g.output = within(llm_zero_.get(), [&] { return chain.llm->forward_part(ops_, part_, input, g.text, g.cache); });
     if (last) {
-      const float share = nn::lm_loss(ops_, g.output, g.text, normalizer_, &g.d_output);
+      const float share = chain.llm->loss(ops_, g.output, g.text, normalizer_, &g.d_output);
       if (llm_.tp_rank == 0) loss_ += share;
       g.output = {};
     }
@@ -373,17 +482,21 @@ Pending ChainStage::backward(const Instruction& ins) {
     return {};
   }
   Microbatch& mb = in_flight_.at(i);
+  Calls llm_calls(llm_zero_.get(), static_cast<int>(mb.groups.size()), true);
   for (auto& g : mb.groups) {
-    g.d_input = chain.llm->backward_part(ops_, part_, g.d_output, g.cache);
+    g.d_input = within(llm_zero_.get(), [&] { return chain.llm->backward_part(ops_, part_, g.d_output, g.cache); });
     g.d_output = {};
     g.cache = {};
   }
   const bool projector_here = chain.projector && !projector_on_encoder_;
   if (llm_.stage == 0 && chain.vision && (encoder_trains() || (projector_here && !chain.projector->frozen()))) {
     // The prefix's gradient, through the projector when it is here, into the store.
+    Calls projector_calls(projector_here ? projector_zero_.get() : nullptr, static_cast<int>(mb.groups.size()), true);
     for (auto& g : mb.groups) {
       nn::Tensor d = std::move(g.d_input);
-      if (projector_here) d = chain.projector->backward(ops_, d, g.projector, encoder_trains());
+      if (projector_here)
+        d = within(projector_zero_.get(),
+                   [&] { return chain.projector->backward(ops_, d, g.projector, encoder_trains()); });
       if (!encoder_trains()) continue;
       const std::size_t n = static_cast<std::size_t>(d.numel() / d.dim(0));
       for (std::size_t m = 0; m < g.members.size(); ++m)
@@ -505,11 +618,19 @@ void ChainStage::send(const Instruction& ins) {
 Pending ChainStage::reduce() {
   const auto& chain = *model_.chain;
   double waited = sends_.wait_all();
-  // Each tp rank holds its shard's slice of a sharded gradient: their sum is the whole.
-  if (tp_comm_) waited += allreduce_gradients(*tp_comm_, chain.llm->tp_sharded_parameters(part_));
-  if (llm_dp_) waited += allreduce_gradients(*llm_dp_, chain.llm->part_parameters(part_));
-  if (vision_dp_) waited += allreduce_gradients(*vision_dp_, chain.vision->parameters());
-  if (projector_dp_) waited += allreduce_gradients(*projector_dp_, chain.projector->parameters());
+  // Per module in one order on every rank: ZeRO's reduce-scatter, or an all-reduce.
+  if (llm_zero_)
+    waited += llm_zero_->reduce();
+  else if (llm_dp_)
+    waited += allreduce_gradients(*llm_dp_, chain.llm->part_parameters(part_));
+  if (vision_zero_)
+    waited += vision_zero_->reduce();
+  else if (vision_dp_)
+    waited += allreduce_gradients(*vision_dp_, chain.vision->parameters());
+  if (projector_zero_)
+    waited += projector_zero_->reduce();
+  else if (projector_dp_)
+    waited += allreduce_gradients(*projector_dp_, chain.projector->parameters());
   double loss[1] = {loss_};
   auto req = comm_->iallreduce(std::span<double>(loss));
   waited += req.wait();
@@ -530,7 +651,31 @@ void ChainStage::gather_parameters() {
 }
 
 void ChainStage::single_process(bool on) {
-  if (tp_comm_) model_.chain->llm->set_tensor_parallel(on ? nn::TensorParallel{} : tp_);
+  // ZeRO-3's shards gathered into the tensor-parallel slices, then those gathered whole; back
+  // the other way. In one order on every rank. The ZeRO hooks are off meanwhile: one process
+  // runs the model outside the program.
+  const auto& chain = *model_.chain;
+  std::vector<ZeroModule*> zero;
+  for (ZeroModule* z : {llm_zero_.get(), vision_zero_.get(), projector_zero_.get()})
+    if (z) zero.push_back(z);
+  if (on)
+    for (ZeroModule* z : zero) z->materialize(true);
+  set_tensor_parallel(on);
+  if (!on)
+    for (ZeroModule* z : zero) z->materialize(false);
+  if (llm_zero_ && llm_zero_->stage() >= 2) chain.llm->set_block_hooks(on ? nullptr : llm_zero_.get());
+  if (vision_zero_ && vision_zero_->stage() >= 2) chain.vision->set_block_hooks(on ? nullptr : vision_zero_.get());
+}
+
+std::map<const nn::Parameter*, nn::Tensor> ChainStage::gather_sharded(const std::string& kind) {
+  return train::gather_sharded({llm_zero_.get(), vision_zero_.get(), projector_zero_.get()}, kind);
+}
+
+void ChainStage::after_optimizer_step() {
+  double waited = 0;
+  for (ZeroModule* z : {llm_zero_.get(), vision_zero_.get(), projector_zero_.get()})
+    if (z) waited += z->after_step();
+  if (result_) result_->idle[static_cast<std::size_t>(sim::Cause::dp_end)] += waited;
 }
 
 }  // namespace braid::train

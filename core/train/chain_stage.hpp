@@ -46,10 +46,12 @@
 #include "core/train/colocated_encoder.hpp"
 #include "core/train/layout.hpp"
 #include "core/train/loader.hpp"
+#include "core/train/memory_meter.hpp"
 #include "core/train/messages.hpp"
 #include "core/train/rank_program.hpp"
 #include "core/train/stage_work.hpp"
 #include "core/train/token_store.hpp"
+#include "core/train/zero.hpp"
 
 namespace braid::train {
 
@@ -65,9 +67,14 @@ class ChainStage : public StageWork {
   void begin_step(std::int64_t step, StepResult& r) override;
   void install(Interpreter& interpreter) override;
   const FillRules* fill_rules() const override { return encoder_ ? &fill_ : nullptr; }
-  std::vector<TrainedParameter> parameters() const override;
+  std::vector<TrainedParameter>& parameters() override { return params_; }
   void gather_parameters() override;
   void single_process(bool on) override;
+  void add_memory_sources(MemoryMeter& meter) override {
+    meter.add_source(MemoryKind::communication, [this] { return sends_.bytes(); });
+  }
+  std::map<const nn::Parameter*, nn::Tensor> gather_sharded(const std::string& kind) override;
+  void after_optimizer_step() override;
   void end_step() override { result_ = nullptr; }
 
  private:
@@ -110,6 +117,12 @@ class ChainStage : public StageWork {
   Pending receive(const pipeline::Instruction& i);
   void send(const pipeline::Instruction& i);
   Pending reduce();
+  std::vector<TrainedParameter> trained_parameters(int zero_stage) const;
+  void make_zero(int stage);  // a ZeroModule per data-parallel module this rank holds
+  // A TP group over `group` whose all-reduce waits count as the step's TP idle time.
+  nn::TensorParallel tensor_parallel(runtime::Communicator& group, int rank);
+  // Every split module sliced for its group, or whole (gathered) for one process.
+  void set_tensor_parallel(bool single_process);
   void share_tokens_within_tp(int i);
   std::vector<std::size_t> share_positions(int share) const;  // Optimus: an encoder replica's samples
   bool token_traffic(const pipeline::Instruction& i) const;   // image tokens, not llm hidden states
@@ -135,8 +148,10 @@ class ChainStage : public StageWork {
   std::unique_ptr<ColocatedEncoder> encoder_;
   FillRules fill_;
   runtime::Communicator* comm_ = nullptr;
-  std::optional<runtime::Communicator> tp_comm_, llm_dp_, vision_dp_, projector_dp_;
-  nn::TensorParallel tp_;
+  std::optional<runtime::Communicator> llm_tp_, vision_tp_, projector_tp_, llm_dp_, vision_dp_, projector_dp_;
+  nn::TensorParallel llm_group_, vision_group_, projector_group_;  // each module's TP group, when split
+  std::vector<TrainedParameter> params_;
+  std::unique_ptr<ZeroModule> llm_zero_, vision_zero_, projector_zero_;  // ZeRO >= 1 over a DP group of 2+
   // Per step.
   StepResult* result_ = nullptr;
   std::vector<data::Sample> samples_;  // the served llm replica's share of the step

@@ -275,6 +275,51 @@ void remove_step(const std::string& dir, std::int64_t step, const StepFiles& fil
   }
 }
 
+// The world that wrote committed checkpoint `step`, from its commit record's header (a
+// shard for world 1, the manifest otherwise); read_shard validates the rest.
+int committed_world(const std::string& dir, std::int64_t step) {
+  const std::string record = in_dir(dir, checkpoint_file_name(step));
+  Fd fd(::open(record.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    const int err = errno;
+    throw CheckpointError(Status::io, record,
+                          err == ENOENT ? "missing" : std::string("cannot open: ") + std::strerror(err));
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0)
+    throw CheckpointError(Status::io, record, std::string("cannot stat: ") + std::strerror(errno));
+  char head[kCheckpointHeaderBytes] = {};
+  const ssize_t h = ::pread(fd.get(), head, sizeof head, 0);
+  return decode_checkpoint_header(std::string_view(head, h > 0 ? static_cast<std::size_t>(h) : 0),
+                                  static_cast<std::uint64_t>(st.st_size), record)
+      .world;
+}
+
+// latest_valid for `world` ranks, or (nullopt) for the world each checkpoint records.
+CheckpointScan scan_checkpoints(const std::string& dir, std::optional<int> world) {
+  CheckpointScan scan;
+  const auto steps = list_steps(dir);
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    const auto& [step, files] = *it;
+    if (!files.committed) {
+      if (!files.shards.empty())
+        scan.skipped.push_back({step, checkpoint_file_name(step),
+                                "missing: never committed (a rank stopped before the checkpoint was complete)"});
+      continue;  // only .tmp leftovers: an interrupted write, not a checkpoint
+    }
+    try {
+      const int w = world ? *world : committed_world(dir, step);
+      for (int r = 0; r < w; ++r) read_shard(dir, step, r, w);
+      scan.step = step;
+      scan.world = w;
+      return scan;
+    } catch (const CheckpointError& e) {
+      scan.skipped.push_back({step, fs::path(e.path()).filename().string(), e.reason()});
+    }
+  }
+  return scan;
+}
+
 }  // namespace
 
 std::string checkpoint_file_name(std::int64_t step) { return step_label(step) + std::string(kSuffix); }
@@ -373,25 +418,17 @@ CheckpointContents read_checkpoint(const std::string& dir, std::int64_t step) { 
 
 CheckpointScan latest_valid(const std::string& dir, int world) {
   check_step(0, 0, world);
-  CheckpointScan scan;
-  const auto steps = list_steps(dir);
-  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-    const auto& [step, files] = *it;
-    if (!files.committed) {
-      if (!files.shards.empty())
-        scan.skipped.push_back({step, checkpoint_file_name(step),
-                                "missing: never committed (a rank stopped before the checkpoint was complete)"});
-      continue;  // only .tmp leftovers: an interrupted write, not a checkpoint
-    }
-    try {
-      for (int r = 0; r < world; ++r) read_shard(dir, step, r, world);
-      scan.step = step;
-      return scan;
-    } catch (const CheckpointError& e) {
-      scan.skipped.push_back({step, fs::path(e.path()).filename().string(), e.reason()});
-    }
-  }
-  return scan;
+  return scan_checkpoints(dir, world);
+}
+
+CheckpointScan latest_valid_any(const std::string& dir) { return scan_checkpoints(dir, std::nullopt); }
+
+std::vector<CheckpointContents> read_all_shards(const std::string& dir, std::int64_t step) {
+  check_step(step, 0, 1);
+  const int world = committed_world(dir, step);
+  std::vector<CheckpointContents> shards;  // not reserved: `world` is unchecked until the manifest is read
+  for (int r = 0; r < world; ++r) shards.push_back(read_shard(dir, step, r, world));
+  return shards;
 }
 
 std::string describe(const CheckpointScan& scan) {

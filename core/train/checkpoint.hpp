@@ -138,6 +138,7 @@ struct SkippedCheckpoint {
 
 struct CheckpointScan {
   std::optional<std::int64_t> step;        // the newest valid checkpoint, if any
+  int world = 1;                           // the world that wrote it
   std::vector<SkippedCheckpoint> skipped;  // newer ones that are not valid, newest first
 };
 
@@ -147,6 +148,15 @@ struct CheckpointScan {
 // skipped; "*.tmp" leftovers are ignored. Reads files only, so every rank gets the same
 // answer; call it on each rank, or on rank 0 and broadcast the step.
 CheckpointScan latest_valid(const std::string& dir, int world = 1);
+
+// The same, whatever world wrote each checkpoint (its commit record's header says which):
+// for resuming under another layout (resharding on load). `world` of the result is the
+// writer's.
+CheckpointScan latest_valid_any(const std::string& dir);
+
+// Every shard of committed checkpoint `step`, rank by rank, whatever world wrote it, each
+// validated as read_shard does (the result's size is that world).
+std::vector<CheckpointContents> read_all_shards(const std::string& dir, std::int64_t step);
 
 // What a trainer prints before resuming: one line per skipped checkpoint, then where it
 // resumes from, e.g. "checkpoint step-000200 is corrupted (step-000200.braidckpt: checksum

@@ -1,9 +1,11 @@
 #include "core/train/clip_stage.hpp"
 
 #include <algorithm>
+#include <set>
 #include <string>
 
 #include "core/common/error.hpp"
+#include "core/train/inputs.hpp"
 
 namespace braid::train {
 namespace {
@@ -90,17 +92,88 @@ ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model
   if (std::find(sync.begin(), sync.end(), layout.rank) != sync.end()) sync_.emplace(world.group(sync));
   for (auto& t : towers_)
     if (t.here && t.role->replicas > 1) t.dp.emplace(world.group(t.role->dp_ranks));
-}
 
-std::vector<TrainedParameter> ClipStage::parameters() const {
-  // Each distinct tensor's gradient norm counted once: by DP replica 0.
-  std::vector<TrainedParameter> out;
+  // Each distinct tensor's gradient norm counted once: by DP replica 0, or under ZeRO by the
+  // replica holding the shard.
+  const int zero = run.training.zero_stage;
   for (const auto& t : towers_)
     if (t.here)
-      for (auto* p : t.params) out.push_back({p, {}, t.role->replica == 0});
-  if (logit_scale_ && sync_ && logit_scale_->trainable)
-    out.push_back({logit_scale_, {}, layout_.rank == layout_.sync_ranks.front()});
-  return out;
+      for (auto* p : t.params) {
+        TrainedParameter trained;
+        trained.param = p;
+        trained.counted = t.role->replica == 0 || (zero > 0 && t.dp);
+        params_.push_back(std::move(trained));
+      }
+  if (logit_scale_ && sync_ && logit_scale_->trainable) {
+    TrainedParameter trained;
+    trained.param = logit_scale_;
+    trained.counted = layout_.rank == layout_.sync_ranks.front();
+    params_.push_back(std::move(trained));
+  }
+  if (zero > 0) make_zero(zero);
+}
+
+void ClipStage::make_zero(int stage) {
+  const auto& clip = *model_.clip;
+  auto in_pipeline = [this](double seconds) {
+    if (result_) result_->idle[static_cast<std::size_t>(sim::Cause::dp_shard)] += seconds;
+  };
+  for (int t = 0; t < 2; ++t) {
+    Tower& tower = towers_[t];
+    if (!tower.dp) continue;
+    // Each block of the part a unit; the rest (embeddings, final norm, head) one more.
+    std::vector<ZeroUnitSpec> units;
+    std::set<const nn::Parameter*> in_blocks;
+    for (int l = tower.part.first; l < tower.part.last; ++l) {
+      const nn::TransformerBlock& b = t == 0 ? clip.image_encoder->block(l) : clip.text_encoder->block(l);
+      ZeroUnitSpec unit{&b, {}};
+      for (nn::Parameter* p : b.parameters())
+        if (p->trainable) unit.params.push_back(p);
+      in_blocks.insert(b.parameters().begin(), b.parameters().end());
+      units.push_back(std::move(unit));
+    }
+    ZeroUnitSpec rest;
+    for (nn::Parameter* p : tower.params)
+      if (!in_blocks.count(p)) rest.params.push_back(p);
+    units.push_back(std::move(rest));
+    tower.zero =
+        std::make_unique<ZeroModule>(tower.role->name, stage, *tower.dp, std::move(units), params_, in_pipeline);
+    if (stage >= 2) {
+      if (t == 0)
+        clip.image_encoder->set_block_hooks(tower.zero.get());
+      else
+        clip.text_encoder->set_block_hooks(tower.zero.get());
+    }
+  }
+}
+
+ClipStage::~ClipStage() {
+  // The model outlives this stage: its ZeRO hooks must not call back into it.
+  if (towers_[0].zero) model_.clip->image_encoder->set_block_hooks(nullptr);
+  if (towers_[1].zero) model_.clip->text_encoder->set_block_hooks(nullptr);
+}
+
+void ClipStage::single_process(bool on) {
+  // The ZeRO hooks are off meanwhile: one process runs the model outside the program.
+  for (int t = 0; t < 2; ++t) {
+    ZeroModule* z = towers_[t].zero.get();
+    if (!z) continue;
+    z->materialize(on);
+    if (z->stage() < 2) continue;
+    if (t == 0)
+      model_.clip->image_encoder->set_block_hooks(on ? nullptr : z);
+    else
+      model_.clip->text_encoder->set_block_hooks(on ? nullptr : z);
+  }
+}
+
+std::map<const nn::Parameter*, nn::Tensor> ClipStage::gather_sharded(const std::string& kind) {
+  return train::gather_sharded({towers_[0].zero.get(), towers_[1].zero.get()}, kind);
+}
+
+int ClipStage::tower_calls(int tower, const std::vector<data::Sample>& samples) {
+  // The image tower runs its encoder once per image side (clip_work.hpp), the text tower once.
+  return tower == 0 ? static_cast<int>(side_groups(samples).size()) : 1;
 }
 
 void ClipStage::begin_step(std::int64_t step, StepResult& r) {
@@ -108,6 +181,7 @@ void ClipStage::begin_step(std::int64_t step, StepResult& r) {
   loss_ = logit_grad_ = 0;
   for (auto& t : towers_) {
     if (!t.here) continue;
+    if (t.zero) t.zero->begin_step();
     if (!t.prefetch)
       t.prefetch = std::make_unique<Prefetcher>(*t.loader, t.role->replica, step, data_.last_step, data_.prefetch);
     t.samples = t.prefetch->take(step, &r.data_seconds);
@@ -151,10 +225,13 @@ void ClipStage::forward(Tower& t, int tower, const Instruction& i) {
     kept = mb.hidden;
   }
   const auto samples = slice(t, i.microbatch);
-  if (tower == 0)
-    clip_image_forward(ops_, clip, t.part, samples, mb);
-  else
-    clip_text_forward(ops_, clip, t.part, samples, mb);
+  Calls calls(t.zero.get(), tower_calls(tower, samples), 1, false);
+  within(t.zero.get(), [&] {
+    if (tower == 0)
+      clip_image_forward(ops_, clip, t.part, samples, mb);
+    else
+      clip_text_forward(ops_, clip, t.part, samples, mb);
+  });
   if (i.flags & pipeline::kNoStore) {  // two-phase: the outputs go on, the activations do not stay
     mb.image_caches.clear();
     mb.image_head_caches.clear();
@@ -166,10 +243,13 @@ void ClipStage::forward(Tower& t, int tower, const Instruction& i) {
 
 void ClipStage::backward(Tower& t, int tower, int microbatch) {
   auto& mb = t.mbs[static_cast<std::size_t>(microbatch)];
-  if (tower == 0)
-    clip_image_backward(ops_, *model_.clip, t.part, mb);
-  else
-    clip_text_backward(ops_, *model_.clip, t.part, mb);
+  Calls calls(t.zero.get(), tower_calls(tower, slice(t, microbatch)), 1, true);
+  within(t.zero.get(), [&] {
+    if (tower == 0)
+      clip_image_backward(ops_, *model_.clip, t.part, mb);
+    else
+      clip_text_backward(ops_, *model_.clip, t.part, mb);
+  });
   if (t.part.first == 0) mb = {};  // nothing goes further back: free the microbatch
 }
 
@@ -233,7 +313,10 @@ Pending ClipStage::sync(const Instruction& i) {
 Pending ClipStage::reduce() {
   double waited = sends_.wait_all();
   for (auto& t : towers_)
-    if (t.here && t.dp) waited += allreduce_gradients(*t.dp, t.params);
+    if (t.zero)
+      waited += t.zero->reduce();
+    else if (t.here && t.dp)
+      waited += allreduce_gradients(*t.dp, t.params);
   // The temperature's gradient is a share per rank, summed over the batch-sync; the loss
   // the batch-syncs summed already, on the ranks of the towers' last stages.
   if (sync_) {
@@ -249,7 +332,13 @@ Pending ClipStage::reduce() {
   return blocked_for(waited);
 }
 
-void ClipStage::after_optimizer_step() { model_.clip->loss->clamp_after_step(); }
+void ClipStage::after_optimizer_step() {
+  double waited = 0;
+  for (auto& t : towers_)
+    if (t.zero) waited += t.zero->after_step();
+  if (result_) result_->idle[static_cast<std::size_t>(sim::Cause::dp_end)] += waited;
+  model_.clip->loss->clamp_after_step();
+}
 
 void ClipStage::gather_parameters() {
   const nn::ClipModel& clip = *model_.clip;

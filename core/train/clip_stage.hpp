@@ -29,9 +29,11 @@
 #include "core/train/clip_work.hpp"
 #include "core/train/layout.hpp"
 #include "core/train/loader.hpp"
+#include "core/train/memory_meter.hpp"
 #include "core/train/messages.hpp"
 #include "core/train/rank_program.hpp"
 #include "core/train/stage_work.hpp"
+#include "core/train/zero.hpp"
 
 namespace braid::train {
 
@@ -45,7 +47,13 @@ class ClipStage : public StageWork {
 
   void begin_step(std::int64_t step, StepResult& r) override;
   void install(Interpreter& interpreter) override;
-  std::vector<TrainedParameter> parameters() const override;
+  ~ClipStage() override;
+  std::vector<TrainedParameter>& parameters() override { return params_; }
+  void single_process(bool on) override;
+  void add_memory_sources(MemoryMeter& meter) override {
+    meter.add_source(MemoryKind::communication, [this] { return sends_.bytes(); });
+  }
+  std::map<const nn::Parameter*, nn::Tensor> gather_sharded(const std::string& kind) override;
   void gather_parameters() override;
   void after_optimizer_step() override;
   void end_step() override { result_ = nullptr; }
@@ -60,6 +68,7 @@ class ClipStage : public StageWork {
     std::unique_ptr<Prefetcher> prefetch;  // made at the first step
     std::optional<runtime::Communicator> dp;
     std::vector<nn::Parameter*> params;
+    std::unique_ptr<ZeroModule> zero;  // ZeRO >= 1 over a DP group of 2+
     // Per step.
     std::vector<data::Sample> samples;
     std::vector<TowerMicrobatch> mbs;
@@ -72,6 +81,9 @@ class ClipStage : public StageWork {
   void send(const pipeline::Instruction& i);
   Pending sync(const pipeline::Instruction& i);
   Pending reduce();
+  void make_zero(int stage);  // a ZeroModule per data-parallel tower this rank holds
+  // The calls into tower `tower`'s encoder a forward or backward of `samples` makes.
+  static int tower_calls(int tower, const std::vector<data::Sample>& samples);
 
   nn::Model& model_;
   const RankLayout& layout_;
@@ -84,6 +96,7 @@ class ClipStage : public StageWork {
   int groups_ = 1;                             // contrastive groups per step
   std::int64_t rows_per_replica_ = 0;          // the most rows a rank holds per group
   nn::Parameter* logit_scale_ = nullptr;
+  std::vector<TrainedParameter> params_;
   PendingSends sends_;
   StepResult* result_ = nullptr;
   double loss_ = 0, logit_grad_ = 0;

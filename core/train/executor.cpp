@@ -16,14 +16,18 @@ using pipeline::Op;
 Executor::Executor(const spec::RunSpec& run, const cost::CostModel& cost, const plan::Plan& plan, nn::Model& model,
                    const data::ShapesDataset& dataset, const runtime::Topology& topology, RankLayout layout,
                    runtime::World& world, nn::Ops& ops, ExecutorOptions options)
-    : run_(run), layout_(std::move(layout)), ops_(ops), options_(std::move(options)) {
-  world_comm_ = &world.communicator();
-  program_ = rank_program(cost, plan, options_.schedule, topology, world.rank());
-  if (model.topology == spec::Topology::contrastive)
-    work_ = std::make_unique<ClipStage>(run, plan, model, dataset, layout_, program_, world, ops, options_.data);
-  else
-    work_ = std::make_unique<ChainStage>(run, cost, plan, model, dataset, layout_, program_, world, ops, options_.data);
-  params_ = work_->parameters();
+    : run_(run),
+      layout_(std::move(layout)),
+      ops_(ops),
+      options_(std::move(options)),
+      world_comm_(&world.communicator()),
+      program_(rank_program(cost, plan, options_.schedule, topology, world.rank())),
+      work_(model.topology == spec::Topology::contrastive
+                ? std::unique_ptr<StageWork>(std::make_unique<ClipStage>(run, plan, model, dataset, layout_, program_,
+                                                                         world, ops, options_.data))
+                : std::make_unique<ChainStage>(run, cost, plan, model, dataset, layout_, program_, world, ops,
+                                               options_.data)),
+      params_(work_->parameters()) {
   work_->install(interpreter_);
   interpreter_.set(Op::optimizer_step, [this](const Instruction&) { return optimizer_step(lr_, *result_); });
   if (options_.after_reduce) {
@@ -35,6 +39,8 @@ Executor::Executor(const spec::RunSpec& run, const cost::CostModel& cost, const 
       return blocked_for(waited);
     });
   }
+  work_->add_memory_sources(memory_);
+  interpreter_.after_instruction([this] { memory_.sample(); });
   const auto& list = program_.instructions();
   first_forward_ = static_cast<int>(list.size());
   for (int k = 0; k < static_cast<int>(list.size()); ++k) {
@@ -69,6 +75,7 @@ StepResult Executor::step(std::int64_t step, double lr) {
   result_ = &r;
   step_ = step;
   lr_ = lr;
+  memory_.begin_step();  // before the step's samples and activations exist
   for (auto& p : params_) std::fill(p.param->grad.data.begin(), p.param->grad.data.end(), 0.0f);
   work_->begin_step(step, r);
   executed_ =
@@ -84,15 +91,17 @@ StepResult Executor::step(std::int64_t step, double lr) {
 Pending Executor::optimizer_step(double lr, StepResult& r) {
   const auto& t = run_.trainer;
   double norm2[1] = {0};
+  // Under ZeRO a rank holds the reduced gradient of its shard only, and steps that.
+  auto grad_of = [](TrainedParameter& p) -> nn::Tensor& { return p.sharded() ? p.grad_shard : p.param->grad; };
   for (auto& p : params_)
-    if (p.counted) norm2[0] += ops_.squared_norm(p.param->grad);
+    if (p.counted) norm2[0] += ops_.squared_norm(grad_of(p));
   auto req = world_comm_->iallreduce(std::span<double>(norm2));
   const double waited = req.wait();
   r.grad_norm = std::sqrt(norm2[0]);
   if (t.grad_clip > 0) {
     const float c = nn::clip_coefficient(r.grad_norm, static_cast<float>(t.grad_clip));
     if (c < 1.0f)
-      for (auto& p : params_) ops_.scale(p.param->grad, c);
+      for (auto& p : params_) ops_.scale(grad_of(p), c);
   }
   for (auto& p : params_) {
     nn::AdamWConfig config;
@@ -101,7 +110,19 @@ Pending Executor::optimizer_step(double lr, StepResult& r) {
     config.beta2 = t.beta2;
     config.eps = t.eps;
     config.weight_decay = p.param->decay ? t.weight_decay : 0.0;
-    ops_.adamw_step(p.param->value, p.param->grad, p.state, config);
+    if (!p.sharded()) {
+      ops_.adamw_step(p.param->value, p.param->grad, p.state, config);
+    } else if (!p.value_shard.data.empty()) {  // ZeRO-3: the shard is all this rank keeps
+      ops_.adamw_step(p.value_shard, p.grad_shard, p.state, config);
+    } else if (p.end > p.begin) {  // ZeRO-1 and 2: the shard's elements of the whole value
+      nn::Tensor shard({p.end - p.begin});
+      float* value = p.param->value.ptr();
+      std::copy(value + p.begin, value + p.end, shard.ptr());
+      ops_.adamw_step(shard, p.grad_shard, p.state, config);
+      std::copy(shard.data.begin(), shard.data.end(), value + p.begin);
+    } else {
+      ++p.state.step;  // a shard without elements here: the step count stays that of the others
+    }
   }
   work_->after_optimizer_step();
   return blocked_for(waited);

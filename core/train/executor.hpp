@@ -9,7 +9,8 @@
 // seconds this rank waited are reported per step by cause, as the simulator counts them
 // (pp warm-up, cool-down and other pipeline waits, DP, TP, batch-sync), so a measured step
 // reads next to its simulation. The instructions each step ran are kept (tests compare
-// them with the program; traces show them).
+// them with the program; traces show them), and so is the rank's peak memory by kind
+// (memory_meter.hpp).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,7 @@
 #include "core/spec/run.hpp"
 #include "core/train/interpreter.hpp"
 #include "core/train/layout.hpp"
+#include "core/train/memory_meter.hpp"
 #include "core/train/rank_program.hpp"
 #include "core/train/stage_work.hpp"
 
@@ -60,12 +62,19 @@ class Executor {
   // The last step's instructions as they ran (indices into program().instructions()).
   const std::vector<Executed>& executed() const { return executed_; }
   std::vector<TrainedParameter>& parameters() { return params_; }
+  // This rank's memory by kind, sampled at the start of every step and after each instruction.
+  const MemoryMeter& memory() const { return memory_; }
   runtime::Communicator& world_communicator() { return *world_comm_; }
   // Every parameter from the rank that trains it to every rank, so that one rank can
-  // evaluate the whole model (collective over the world); single_process(true) turns tensor
-  // parallelism off for that evaluation, (false) back on.
+  // evaluate the whole model (collective over the world). single_process(true), before it,
+  // turns tensor parallelism off for that evaluation (gathering each split parameter whole
+  // within its TP group); (false) slices them again.
   void gather_parameters();
   void single_process(bool on);
+  // Every ZeRO-sharded parameter's whole `kind` of state (StageWork::gather_sharded).
+  std::map<const nn::Parameter*, nn::Tensor> gather_sharded(const std::string& kind) {
+    return work_->gather_sharded(kind);
+  }
 
  private:
   Pending optimizer_step(double lr, StepResult& r);
@@ -79,7 +88,8 @@ class Executor {
   RankProgram program_;
   std::unique_ptr<StageWork> work_;
   Interpreter interpreter_;
-  std::vector<TrainedParameter> params_;
+  std::vector<TrainedParameter>& params_;  // the work's
+  MemoryMeter memory_{params_};
   int first_forward_ = 0, last_backward_ = 0;  // in this rank's instruction list
   // Per step.
   std::vector<Executed> executed_;

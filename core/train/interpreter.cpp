@@ -34,6 +34,7 @@ std::vector<Executed> Interpreter::run(const std::vector<pipeline::Instruction>&
     const double waited = p.empty() ? 0 : p.finish();
     done[static_cast<std::size_t>(i)] = 1;
     ran.push_back({i, t0, now_seconds(), waited});
+    if (after_) after_();
   };
   // Runs the first pending movable instruction after `pc` if its inputs are there and it
   // does not wait; false when there is nothing to do without blocking.

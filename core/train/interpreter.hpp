@@ -55,6 +55,9 @@ class Interpreter {
  public:
   void set(pipeline::Op op, Handler handler);
   const Handler& handler(pipeline::Op op) const { return table_[static_cast<std::size_t>(op)]; }
+  // Called after each instruction completes, once its end time is taken (the executor's
+  // memory meter samples there); empty: nothing.
+  void after_instruction(std::function<void()> f) { after_ = std::move(f); }
   // Runs every instruction of `list` once: in order, or with `fill`, movable ones early
   // while the next instruction waits. Throws Error(Status::internal) naming the opcode when
   // one has no handler. Returns what ran, in the order it ran. A handler's exception goes to
@@ -66,6 +69,7 @@ class Interpreter {
 
  private:
   std::array<Handler, pipeline::kOpCount> table_;
+  std::function<void()> after_;
 };
 
 }  // namespace braid::train

@@ -6,11 +6,10 @@
 //
 // What the CPU trainer executes: CLIP towers each whole on their ranks (tp = pp = 1),
 // on the same ranks (colocated DP) or on disjoint ones (DistMM); an MLLM's llm with any
-// tp x pp x dp grid, its encoder data parallel on its own ranks or on the llm's (DistTrain,
+// tp x pp x dp grid, its encoder with any tp x dp on its own ranks or on the llm's (DistTrain,
 // Optimus and Megatron layouts), the projector with the encoder or with the llm's first
-// stage. An encoder or projector grid with tp > 1 runs replicated on its tp ranks (the
-// reference modules shard the llm only). layout_for refuses anything else, naming the
-// module and the reason.
+// stage, with any tp. Every module with tp > 1 holds only its tensor-parallel slices.
+// layout_for refuses anything else, naming the module and the reason.
 #pragma once
 
 #include <optional>

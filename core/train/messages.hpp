@@ -40,6 +40,12 @@ class PendingSends {
     buffers_.push_back(std::make_unique<std::vector<float>>(std::move(data)));
     requests_.push_back(comm.isend(std::as_bytes(std::span<const float>(*buffers_.back())), peer, tag));
   }
+  // Bytes of the sends posted and not yet waited for (their buffers are alive until then).
+  std::size_t bytes() const {
+    std::size_t n = 0;
+    for (const auto& b : buffers_) n += b->size() * sizeof(float);
+    return n;
+  }
   // Waits for every send; returns the seconds blocked.
   double wait_all() {
     double waited = 0;

@@ -3,7 +3,17 @@
 #include <algorithm>
 #include <memory>
 
+#include "core/common/error.hpp"
+
 namespace braid::train {
+
+void check_sequence_parallel(const spec::RunSpec& run, int tp) {
+  if (run.training.sequence_parallel && tp > 1)
+    throw Error(Status::unsupported, run.source +
+                                         ": training.sequence_parallel: braid train runs tensor parallelism without "
+                                         "sequence parallelism (the planner prices it); set it to false to train "
+                                         "this plan here");
+}
 
 void install_messages(Interpreter& in, std::function<Pending(const pipeline::Instruction&)> receive,
                       std::function<void(const pipeline::Instruction&)> send) {

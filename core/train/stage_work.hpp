@@ -9,17 +9,22 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <map>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/nn/modules/parameter.hpp"
 #include "core/nn/optim.hpp"
 #include "core/runtime/communicator.hpp"
 #include "core/sim/simulator.hpp"
+#include "core/spec/run.hpp"
 #include "core/train/interpreter.hpp"
 #include "core/train/prefetcher.hpp"
 
 namespace braid::train {
+
+class MemoryMeter;
 
 struct StepResult {
   double loss = 0;                              // the global batch's loss (every rank gets it)
@@ -38,11 +43,18 @@ struct DataOptions {
   std::int64_t last_step = std::numeric_limits<std::int64_t>::max();  // the run's last (the workers stop there)
 };
 
-// A held parameter and its optimizer state.
+// A held parameter and its optimizer state. Under ZeRO (zero.hpp) this rank steps only the
+// elements [begin, end) of the parameter's value (flattened): the optimizer state, the reduced
+// gradient (`grad_shard`) and, at stage 3, the weights (`value_shard`) are of those alone.
 struct TrainedParameter {
   nn::Parameter* param = nullptr;
   nn::AdamWState state;
-  bool counted = false;  // contributes to the global gradient norm (one rank per distinct tensor)
+  bool counted = false;              // contributes to the global gradient norm (one rank per distinct tensor)
+  std::int64_t begin = 0, end = -1;  // ZeRO: the elements this rank steps; end < 0: all of them
+  nn::Tensor grad_shard;             // ZeRO: the gradient of [begin, end), summed over the DP group
+  nn::Tensor value_shard;            // ZeRO-3: the weights of [begin, end) (value is gathered only for use)
+  bool weights_sharded = false;      // ZeRO-3: value_shard holds the weights this rank keeps
+  bool sharded() const { return end >= 0; }
 };
 
 class StageWork {
@@ -55,16 +67,30 @@ class StageWork {
   virtual void install(Interpreter& interpreter) = 0;
   // What may run ahead of a wait (optimus-online); null: nothing.
   virtual const FillRules* fill_rules() const { return nullptr; }
-  virtual std::vector<TrainedParameter> parameters() const = 0;
+  // The parameters this rank trains, with their optimizer state (and ZeRO shards); the work
+  // keeps them, the executor steps them.
+  virtual std::vector<TrainedParameter>& parameters() = 0;
   // Every parameter from the rank that trains it to every rank (collective over the world),
   // so that one rank can evaluate the whole model.
   virtual void gather_parameters() = 0;
   // Turns tensor parallelism off (true) for a whole-model evaluation on one rank, or back on.
   virtual void single_process(bool) {}
+  // Registers the memory this work holds beyond its parameters (its messages in flight) with
+  // the executor's meter.
+  virtual void add_memory_sources(MemoryMeter&) {}
+  // For checkpoints and gradient dumps: every ZeRO-sharded parameter's whole `kind` of state
+  // ("param", "adam_m", "adam_v", "grad"; zero.hpp gather_sharded), gathered over its DP group
+  // (collective over the world's ranks, every rank calls it). Parameters not sharded are absent.
+  virtual std::map<const nn::Parameter*, nn::Tensor> gather_sharded(const std::string&) { return {}; }
   virtual void after_optimizer_step() {}
   // After the step's instructions: `r` of begin_step is gone.
   virtual void end_step() = 0;
 };
+
+// Throws Error(unsupported) naming the run file and field for sequence parallelism with a
+// tensor-parallel module (`tp` the largest TP width of the plan): the planner prices it, the
+// reference trainer does not run it.
+void check_sequence_parallel(const spec::RunSpec& run, int tp);
 
 // Sets the handlers of the four point-to-point opcodes: receives through `receive` (which
 // posts them and returns them pending), sends through `send` (non-blocking).

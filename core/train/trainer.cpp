@@ -4,17 +4,22 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <thread>
+#include <utility>
 
 #include "core/common/error.hpp"
 #include "core/nn/host_memory.hpp"
 #include "core/nn/host_ops.hpp"
 #include "core/nn/modules/model.hpp"
+#include "core/plan/evaluate.hpp"
 #include "core/runtime/groups.hpp"
 #include "core/train/checkpoint.hpp"
 #include "core/train/evaluate.hpp"
 #include "core/train/executor.hpp"
+#include "core/train/sharded_state.hpp"
+#include "core/train/zero.hpp"
 
 namespace braid::train {
 namespace {
@@ -86,23 +91,75 @@ EvalMetrics evaluate(const spec::RunSpec& run, const nn::Model& model, const std
   return m;
 }
 
-std::string metadata(const TrainOptions& o, std::uint64_t seed, int world) {
-  return "run " + o.run.source + "; model " + o.run.model.name + "; seed " + std::to_string(seed) + "; world " +
-         std::to_string(world) + "; strategy " + plan::strategy_name(o.plan.strategy);
+// A checkpoint's metadata: "<run>; <layout>". The run part (run file, model, seed) must match
+// for a checkpoint to continue this run; the layout part ("world W; strategy S; <grids>") may
+// differ, and the state is then resharded on load.
+std::string run_identity(const TrainOptions& o, std::uint64_t seed) {
+  return "run " + o.run.source + "; model " + o.run.model.name + "; seed " + std::to_string(seed);
 }
 
-void save(const std::string& dir, std::int64_t step, int rank, int world, const std::string& meta,
-          std::vector<TrainedParameter>& params, bool with_state, runtime::Communicator& comm, int keep) {
+std::string layout_description(const TrainOptions& o, int world) {
+  std::string layout = "world " + std::to_string(world) + "; strategy " + plan::strategy_name(o.plan.strategy) + "; " +
+                       plan::describe_grids(o.plan);
+  if (o.plan.virtual_stages > 1) layout += ", " + std::to_string(o.plan.virtual_stages) + " virtual stages";
+  for (const auto& m : o.plan.modules) {
+    if (m.layers_per_stage.size() < 2) continue;
+    layout += ", " + m.name + " layers";
+    for (std::size_t i = 0; i < m.layers_per_stage.size(); ++i)
+      layout += (i ? "+" : " ") + std::to_string(m.layers_per_stage[i]);
+  }
+  return layout;
+}
+
+std::string metadata(const TrainOptions& o, std::uint64_t seed, int world) {
+  return run_identity(o, seed) + "; " + layout_description(o, world);
+}
+
+// The two parts of a checkpoint's metadata (checkpoints older than the split have the same
+// shape: "...; seed N; world W; strategy S").
+std::pair<std::string, std::string> split_metadata(const std::string& meta) {
+  const auto at = meta.find("; world ");
+  if (at == std::string::npos) return {meta, ""};
+  return {meta.substr(0, at), meta.substr(at + 2)};
+}
+
+void expect_same_run(const CheckpointContents& c, const std::string& identity) {
+  const std::string theirs = split_metadata(c.metadata).first;
+  if (theirs != identity)
+    throw Error(Status::bad_config,
+                "checkpoint '" + c.source + "' is of another run (" + theirs + "), this one is " + identity);
+}
+
+// "world 4 (strategy megatron; tp 2, pp 1, dp 2)" from a layout part.
+std::string layout_for_people(const std::string& layout) {
+  const auto at = layout.find("; ");
+  return at == std::string::npos ? layout : layout.substr(0, at) + " (" + layout.substr(at + 2) + ")";
+}
+
+void save(const std::string& dir, std::int64_t step, int rank, int world, const std::string& meta, Executor& executor,
+          bool with_state, runtime::Communicator& comm, int keep) {
+  // Optimizer state not created yet is saved without elements (a default Tensor is a scalar's shape).
+  const auto state = [](const nn::Tensor& t) { return t.data.empty() ? nn::Tensor(nn::Shape{0}) : t; };
+  // ZeRO-sharded state gathered over each DP group: a checkpoint holds tensor-parallel slices.
+  std::map<std::string, std::map<const nn::Parameter*, nn::Tensor>> gathered;
+  for (const char* kind :
+       with_state ? std::vector<const char*>{"param", "adam_m", "adam_v"} : std::vector<const char*>{"grad"})
+    gathered[kind] = executor.gather_sharded(kind);
+  const auto whole = [&](const char* kind, const TrainedParameter& p, const nn::Tensor& held) -> const nn::Tensor& {
+    const auto& of = gathered[kind];
+    const auto it = of.find(p.param);
+    return it == of.end() ? held : it->second;
+  };
   CheckpointContents c;
   c.metadata = meta;
-  for (auto& p : params) {
+  for (auto& p : executor.parameters()) {
     if (with_state) {
-      c.add_tensor("param/" + p.param->name, p.param->value);
-      c.add_tensor("adam_m/" + p.param->name, p.state.m);
-      c.add_tensor("adam_v/" + p.param->name, p.state.v);
+      c.add_tensor(state_name("param", *p.param), whole("param", p, p.param->value));
+      c.add_tensor(state_name("adam_m", *p.param), state(whole("adam_m", p, p.state.m)));
+      c.add_tensor(state_name("adam_v", *p.param), state(whole("adam_v", p, p.state.v)));
       c.add_int("adam_step/" + p.param->name, p.state.step);
     } else {
-      c.add_tensor("grad/" + p.param->name, p.param->grad);
+      c.add_tensor(state_name("grad", *p.param), whole("grad", p, p.param->grad));
     }
   }
   write_shard(dir, step, rank, world, c);
@@ -111,17 +168,38 @@ void save(const std::string& dir, std::int64_t step, int rank, int world, const 
   comm.barrier();
 }
 
+// Whether `c` (this rank's shard under the same layout) holds every entry restore needs.
+bool holds_all(const CheckpointContents& c, const std::vector<TrainedParameter>& params) {
+  return std::all_of(params.begin(), params.end(), [&](const TrainedParameter& p) {
+    return c.has_tensor(state_name("param", *p.param)) && c.has_tensor(state_name("adam_m", *p.param)) &&
+           c.has_tensor(state_name("adam_v", *p.param)) && c.has_blob("adam_step/" + p.param->name);
+  });
+}
+
+// The fast path: this rank's own shard, written under the same layout.
 void restore(const CheckpointContents& c, std::vector<TrainedParameter>& params) {
+  const auto state = [](const nn::Tensor& t) { return t.numel() == 0 ? nn::Tensor() : t; };
   for (auto& p : params) {
-    const nn::Tensor& value = c.tensor("param/" + p.param->name);
-    if (value.shape != p.param->value.shape)
+    const nn::Tensor& value = c.tensor(state_name("param", *p.param));
+    if (value.shape != held_shape(*p.param))
       throw Error(Status::bad_config, "checkpoint '" + c.source + "': " + p.param->name + " has shape " +
                                           nn::shape_string(value.shape) + ", the model " +
-                                          nn::shape_string(p.param->value.shape));
-    p.param->value = value;
-    p.state.m = c.tensor("adam_m/" + p.param->name);
-    p.state.v = c.tensor("adam_v/" + p.param->name);
-    p.state.step = c.get_int("adam_step/" + p.param->name);
+                                          nn::shape_string(held_shape(*p.param)));
+    nn::AdamWState adam;
+    adam.m = state(c.tensor(state_name("adam_m", *p.param)));
+    adam.v = state(c.tensor(state_name("adam_v", *p.param)));
+    adam.step = c.get_int("adam_step/" + p.param->name);
+    hold_state(p, value, std::move(adam));
+  }
+}
+
+// Another layout or world wrote the checkpoint: every shard joined whole, this rank's slices cut.
+void restore_resharded(const std::vector<CheckpointContents>& shards, const std::string& file,
+                       std::vector<TrainedParameter>& params) {
+  const WholeState whole(shards, file);
+  for (auto& p : params) {
+    HeldState held = whole.held_by(*p.param);
+    hold_state(p, std::move(held.value), std::move(held.adam));
   }
 }
 
@@ -180,7 +258,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
     if (rank == 0) create_checkpoint_dir(o.gradients_dir);
     eo.after_reduce = [&](std::int64_t step) {
       world.communicator().barrier();
-      save(o.gradients_dir, step, rank, size, meta, executor_ptr->parameters(), false, world.communicator(), 0);
+      save(o.gradients_dir, step, rank, size, meta, *executor_ptr, false, world.communicator(), 0);
     };
   }
   const cost::CostModel cost(run);
@@ -198,14 +276,33 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   }
   if (o.resume) {
     if (o.checkpoint_dir.empty()) throw Error(Status::invalid_argument, "--resume needs --checkpoint-dir");
-    const CheckpointScan scan = latest_valid(o.checkpoint_dir, size);
+    // The newest checkpoint whatever world wrote it: another layout is resharded on load.
+    const CheckpointScan scan = latest_valid_any(o.checkpoint_dir);
     if (rank == 0) log << "braid train: " << describe(scan) << "\n";
     if (scan.step) {
-      const CheckpointContents c = read_shard(o.checkpoint_dir, *scan.step, rank, size);
-      if (c.metadata != meta)
-        throw Error(Status::bad_config,
-                    "checkpoint '" + c.source + "' is of another run (" + c.metadata + "), this one is " + meta);
-      restore(c, executor.parameters());
+      const std::string identity = run_identity(o, seed);
+      std::optional<CheckpointContents> own;
+      if (scan.world == size) {
+        own = read_shard(o.checkpoint_dir, *scan.step, rank, size);
+        expect_same_run(*own, identity);
+      }
+      // The same layout: this rank's own shard holds its state (unless a plan with the same
+      // grids split the layers otherwise; then the whole state is cut as for another layout).
+      if (own && own->metadata == meta && holds_all(*own, executor.parameters())) {
+        restore(*own, executor.parameters());
+      } else {
+        own.reset();
+        const std::vector<CheckpointContents> shards = read_all_shards(o.checkpoint_dir, *scan.step);
+        for (const auto& c : shards) expect_same_run(c, identity);
+        if (rank == 0) {
+          std::string label = checkpoint_file_name(*scan.step);  // "step-000123"
+          label.erase(label.rfind('.'));
+          log << "braid train: resharding checkpoint " << label << " from "
+              << layout_for_people(split_metadata(shards.front().metadata).second) << " to "
+              << layout_for_people(layout_description(o, size)) << "\n";
+        }
+        restore_resharded(shards, o.checkpoint_dir + "/" + checkpoint_file_name(*scan.step), executor.parameters());
+      }
       first = *scan.step + 1;
       report.summary.checkpoint = o.checkpoint_dir + "/" + checkpoint_file_name(*scan.step);
     }
@@ -251,9 +348,10 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       }
     }
     if ((eval_every > 0 && step % eval_every == 0) || step == total) {
-      // Pipelined models are evaluated whole on one rank: every parameter from the rank that trains it.
-      executor.gather_parameters();
+      // Pipelined models are evaluated whole on one rank: tensor-parallel slices gathered whole
+      // within their groups, then every parameter from the rank that trains it.
       executor.single_process(true);
+      executor.gather_parameters();
       EvalMetrics e = evaluate(run, model, heldout, layouts, rank, comm, ops, step);
       executor.single_process(false);
       if (rank == 0) {
@@ -267,19 +365,23 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       report.evals.push_back(std::move(e));
     }
     if (!o.checkpoint_dir.empty() && ((ckpt_every > 0 && step % ckpt_every == 0) || step == total)) {
-      save(o.checkpoint_dir, step, rank, size, meta, executor.parameters(), true, comm,
+      save(o.checkpoint_dir, step, rank, size, meta, executor, true, comm,
            static_cast<int>(run.trainer.keep_checkpoints));
       report.summary.checkpoint = o.checkpoint_dir + "/" + checkpoint_file_name(step);
     }
   }
   if (!o.trace_path.empty()) write_measured_trace(o.trace_path, executor.program(), executor.executed(), comm);
   report.comparison = compare_with_simulation(measured, executor.program().program, comm);
+  const bool trained = total >= first;  // the same on every rank: a resumed run may have nothing left
+  if (trained) report.memory = compare_with_prediction(executor.memory(), run, o.plan, comm);
   if (rank == 0) {
     end_live_line();
     if (metrics && measured.steps > 0)
       metrics->write_line(comparison_json(report.comparison, report.summary.last_step));
+    if (metrics && trained) metrics->write_line(memory_json(report.memory, report.summary.last_step));
     out << format_summary(report.summary);
     if (measured.steps > 0) out << format_comparison(report.comparison);
+    if (trained) out << format_memory_comparison(report.memory);
     if (!o.trace_path.empty()) out << "trace of the last step as measured: " << o.trace_path << "\n";
     out << std::flush;
   }

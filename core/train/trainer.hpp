@@ -16,6 +16,7 @@
 #include "core/plan/plan.hpp"
 #include "core/runtime/world.hpp"
 #include "core/spec/run.hpp"
+#include "core/train/memory_meter.hpp"
 #include "core/train/metrics.hpp"
 #include "core/train/timing.hpp"
 
@@ -49,6 +50,7 @@ struct TrainReport {
   double wait_seconds = 0;    // this rank's time blocked in receives and collectives
   std::string layout;         // this rank's part
   StepComparison comparison;  // measured against simulated, every rank's steps
+  MemoryComparison memory;    // every rank's peak memory by kind against the cost model's (empty: no step ran)
 };
 
 // The learning rate of `step` (1-based): linear warm-up, then cosine to min_lr_ratio.

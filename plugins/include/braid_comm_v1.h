@@ -1,11 +1,15 @@
 /*
  * braid_comm_v1.h: version 1 of the communication plugin interface. Frozen: a new
  * version gets a new header and a new exported symbol, and the loader tries the
- * newest first (after NCCL's net/tuner plugins).
+ * newest first (after NCCL's net/tuner plugins). The one change version 1 allows is
+ * an optional function appended at the end of braid_comm_plugin_v1 (see "Optional
+ * functions" there), so that plugins built against an older copy of this header
+ * still load.
  *
  * A communication plugin is a shared library libbraid-<name>.so that exports
  *   const braid_comm_plugin_v1 braidCommPlugin_v1;
- * and nothing else. Every function pointer in it is set (the loader rejects a NULL).
+ * and nothing else. Every function pointer up to abort is set (the loader rejects a
+ * NULL); the optional ones after it may be NULL.
  *
  * Conventions, for every function below:
  * - Status: functions return 0 on success and a non-zero, backend-defined code on
@@ -42,14 +46,14 @@
 extern "C" {
 #endif
 
-/* Element types of iallreduce (int32_t values, not an enum, so that any value
+/* Element types of iallreduce and ireduce_scatter (int32_t values, not an enum, so that any value
  * crossing the boundary is well-defined; an unknown one is an error). */
 #define BRAID_COMM_FLOAT32 0
 #define BRAID_COMM_FLOAT64 1
 #define BRAID_COMM_INT32 2
 #define BRAID_COMM_INT64 3
 
-/* Reductions of iallreduce. */
+/* Reductions of iallreduce and ireduce_scatter. */
 #define BRAID_COMM_SUM 0
 #define BRAID_COMM_MAX 1
 #define BRAID_COMM_MIN 2
@@ -122,6 +126,20 @@ typedef struct braid_comm_plugin_v1 {
   /* Ends every process of the world with exit code `code` (MPI_Abort); does not return.
    * For fatal errors on one rank that would leave its peers waiting forever. */
   void (*abort)(int32_t code);
+
+  /* Optional functions, appended after abort. The loader copies as many bytes of the
+   * table as the exported symbol holds (its ELF symbol size) and leaves the members
+   * past them NULL, so a plugin built against an older copy of this header loads
+   * with those functions absent, as does one that sets them NULL; braid then does
+   * without (each says how). New ones go after the last, never between. */
+
+  /* MPI_Reduce_scatter_block: send holds size * recv_count elements of `dtype`, block
+   * r at r * recv_count; rank r's recv (recv_count elements) gets op over ranks of
+   * their block r. send and recv must not overlap. Absent: braid all-reduces the
+   * whole of send into a buffer of its own and copies out this rank's block, which
+   * moves about twice the bytes. */
+  int (*ireduce_scatter)(braid_comm_v1* comm, const void* send, void* recv, size_t recv_count, int32_t dtype,
+                         int32_t op, braid_comm_request_v1** request);
 } braid_comm_plugin_v1;
 
 #define BRAID_COMM_PLUGIN_SYMBOL_V1 "braidCommPlugin_v1"

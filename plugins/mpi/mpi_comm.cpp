@@ -338,49 +338,82 @@ int irecv(braid_comm_v1* comm, void* data, size_t bytes, int32_t peer, int32_t t
   return 0;
 }
 
+// The MPI type of a BRAID_COMM_* dtype, or an error naming `call`.
+int to_mpi_type(int32_t dtype, const char* call, MPI_Datatype* out) {
+  switch (dtype) {
+    case BRAID_COMM_FLOAT32:
+      *out = MPI_FLOAT;
+      return 0;
+    case BRAID_COMM_FLOAT64:
+      *out = MPI_DOUBLE;
+      return 0;
+    case BRAID_COMM_INT32:
+      *out = MPI_INT32_T;
+      return 0;
+    case BRAID_COMM_INT64:
+      *out = MPI_INT64_T;
+      return 0;
+    default:
+      return fail(MPI_ERR_TYPE, "%s: unknown dtype %d (0..3 are defined)", call, int(dtype));
+  }
+}
+
+// The MPI reduction of a BRAID_COMM_* op, or an error naming `call`.
+int to_mpi_op(int32_t op, const char* call, MPI_Op* out) {
+  switch (op) {
+    case BRAID_COMM_SUM:
+      *out = MPI_SUM;
+      return 0;
+    case BRAID_COMM_MAX:
+      *out = MPI_MAX;
+      return 0;
+    case BRAID_COMM_MIN:
+      *out = MPI_MIN;
+      return 0;
+    default:
+      return fail(MPI_ERR_OP, "%s: unknown op %d (0..2 are defined)", call, int(op));
+  }
+}
+
 int iallreduce(braid_comm_v1* comm, const void* send, void* recv, size_t count, int32_t dtype, int32_t op,
                braid_comm_request_v1** request) {
   if (!comm) return bad_comm("iallreduce");
   if (!request) return bad_request_out("iallreduce");
   *request = nullptr;
   MPI_Datatype type = MPI_DATATYPE_NULL;
-  switch (dtype) {
-    case BRAID_COMM_FLOAT32:
-      type = MPI_FLOAT;
-      break;
-    case BRAID_COMM_FLOAT64:
-      type = MPI_DOUBLE;
-      break;
-    case BRAID_COMM_INT32:
-      type = MPI_INT32_T;
-      break;
-    case BRAID_COMM_INT64:
-      type = MPI_INT64_T;
-      break;
-    default:
-      return fail(MPI_ERR_TYPE, "iallreduce: unknown dtype %d (0..3 are defined)", int(dtype));
-  }
   MPI_Op mpi_op = MPI_OP_NULL;
-  switch (op) {
-    case BRAID_COMM_SUM:
-      mpi_op = MPI_SUM;
-      break;
-    case BRAID_COMM_MAX:
-      mpi_op = MPI_MAX;
-      break;
-    case BRAID_COMM_MIN:
-      mpi_op = MPI_MIN;
-      break;
-    default:
-      return fail(MPI_ERR_OP, "iallreduce: unknown op %d (0..2 are defined)", int(op));
-  }
   int n = 0;
+  if (int rc = to_mpi_type(dtype, "iallreduce", &type)) return rc;
+  if (int rc = to_mpi_op(op, "iallreduce", &mpi_op)) return rc;
   if (int rc = to_int(count, "iallreduce", "elements", &n)) return rc;
   braid_comm_request_v1* r = new_request("iallreduce");
   if (!r) return MPI_ERR_NO_MEM;
   std::snprintf(r->what, sizeof r->what, "MPI_Iallreduce of %d elements over %d ranks", n, comm->size);
   const void* in = send == recv ? MPI_IN_PLACE : send;
   if (int rc = check(MPI_Iallreduce(in, recv, n, type, mpi_op, comm->comm, &r->request), r->what)) {
+    delete r;
+    return rc;
+  }
+  *request = r;
+  return 0;
+}
+
+int ireduce_scatter(braid_comm_v1* comm, const void* send, void* recv, size_t recv_count, int32_t dtype, int32_t op,
+                    braid_comm_request_v1** request) {
+  if (!comm) return bad_comm("ireduce_scatter");
+  if (!request) return bad_request_out("ireduce_scatter");
+  *request = nullptr;
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  MPI_Op mpi_op = MPI_OP_NULL;
+  int n = 0;
+  if (int rc = to_mpi_type(dtype, "ireduce_scatter", &type)) return rc;
+  if (int rc = to_mpi_op(op, "ireduce_scatter", &mpi_op)) return rc;
+  if (int rc = to_int(recv_count, "ireduce_scatter", "elements per rank", &n)) return rc;
+  braid_comm_request_v1* r = new_request("ireduce_scatter");
+  if (!r) return MPI_ERR_NO_MEM;
+  std::snprintf(r->what, sizeof r->what, "MPI_Ireduce_scatter_block of %d elements per rank over %d ranks", n,
+                comm->size);
+  if (int rc = check(MPI_Ireduce_scatter_block(send, recv, n, type, mpi_op, comm->comm, &r->request), r->what)) {
     delete r;
     return rc;
   }
@@ -481,4 +514,5 @@ extern "C" BRAID_PLUGIN_EXPORT const braid_comm_plugin_v1 braidCommPlugin_v1 = {
     .wait = wait,
     .barrier = barrier,
     .abort = abort_world,
+    .ireduce_scatter = ireduce_scatter,
 };

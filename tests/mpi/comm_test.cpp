@@ -96,6 +96,41 @@ void allreduce(World& world, test::Checks& check) {
   check.passed("all-reduce (float32, float64 in place, max, min)");
 }
 
+void reduce_scatter(World& world, test::Checks& check) {
+  Communicator& comm = world.communicator();
+  const int n = comm.size(), r = comm.rank();
+  // Block q of x_r holds r + q + i: integers, exact in float; rank r gets block r summed
+  // over ranks, n(n-1)/2 + n(r + i).
+  const std::size_t count = 1031;
+  std::vector<float> xf(n * count), sf(count, -1);
+  std::vector<double> xd(n * count), sd(count, -1);
+  for (int q = 0; q < n; ++q) {
+    for (std::size_t i = 0; i < count; ++i) {
+      xf[q * count + i] = float(r + q) + float(i);
+      xd[q * count + i] = 0.5 * r - double(q * count + i);
+    }
+  }
+  Request request = comm.ireduce_scatter<float>(xf, sf);
+  check(request.description().find("through iallreduce") == std::string::npos,
+        "the mpi plugin reduce-scatters itself: " + request.description());
+  request.wait();
+  comm.reduce_scatter<double>(xd, sd);
+  for (std::size_t i = 0; i < count; ++i) {
+    const double want_f = n * (n - 1) / 2.0 + double(n) * double(r + i);
+    const double want_d = 0.25 * n * (n - 1) - double(n) * double(r * count + i);
+    if (sf[i] != float(want_f)) check(false, "float block[" + std::to_string(i) + "] = " + std::to_string(sf[i]));
+    if (sd[i] != want_d) check(false, "double block[" + std::to_string(i) + "] = " + std::to_string(sd[i]));
+  }
+  std::vector<std::int64_t> products(n), mine = {-1};
+  for (int q = 0; q < n; ++q) products[q] = std::int64_t(r) * q;
+  comm.reduce_scatter<std::int64_t>(products, mine, ReduceOp::max);
+  check(mine[0] == std::int64_t(n - 1) * r, "max: " + std::to_string(mine[0]));
+  check.error(
+      [&] { comm.ireduce_scatter<float>(std::span(xf).first(n * count - 1), sf); }, Status::invalid_argument,
+      "send has " + std::to_string(n * count - 1) + " elements, this " + std::to_string(n) + "-rank communicator");
+  check.passed("reduce-scatter (float32, float64 sums, int64 max)");
+}
+
 void allgather_and_broadcast(World& world, test::Checks& check) {
   Communicator& comm = world.communicator();
   const int n = comm.size(), r = comm.rank();
@@ -203,6 +238,8 @@ void errors_come_back(World& world, test::Checks& check) {
         std::string("last_error: ") + api.last_error());
   check(api.iallreduce(handle, a.data(), a.data(), 3, 17, BRAID_COMM_SUM, &request) != 0, "unknown dtype refused");
   check(std::string(api.last_error()).find("unknown dtype 17") != std::string::npos, api.last_error());
+  check(api.ireduce_scatter(handle, a.data(), b.data(), 1, BRAID_COMM_FLOAT32, 9, &request) != 0, "unknown op refused");
+  check(std::string(api.last_error()).find("ireduce_scatter: unknown op 9") != std::string::npos, api.last_error());
   if (n >= 2) {
     // Messages of the wrong length fail the receive with MPI's message; the job goes on.
     std::vector<std::int32_t> two(2, 1), four(4, 0);
@@ -268,6 +305,7 @@ int main(int argc, char** argv) {
     braid::world_shape(*world, expected, check);
     braid::ring(*world, check);
     braid::allreduce(*world, check);
+    braid::reduce_scatter(*world, check);
     braid::allgather_and_broadcast(*world, check);
     braid::groups(*world, check);
     braid::waiting_is_measured(*world, check);

@@ -1,12 +1,18 @@
 // The communication plugin loader against files that must be refused (missing, not a
-// plugin, another interface version, missing functions), and the host bootstrap of
-// World in one process. The MPI plugin itself runs in tests/mpi, under mpiexec.
+// plugin, another interface version, missing functions), Communicator over fake plugins
+// with and without the optional ireduce_scatter, and the host bootstrap of World in one
+// process. The MPI plugin itself runs in tests/mpi, under mpiexec.
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/runtime/comm_plugin.hpp"
 #include "core/runtime/world.hpp"
@@ -61,7 +67,66 @@ TEST_F(CommPluginDir, AMissingFunctionIsRefused) {
   fs::copy_file(BRAID_FAKE_COMM_PLUGIN_EMPTY, dir_ / "libbraid-empty.so");
   test::expect_error([] { runtime::load_comm_plugin("empty"); }, Status::plugin,
                      {(dir_ / "libbraid-empty.so").string() +
-                      ": incompatible: function last_error is NULL (version 1 requires every function)"});
+                      ": incompatible: function last_error is NULL (version 1 requires every function up to abort)"});
+}
+
+// The fake plugins are rank 1 of 2 whose rank 0 sends what this rank sends: a sum is twice
+// this rank's values, and this rank's block of a reduce-scatter is the second half of send.
+const std::vector<float> kSend = {1, 2, 3, 4, 5, 6, 7, 8};
+const std::vector<float> kRankOneSum = {10, 12, 14, 16};
+const std::string kBoth = "this 2-rank communicator (world ranks 0,1)";
+
+TEST_F(CommPluginDir, ReduceScatterThroughThePlugin) {
+  fs::copy_file(BRAID_FAKE_COMM_PLUGIN_WORLD, dir_ / "libbraid-fake.so");
+  EXPECT_NE(runtime::load_comm_plugin("fake")->api().ireduce_scatter, nullptr);
+  auto world = runtime::World::from_plugin("fake");
+  runtime::Communicator& comm = world.communicator();
+  ASSERT_EQ(comm.rank(), 1);
+  ASSERT_EQ(comm.size(), 2);
+  std::vector<float> recv(4, -1);
+  runtime::Request request = comm.ireduce_scatter<float>(kSend, recv);
+  EXPECT_EQ(request.description(), "ireduce_scatter of 4 elements per rank over " + kBoth);
+  request.wait();
+  EXPECT_EQ(recv, kRankOneSum);
+  std::vector<double> send = {1, -2, 3, -4}, mine(2);
+  comm.reduce_scatter<double>(send, mine, runtime::ReduceOp::max);
+  EXPECT_EQ(mine, (std::vector<double>{3, -4}));
+
+  test::expect_error([&] { comm.ireduce_scatter<float>(std::span(kSend).first(7), recv); }, Status::invalid_argument,
+                     {"Communicator::ireduce_scatter: send has 7 elements, " + kBoth + " reduce-scatters 2 x 4"});
+  std::vector<float> both(kSend);
+  test::expect_error([&] { comm.ireduce_scatter<float>(both, std::span(both).subspan(4)); }, Status::invalid_argument,
+                     {"Communicator::ireduce_scatter: send and recv overlap"});
+}
+
+// Without ireduce_scatter (NULL, or a table from before it was appended, which the loader
+// must not read past): an all-reduce into a buffer the request owns, then this rank's
+// block copied out once the request completes, however it completes.
+TEST_F(CommPluginDir, ReduceScatterFallsBackToAnAllReduce) {
+  const std::pair<std::string, const char*> plugins[] = {{"null", BRAID_FAKE_COMM_PLUGIN_NO_REDUCE_SCATTER},
+                                                         {"old", BRAID_FAKE_COMM_PLUGIN_OLD}};
+  for (const auto& [name, library] : plugins) {
+    SCOPED_TRACE(name);
+    fs::copy_file(library, dir_ / ("libbraid-" + name + ".so"));
+    EXPECT_EQ(runtime::load_comm_plugin(name)->api().ireduce_scatter, nullptr);
+    auto world = runtime::World::from_plugin(name);
+    runtime::Communicator& comm = world.communicator();
+    std::vector<float> recv(4, -1);
+    runtime::Request request = comm.ireduce_scatter<float>(kSend, recv);
+    EXPECT_EQ(request.description(), "ireduce_scatter of 4 elements per rank over " + kBoth +
+                                         " (through iallreduce: the plugin has no ireduce_scatter)");
+    runtime::Request moved = std::move(request);  // the buffer goes with it
+    EXPECT_FALSE(moved.test());                   // the fakes complete on the second test()
+    EXPECT_EQ(recv, std::vector<float>(4, -1));
+    EXPECT_TRUE(moved.test());
+    EXPECT_EQ(recv, kRankOneSum);
+
+    std::vector<std::int64_t> send = {1, 2, 3, 4, 5, 6}, mine(3);
+    comm.reduce_scatter<std::int64_t>(send, mine);
+    EXPECT_EQ(mine, (std::vector<std::int64_t>{8, 10, 12}));
+    { runtime::Request dropped = comm.ireduce_scatter<float>(kSend, recv, runtime::ReduceOp::min); }
+    EXPECT_EQ(recv, (std::vector<float>{5, 6, 7, 8}));
+  }
 }
 
 // The host bootstrap in one process: a one-process all-gather is a copy.

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,7 +24,9 @@
 #include "core/nn/modules/decoder.hpp"
 #include "core/nn/modules/image_encoder.hpp"
 #include "core/nn/modules/model.hpp"
+#include "core/nn/modules/projector.hpp"
 #include "core/nn/modules/text_encoder.hpp"
+#include "core/nn/tensor_parallel.hpp"
 #include "tests/unit/support.hpp"
 
 namespace braid {
@@ -88,12 +91,19 @@ struct Result {
   float loss = 0.0f;
   Tensor dprefix;
   std::map<std::string, Tensor> grads;
+  std::map<std::string, nn::TensorSlice> slices;  // what each gradient is of the whole
 };
 
 std::map<std::string, Tensor> grads_of(const nn::ParameterStore& store) {
   std::map<std::string, Tensor> grads;
   for (const nn::Parameter* p : store.all()) grads[p->name] = p->grad;
   return grads;
+}
+
+std::map<std::string, nn::TensorSlice> slices_of(const nn::ParameterStore& store) {
+  std::map<std::string, nn::TensorSlice> slices;
+  for (const nn::Parameter* p : store.all()) slices[p->name] = p->slice;
+  return slices;
 }
 
 // The decoder through `parts` in order, the LM loss, then back through them in reverse.
@@ -106,10 +116,11 @@ Result run_parts(nn::Ops& ops, Copy& model, const std::vector<nn::DecoderPart>& 
     h = model.llm->forward_part(ops, parts[i], i == 0 ? in.prefix_or_null() : &h, in.text, caches[i]);
   r.logits = h;
   Tensor d;
-  r.loss = nn::lm_loss(ops, r.logits, in.text, 0, &d);
+  r.loss = model.llm->loss(ops, r.logits, in.text, 0, &d);
   for (std::size_t i = parts.size(); i-- > 0;) d = model.llm->backward_part(ops, parts[i], d, caches[i]);
   r.dprefix = d;
   r.grads = grads_of(model.store);
+  r.slices = slices_of(model.store);
   return r;
 }
 
@@ -312,25 +323,16 @@ class BarrierSum {
   std::vector<float> sum_;
 };
 
-// Runs `parts` on `size` TP ranks, one thread and one model copy each.
-std::vector<Result> run_tensor_parallel(int size, const std::vector<nn::DecoderPart>& parts, const Inputs& in,
-                                        const nn::DecoderShape& shape, int* allreduces = nullptr) {
+// Runs body(rank, allreduce) on `size` threads, the all-reduce a BarrierSum; returns the
+// all-reduce calls of all ranks. A rank that throws wakes the others, and the error is rethrown.
+int run_ranks(int size, const std::function<void(int, std::function<void(Tensor&)>)>& body) {
   BarrierSum group(size);
-  std::vector<Copy> copies;
-  copies.reserve(static_cast<std::size_t>(size));
-  for (int r = 0; r < size; ++r) copies.emplace_back(shape);
-  for (int r = 0; r < size; ++r)
-    copies[static_cast<std::size_t>(r)].llm->set_tensor_parallel(
-        {r, size, [&group, r](Tensor& t) { group.sum(r, t); }});
-  std::vector<Result> results(static_cast<std::size_t>(size));
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r)
     threads.emplace_back([&, r] {
       try {
-        nn::HostOps ops(1);
-        const auto i = static_cast<std::size_t>(r);
-        results[i] = run_parts(ops, copies[i], parts, in);
+        body(r, [&group, r](Tensor& t) { group.sum(r, t); });
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
         group.abort();
@@ -339,65 +341,128 @@ std::vector<Result> run_tensor_parallel(int size, const std::vector<nn::DecoderP
   for (auto& t : threads) t.join();
   for (const auto& e : errors)
     if (e) std::rethrow_exception(e);
-  if (allreduces) *allreduces = group.calls();
+  return group.calls();
+}
+
+// Runs `parts` on `size` TP ranks, one thread and one model copy each.
+std::vector<Result> run_tensor_parallel(int size, const std::vector<nn::DecoderPart>& parts, const Inputs& in,
+                                        const nn::DecoderShape& shape, int* allreduces = nullptr) {
+  std::vector<Copy> copies;
+  copies.reserve(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) copies.emplace_back(shape);
+  std::vector<Result> results(static_cast<std::size_t>(size));
+  const int calls = run_ranks(size, [&](int r, std::function<void(Tensor&)> allreduce) {
+    const auto i = static_cast<std::size_t>(r);
+    copies[i].llm->set_tensor_parallel({r, size, std::move(allreduce)});
+    nn::HostOps ops(1);
+    results[i] = run_parts(ops, copies[i], parts, in);
+  });
+  if (allreduces) *allreduces = calls;
   return results;
 }
 
-// Checks TP ranks against one process: replicated values equal on every rank, sharded
-// gradients summed over the ranks.
-void expect_tensor_parallel_matches(const std::vector<Result>& ranks, const Result& want,
-                                    const std::vector<nn::Parameter*>& sharded, double tolerance) {
-  std::set<std::string> sharded_names;
-  for (const nn::Parameter* p : sharded) sharded_names.insert(p->name);
-  for (std::size_t r = 0; r < ranks.size(); ++r) {
-    SCOPED_TRACE("rank " + std::to_string(r));
-    Result replicated = ranks[r];
-    for (const auto& name : sharded_names) {
-      Tensor sum = ranks[0].grads.at(name);
-      for (std::size_t o = 1; o < ranks.size(); ++o)
-        for (std::size_t i = 0; i < sum.data.size(); ++i) sum.data[i] += ranks[o].grads.at(name).data[i];
-      replicated.grads[name] = sum;
-      // A rank fills its slice only: the other (size - 1) / size of the tensor stays zero.
-      const Tensor& mine = ranks[r].grads.at(name);
-      const auto zeros = std::count(mine.data.begin(), mine.data.end(), 0.0f);
-      EXPECT_GE(zeros, mine.numel() - mine.numel() / static_cast<int64_t>(ranks.size())) << name;
-      if (!zero_gradient(name)) {
-        EXPECT_LT(zeros, mine.numel()) << name << ": this rank's slice is empty";
-      }
-    }
-    expect_same(replicated, want, tolerance);
+// The whole tensor of `full_shape` from each rank's slice along `axis`.
+Tensor join_slices(const std::vector<Tensor>& slices, int axis, nn::Shape full_shape) {
+  Tensor whole(full_shape);
+  const int count = static_cast<int>(slices.size());
+  for (int k = 0; k < count; ++k) {
+    if (axis == 0)
+      nn::add_column_parallel_shard(whole, slices[static_cast<std::size_t>(k)], k, count);
+    else
+      nn::add_row_parallel_shard(whole, slices[static_cast<std::size_t>(k)], k, count);
   }
+  return whole;
+}
+
+// The gradients of every rank as one process's: a split parameter's slices joined (each
+// exactly 1/size of the whole), a replicated one the same on every rank.
+std::map<std::string, Tensor> joined_grads(const std::vector<std::map<std::string, Tensor>>& grads,
+                                           const std::vector<std::map<std::string, nn::TensorSlice>>& slices,
+                                           const std::map<std::string, Tensor>& want) {
+  std::map<std::string, Tensor> out;
+  const auto size = static_cast<int>(grads.size());
+  for (const auto& [name, whole] : want) {
+    const nn::TensorSlice s = slices[0].at(name);
+    if (s.whole()) {
+      for (int r = 1; r < size; ++r) {
+        EXPECT_TRUE(slices[static_cast<std::size_t>(r)].at(name).whole()) << name;
+        EXPECT_EQ(grads[static_cast<std::size_t>(r)].at(name).data, grads[0].at(name).data)
+            << name << ": replicated, the same on every rank";
+      }
+      out[name] = grads[0].at(name);
+      continue;
+    }
+    std::vector<Tensor> parts;
+    for (int r = 0; r < size; ++r) {
+      const nn::TensorSlice mine = slices[static_cast<std::size_t>(r)].at(name);
+      EXPECT_EQ(mine, (nn::TensorSlice{s.axis, r, size})) << name;
+      const Tensor& g = grads[static_cast<std::size_t>(r)].at(name);
+      EXPECT_EQ(g.numel() * size, whole.numel()) << name << ": a slice holds 1/" << size << " of the tensor";
+      parts.push_back(g);
+    }
+    out[name] = join_slices(parts, s.axis, whole.shape);
+  }
+  return out;
+}
+
+// Checks TP ranks against one process: replicated values equal on every rank, the slices of
+// split gradients and of the vocabulary-parallel logits joined.
+void expect_tensor_parallel_matches(const std::vector<Result>& ranks, const Result& want, double tolerance) {
+  std::vector<std::map<std::string, Tensor>> grads;
+  std::vector<std::map<std::string, nn::TensorSlice>> slices;
+  std::vector<Tensor> logits;
+  const int64_t vocab = want.logits.dim(-1), rows = want.logits.numel() / vocab;
+  for (const Result& r : ranks) {
+    grads.push_back(r.grads);
+    slices.push_back(r.slices);
+    logits.push_back(nn::reshaped(r.logits, {rows, vocab / static_cast<int64_t>(ranks.size())}));
+  }
+  Result joined = ranks[0];
+  joined.grads = joined_grads(grads, slices, want.grads);
+  joined.logits = join_slices(logits, 1, {rows, vocab});
+  joined.logits.reshape(want.logits.shape);
+  for (const Result& r : ranks) {
+    EXPECT_EQ(r.loss, ranks[0].loss) << "the loss is the same on every rank";
+    EXPECT_EQ(r.dprefix.data, ranks[0].dprefix.data) << "the prefix gradient is the same on every rank";
+  }
+  expect_same(joined, want, tolerance);
 }
 
 TEST(NnParallel, TensorParallelDecoderMatchesOneProcess) {
-  Copy reference;
+  const nn::DecoderShape shape{kShape.transformer, 16, 12};  // a vocabulary 2 and 4 ranks split
+  Copy reference(shape);
   nn::HostOps ops(1);
-  const auto sharded = reference.llm->tp_sharded_parameters();
-  ASSERT_EQ(sharded.size(), 3u * 10u);  // q, k, v, fc1 weight + bias; out, fc2 weight
-  EXPECT_EQ(sharded[0]->name, "llm.blocks.0.attn.q.weight");
+  const auto splits = reference.llm->tp_splits();
+  ASSERT_EQ(splits.size(), 1u + 3u * 10u + 1u);  // token table; q, k, v, fc1 weight + bias, out, fc2 weight; head
+  EXPECT_EQ(splits[0].param->name, "llm.token_embed");
+  EXPECT_EQ(splits[1].param->name, "llm.blocks.0.attn.q.weight");
+  EXPECT_EQ(splits.back().param->name, "llm.lm_head.weight");
   for (bool with_prefix : {false, true}) {
-    const Inputs in = make_inputs(with_prefix);
+    const Inputs in = make_inputs(with_prefix, shape.transformer.hidden, 16);
     const Result want = run_whole(ops, reference, in);
     for (int size : {2, 4}) {
       SCOPED_TRACE("TP " + std::to_string(size) + (with_prefix ? ", prefix" : ", no prefix"));
       int allreduces = 0;
-      const auto ranks = run_tensor_parallel(size, {nn::DecoderPart{0, 3}}, in, kShape, &allreduces);
-      EXPECT_EQ(allreduces, size * 3 * 4);  // per rank and block: 2 forward, 2 backward
-      expect_tensor_parallel_matches(ranks, want, sharded, 1e-4);
+      const auto ranks = run_tensor_parallel(size, {nn::DecoderPart{0, 3}}, in, shape, &allreduces);
+      // Per rank: 2 forward and 2 backward per block; the embedding's, the head's backward, 2 for the loss.
+      EXPECT_EQ(allreduces, size * (3 * 4 + 4));
+      expect_tensor_parallel_matches(ranks, want, 1e-4);
     }
   }
 }
 
 TEST(NnParallel, TensorParallelWithPipelinePartsMatchesOneProcess) {
-  Copy reference;
+  const nn::DecoderShape shape{kShape.transformer, 16, 12};
+  Copy reference(shape);
   nn::HostOps ops(1);
-  const Inputs in = make_inputs(true);
+  const Inputs in = make_inputs(true, shape.transformer.hidden, 16);
   const Result want = run_whole(ops, reference, in);
-  const auto ranks = run_tensor_parallel(2, nn::split_decoder(3, 2), in, kShape);
-  expect_tensor_parallel_matches(ranks, want, reference.llm->tp_sharded_parameters(), 1e-4);
-  // The first part's sharded parameters are those of its blocks.
-  EXPECT_EQ(reference.llm->tp_sharded_parameters({0, 2}).size(), 20u);
-  EXPECT_EQ(reference.llm->tp_sharded_parameters({2, 3}).front()->name, "llm.blocks.2.attn.q.weight");
+  const auto ranks = run_tensor_parallel(2, nn::split_decoder(3, 2), in, shape);
+  expect_tensor_parallel_matches(ranks, want, 1e-4);
+  // The first part splits the token table and its blocks; the last its blocks and the head.
+  EXPECT_EQ(reference.llm->tp_splits({0, 2}).size(), 21u);
+  EXPECT_EQ(reference.llm->tp_splits({2, 3}).front().param->name, "llm.blocks.2.attn.q.weight");
+  EXPECT_EQ(reference.llm->tp_splits({2, 3}).back().param->name, "llm.lm_head.weight");
 }
 
 TEST(NnParallel, TinyMllmDecoderSplitsTwoWaysBothWays) {
@@ -413,7 +478,29 @@ TEST(NnParallel, TinyMllmDecoderSplitsTwoWaysBothWays) {
   const Result want = run_whole(ops, reference, in);
   expect_same(run_parts(ops, reference, nn::split_decoder(2, 2), in), want, 1e-5);
   const auto ranks = run_tensor_parallel(2, nn::split_decoder(2, 2), in, shape);
-  expect_tensor_parallel_matches(ranks, want, reference.llm->tp_sharded_parameters(), 1e-4);
+  expect_tensor_parallel_matches(ranks, want, 1e-4);
+}
+
+TEST(NnParallel, TensorParallelSlicesAndGathersBack) {
+  // Slicing keeps 1/size of each split parameter; size 1 again gathers the whole tensors back.
+  const nn::DecoderShape shape{kShape.transformer, 16, 12};
+  std::vector<Copy> copies;
+  for (int r = 0; r < 2; ++r) copies.emplace_back(shape);
+  const Copy reference(shape);
+  run_ranks(2, [&](int r, std::function<void(Tensor&)> allreduce) {
+    auto& llm = *copies[static_cast<std::size_t>(r)].llm;
+    llm.set_tensor_parallel({r, 2, allreduce});
+    for (const auto& s : llm.tp_splits()) {
+      EXPECT_EQ(s.param->value.numel() * 2, nn::shape_numel(s.param->full_shape)) << s.param->name;
+      EXPECT_EQ(s.param->grad.shape, s.param->value.shape) << s.param->name;
+    }
+    llm.set_tensor_parallel({});
+  });
+  for (const Copy& c : copies)
+    for (std::size_t i = 0; i < c.store.all().size(); ++i) {
+      EXPECT_TRUE(c.store.all()[i]->slice.whole());
+      EXPECT_EQ(c.store.all()[i]->value.data, reference.store.all()[i]->value.data) << c.store.all()[i]->name;
+    }
 }
 
 TEST(NnParallel, TensorParallelRefusesUnevenSplits) {
@@ -424,7 +511,12 @@ TEST(NnParallel, TensorParallelRefusesUnevenSplits) {
         model.llm->set_tensor_parallel({0, 3, noop});
       },
       Status::invalid_argument, {"llm.blocks.0: 4 heads do not split over 3 tensor-parallel ranks"});
-  Copy odd_ffn(nn::DecoderShape{{16, 4, 18, 1, true}, 13, 12});
+  test::expect_error(
+      [&] {
+        model.llm->set_tensor_parallel({0, 2, noop});
+      },
+      Status::invalid_argument, {"llm: vocabulary 13 does not split over 2 tensor-parallel ranks"});
+  Copy odd_ffn(nn::DecoderShape{{16, 4, 18, 1, true}, 16, 12});
   test::expect_error(
       [&] {
         odd_ffn.llm->set_tensor_parallel({1, 4, noop});
@@ -447,7 +539,7 @@ TEST(NnParallel, TensorParallelRefusesUnevenSplits) {
 
 // Small encoders of three blocks (splits into 2 and 3 parts), perturbed as Copy does.
 const nn::ImageEncoderShape kImageShape{{16, 4, 24, 3, false}, 4, 2, 16};
-const nn::TextEncoderShape kTextShape{{16, 4, 24, 3, true}, 13, 8};
+const nn::TextEncoderShape kTextShape{{16, 4, 24, 3, true}, 16, 8};  // a vocabulary 2 and 4 ranks split
 
 void perturb(nn::ParameterStore& store, unsigned seed) {
   std::mt19937 rng(seed);
@@ -797,6 +889,101 @@ TEST(NnParallel, TextEncoderPartErrors) {
         encoder.backward_part(ops, {0, 2}, nullptr, &d_pooled, cache);
       },
       Status::invalid_argument, {"text: part [0, 2) does not pool"});
+}
+
+// ---- Tensor parallelism of the encoders and the projector ----
+
+// `size` copies of a tower, each on its own thread as one TP rank, against one process: the
+// outputs and input gradient the same on every rank, the split gradients' slices joined.
+template <class Tower>
+void expect_tensor_parallel_encoder(int size) {
+  nn::HostOps ops(1);
+  Tower reference;
+  const EncoderGrads g = encoder_grads(reference, true);
+  const EncoderResult want = run_encoder_whole(ops, reference, g);
+  std::vector<Tower> towers(static_cast<std::size_t>(size));
+  std::vector<EncoderResult> results(static_cast<std::size_t>(size));
+  std::vector<std::map<std::string, Tensor>> grads(static_cast<std::size_t>(size));
+  std::vector<std::map<std::string, nn::TensorSlice>> slices(static_cast<std::size_t>(size));
+  run_ranks(size, [&](int r, std::function<void(Tensor&)> allreduce) {
+    const auto i = static_cast<std::size_t>(r);
+    towers[i].encoder->set_tensor_parallel({r, size, std::move(allreduce)});
+    nn::HostOps rank_ops(1);
+    results[i] = run_encoder_whole(rank_ops, towers[i], g);
+    grads[i] = results[i].grads;
+    slices[i] = slices_of(towers[i].store);
+  });
+  for (const EncoderResult& r : results) {
+    EXPECT_EQ(r.tokens.data, results[0].tokens.data);
+    EXPECT_EQ(r.d_input.data, results[0].d_input.data);
+  }
+  EncoderResult joined = results[0];
+  joined.grads = joined_grads(grads, slices, want.grads);
+  expect_same_encoder(joined, want, 1e-4);
+}
+
+TEST(NnParallel, TensorParallelImageEncoderMatchesOneProcess) {
+  for (int size : {2, 4}) {
+    SCOPED_TRACE("TP " + std::to_string(size));
+    expect_tensor_parallel_encoder<ImageTower>(size);
+  }
+}
+
+TEST(NnParallel, TensorParallelTextEncoderMatchesOneProcess) {
+  for (int size : {2, 4}) {
+    SCOPED_TRACE("TP " + std::to_string(size));
+    expect_tensor_parallel_encoder<TextTower>(size);
+  }
+}
+
+TEST(NnParallel, TensorParallelProjectorMatchesOneProcess) {
+  // One layer (row-parallel on a slice of its input), two (a column/row pair), three (a pair,
+  // then a row-parallel layer on a slice of the pair's whole output).
+  for (int64_t layers : {1, 2, 3}) {
+    for (int size : {2, 4}) {
+      SCOPED_TRACE(std::to_string(layers) + " layers, TP " + std::to_string(size));
+      auto build = [&](nn::ParameterStore& store) {
+        auto p = std::make_unique<nn::Projector>(store, "projector", 8, 16, 12, layers, false);
+        perturb(store, 61);
+        return p;
+      };
+      const Tensor x = random_tensor({2, 3, 8}, 62), dy = random_tensor({2, 3, 12}, 63);
+      nn::HostOps ops(1);
+      nn::ParameterStore reference_store(9);
+      const auto reference = build(reference_store);
+      nn::ProjectorCache cache;
+      const Tensor want_y = reference->forward(ops, x, cache);
+      const Tensor want_dx = reference->backward(ops, dy, cache);
+      const auto want_grads = grads_of(reference_store);
+      std::vector<nn::ParameterStore> stores;
+      for (int r = 0; r < size; ++r) stores.emplace_back(9);
+      std::vector<std::unique_ptr<nn::Projector>> copies;
+      for (auto& store : stores) copies.push_back(build(store));
+      std::vector<std::map<std::string, Tensor>> grads(static_cast<std::size_t>(size));
+      std::vector<std::map<std::string, nn::TensorSlice>> slices(static_cast<std::size_t>(size));
+      run_ranks(size, [&](int r, std::function<void(Tensor&)> allreduce) {
+        const auto i = static_cast<std::size_t>(r);
+        copies[i]->set_tensor_parallel({r, size, std::move(allreduce)});
+        nn::HostOps rank_ops(1);
+        nn::ProjectorCache c;
+        const Tensor y = copies[i]->forward(rank_ops, x, c);
+        const Tensor dx = copies[i]->backward(rank_ops, dy, c);
+        EXPECT_LE(relative_error(y, want_y), 1e-5);
+        EXPECT_LE(relative_error(dx, want_dx), 1e-5);
+        grads[i] = grads_of(stores[i]);
+        slices[i] = slices_of(stores[i]);
+      });
+      for (const auto& [name, g] : joined_grads(grads, slices, want_grads))
+        EXPECT_LE(relative_error(g, want_grads.at(name)), 1e-5) << name;
+    }
+  }
+  nn::ParameterStore store;
+  nn::Projector odd(store, "projector", 8, 6, 12, 2, false);
+  test::expect_error(
+      [&] {
+        odd.set_tensor_parallel({0, 4, [](Tensor&) {}});
+      },
+      Status::invalid_argument, {"projector.layers.0: width 6 does not split over 4 tensor-parallel ranks"});
 }
 
 }  // namespace

@@ -400,6 +400,51 @@ TEST(Planner, EstimatesAreSane) {
   }
 }
 
+// device_memory gives each device the figures the evaluator took the peak of: the largest
+// total is the estimate's peak, its breakdown the estimate's, every device the plan uses
+// holds something and every other device nothing, for each layout the planner produces.
+TEST(Planner, DeviceMemoryPeaksAtTheEstimate) {
+  struct Layout {
+    const char* name;
+    std::string (*run)(int);
+    Strategy strategy;
+    plan::Layout layout;
+  };
+  for (const Layout& c : {Layout{"megatron clip", clip_small, Strategy::megatron, plan::Layout::monolithic},
+                          Layout{"megatron chain", chain_small, Strategy::megatron, plan::Layout::monolithic},
+                          Layout{"distmm clip", clip_small, Strategy::distmm, plan::Layout::branches},
+                          Layout{"distmm six-device nodes", six_device_nodes, Strategy::distmm, plan::Layout::branches},
+                          Layout{"disttrain llava", llava_small, Strategy::disttrain, plan::Layout::chain},
+                          Layout{"disttrain chain", chain_small, Strategy::disttrain, plan::Layout::chain},
+                          Layout{"optimus llava", llava_small, Strategy::optimus, plan::Layout::colocated}}) {
+    SCOPED_TRACE(c.name);
+    spec::RunSpec run = test::parse(c.run(2));
+    cost::CostModel cost(run);
+    plan::PlanRequest request;
+    request.strategy = c.strategy;
+    const plan::Plan p = orchestrate::make_plan(cost, request).best;
+    ASSERT_EQ(p.layout, c.layout);
+    const std::vector<plan::MemoryBreakdown> devices = plan::device_memory(cost, p);
+    ASSERT_EQ(static_cast<int>(devices.size()), run.devices());
+    std::size_t peak = 0;
+    int used = 0;
+    for (std::size_t d = 0; d < devices.size(); ++d) {
+      if (devices[d].total() > devices[peak].total()) peak = d;
+      used += devices[d].total() > 0;
+      if (devices[d].total() > 0) {
+        EXPECT_GT(devices[d].weights, 0) << "device " << d;
+      }
+    }
+    EXPECT_EQ(used, p.devices) << describe(p, cost);
+    EXPECT_DOUBLE_EQ(devices[peak].total() / plan::kGiB, p.estimate.peak_memory_gib);
+    EXPECT_DOUBLE_EQ(devices[peak].weights, p.estimate.memory.weights);
+    EXPECT_DOUBLE_EQ(devices[peak].gradients, p.estimate.memory.gradients);
+    EXPECT_DOUBLE_EQ(devices[peak].optimizer, p.estimate.memory.optimizer);
+    EXPECT_DOUBLE_EQ(devices[peak].activations, p.estimate.memory.activations);
+    EXPECT_DOUBLE_EQ(devices[peak].reserved, p.estimate.memory.reserved);
+  }
+}
+
 TEST(Planner, CountsAndDevicesComeFromThePlacement) {
   plan::ModulePlacement p;
   p.tp = 2;

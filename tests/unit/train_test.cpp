@@ -1,8 +1,9 @@
 // The trainer's foundations (core/train): checkpoints round-trip bit for bit, every flipped
 // byte and every truncation is caught, the newest valid checkpoint is found past corrupted,
 // uncommitted and incomplete ones, old ones are pruned, failed writes leave earlier
-// checkpoints intact; the metrics file's lines, its resume behaviour, and the progress,
-// ETA and summary formatting.
+// checkpoints intact; a checkpoint of any world is found and read whole, its tensor-parallel
+// slices joined bit for bit and cut for another layout; the metrics file's lines, its resume behaviour, and the
+// progress, ETA and summary formatting; the memory meter's kinds and its report.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -17,12 +18,16 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
+#include "core/nn/tensor_parallel.hpp"
 #include "core/train/checkpoint.hpp"
+#include "core/train/memory_meter.hpp"
 #include "core/train/metrics.hpp"
+#include "core/train/sharded_state.hpp"
 #include "tests/unit/support.hpp"
 
 namespace braid {
@@ -450,6 +455,198 @@ TEST(Checkpoint, AWriteThatFailsMidwayRemovesItsTempFile) {
   EXPECT_EQ(latest_valid(dir.str()).step, std::optional<std::int64_t>(1));
 }
 
+// --- resharding on load: any world's checkpoint, joined whole, cut for another layout ---
+
+TEST(Checkpoint, LatestValidAnyFindsTheWriterWorldAndReadsEveryShard) {
+  TempDir dir;
+  EXPECT_FALSE(latest_valid_any(dir / "absent").step);
+  write_checkpoint(dir.str(), 4, sample_contents(4));
+  for (int r = 0; r < 2; ++r) write_shard(dir.str(), 8, r, 2, sample_contents(8, r));
+  commit(dir.str(), 8, 2);
+  for (int r = 0; r < 3; ++r) write_shard(dir.str(), 12, r, 3, sample_contents(12, r));
+  commit(dir.str(), 12, 3);
+
+  CheckpointScan scan = latest_valid_any(dir.str());
+  EXPECT_EQ(scan.step, std::optional<std::int64_t>(12));
+  EXPECT_EQ(scan.world, 3);
+  EXPECT_TRUE(scan.skipped.empty());
+  std::vector<CheckpointContents> shards = read_all_shards(dir.str(), 12);
+  ASSERT_EQ(shards.size(), 3u);
+  for (int r = 0; r < 3; ++r) expect_same_contents(shards[static_cast<std::size_t>(r)], sample_contents(12, r));
+  EXPECT_EQ(shards[2].source, dir / "step-000012.rank-0002.braidckpt");
+
+  // A corrupted shard: validated as read_shard does, skipped by the scan, refused when read.
+  flip_byte(dir / "step-000012.rank-0001.braidckpt", 60);
+  scan = latest_valid_any(dir.str());
+  EXPECT_EQ(scan.step, std::optional<std::int64_t>(8));
+  EXPECT_EQ(scan.world, 2);
+  ASSERT_EQ(scan.skipped.size(), 1u);
+  EXPECT_EQ(scan.skipped[0].file, "step-000012.rank-0001.braidckpt");
+  test::expect_error([&] { read_all_shards(dir.str(), 12); }, Status::bad_config,
+                     {"step-000012.rank-0001.braidckpt", "checksum mismatch"});
+  EXPECT_EQ(read_all_shards(dir.str(), 8).size(), 2u);
+
+  // A broken commit record is skipped too; world 1 reads as one shard.
+  spit(dir / "step-000008.braidckpt", "BRAIDCKP garbage");
+  scan = latest_valid_any(dir.str());
+  EXPECT_EQ(scan.step, std::optional<std::int64_t>(4));
+  EXPECT_EQ(scan.world, 1);
+  ASSERT_EQ(scan.skipped.size(), 2u);
+  EXPECT_EQ(scan.skipped[1].file, "step-000008.braidckpt");
+  shards = read_all_shards(dir.str(), 4);
+  ASSERT_EQ(shards.size(), 1u);
+  expect_same_contents(shards[0], sample_contents(4));
+  test::expect_error([&] { read_all_shards(dir.str(), 5); }, Status::io, {"step-000005.braidckpt", "missing"});
+}
+
+nn::Parameter held_parameter(const std::string& name, nn::Shape full, nn::TensorSlice slice = {}) {
+  nn::Parameter p;
+  p.name = name;
+  p.full_shape = std::move(full);
+  p.slice = slice;
+  return p;
+}
+
+TEST(ShardedState, NamesRoundTripAndMalformedOnesAreNotStateNames) {
+  for (const nn::TensorSlice& s : {nn::TensorSlice{}, nn::TensorSlice{0, 1, 2}, nn::TensorSlice{1, 3, 4}}) {
+    const nn::Parameter p = held_parameter("llm.blocks.0.mlp.fc1.weight", {8, 4}, s);
+    const std::string name = state_name("adam_m", p);
+    const auto parsed = parse_state_name(name);
+    ASSERT_TRUE(parsed) << name;
+    EXPECT_EQ(parsed->key, "adam_m/llm.blocks.0.mlp.fc1.weight") << name;
+    EXPECT_EQ(parsed->slice, s) << name;
+  }
+  EXPECT_EQ(state_name("param", held_parameter("w", {8, 4}, {1, 3, 4})), "param/w@1:3/4");
+  for (const char* bad :
+       {"w", "param/w@2:0/2", "param/w@0:2/2", "param/w@0:-1/2", "param/w@0:0/0", "param/w@0:1/2x", "param/w@0:1"})
+    EXPECT_FALSE(parse_state_name(bad)) << bad;
+}
+
+// The state of a TP 2 x DP 2 run: every rank's shard (the DP replicas hold the same slices),
+// a row-sliced weight and bias, a column-sliced weight and a replicated norm.
+std::vector<CheckpointContents> tp2_dp2_shards(const std::map<std::string, std::pair<Tensor, int>>& whole) {
+  std::vector<CheckpointContents> shards(4);
+  for (int rank = 0; rank < 4; ++rank) {
+    const int tp_rank = rank % 2;
+    CheckpointContents& c = shards[static_cast<std::size_t>(rank)];
+    c.source = "ckpt/step-000002.rank-000" + std::to_string(rank) + ".braidckpt";
+    for (const auto& [name, tensor_axis] : whole) {
+      const auto& [t, axis] = tensor_axis;
+      const nn::Parameter p = held_parameter(name.substr(name.find('/') + 1), t.shape,
+                                             axis < 0 ? nn::TensorSlice{} : nn::TensorSlice{axis, tp_rank, 2});
+      c.add_tensor(state_name(name.substr(0, name.find('/')), p), slice_of(t, p));
+    }
+    c.add_int("adam_step/w", 2);
+  }
+  return shards;
+}
+
+TEST(ShardedState, SlicesJoinWholeBitForBitAndAnotherLayoutCutsItsOwn) {
+  Tensor rows = random_tensor({6, 4}, 1), cols = random_tensor({3, 8}, 2);
+  rows.data[5] = -0.0f;  // joined by copying: even a zero's sign comes back
+  const std::map<std::string, std::pair<Tensor, int>> state = {{"param/w", {rows, 0}},
+                                                               {"param/b", {random_tensor({6}, 3), 0}},
+                                                               {"adam_m/w", {random_tensor({6, 4}, 4), 0}},
+                                                               {"param/o", {cols, 1}},
+                                                               {"param/norm", {random_tensor({4}, 5), -1}}};
+  const auto whole = whole_tensors(tp2_dp2_shards(state));
+  ASSERT_EQ(whole.size(), state.size());
+  for (const auto& [name, tensor_axis] : state) {
+    ASSERT_TRUE(whole.count(name)) << name;
+    expect_bits_equal(whole.at(name), tensor_axis.first, name);
+  }
+  // TP 3 (rows) and TP 4 (columns) cut their slices from it; TP 1 holds it whole.
+  expect_bits_equal(slice_of(whole.at("param/w"), held_parameter("w", {6, 4}, {0, 2, 3})),
+                    nn::column_parallel_shard(rows, 2, 3), "rows 4-5");
+  expect_bits_equal(slice_of(whole.at("param/o"), held_parameter("o", {3, 8}, {1, 1, 4})),
+                    nn::row_parallel_shard(cols, 1, 4), "columns 2-3");
+  expect_bits_equal(slice_of(whole.at("param/o"), held_parameter("o", {3, 8})), cols, "whole");
+  // Round trip: the cut slices join back to the same tensor.
+  std::vector<CheckpointContents> tp4(4);
+  for (int r = 0; r < 4; ++r) {
+    const nn::Parameter p = held_parameter("o", {3, 8}, {1, r, 4});
+    tp4[static_cast<std::size_t>(r)].add_tensor(state_name("param", p), slice_of(whole.at("param/o"), p));
+  }
+  expect_bits_equal(whole_tensors(tp4).at("param/o"), cols, "round trip");
+}
+
+TEST(ShardedState, AMissingSliceOrMismatchedShapesAreReportedWithTheCheckpoint) {
+  const Tensor w = random_tensor({6, 4}, 7);
+  std::vector<CheckpointContents> shards = tp2_dp2_shards({{"param/w", {w, 0}}});
+  shards.erase(shards.begin() + 1, shards.end());  // rank 0 only: slice 1 of 2 is nowhere
+  test::expect_error(
+      [&] { whole_tensors(shards, "ckpt/step-000002.braidckpt"); }, Status::bad_config,
+      {"checkpoint 'ckpt/step-000002.braidckpt'", "slice 1 of the 2 slices of param/w along axis 0", "in no shard"});
+
+  // Slices of one tensor that disagree: in shape, or in how many there are.
+  CheckpointContents other;
+  other.source = "ckpt/step-000002.rank-0001.braidckpt";
+  other.add_tensor("param/w@0:1/2", random_tensor({2, 4}, 8));
+  shards.push_back(other);
+  test::expect_error([&] { whole_tensors(shards); }, Status::bad_config,
+                     {"rank-0001", "param/w@0:1/2 (shape (2, 4)) does not match the other slices of param/w",
+                      "2 along axis 0 of (6, 4)"});
+  shards.back() = CheckpointContents{};
+  shards.back().add_tensor("param/w@0:1/3", random_tensor({3, 4}, 8));
+  test::expect_error([&] { whole_tensors(shards); }, Status::bad_config, {"does not match the other slices"});
+  // A vector cannot be a slice of columns.
+  CheckpointContents vector;
+  vector.source = "v.braidckpt";
+  vector.add_tensor("param/b@1:0/2", random_tensor({3}, 9));
+  test::expect_error([&] { whole_tensors({vector}); }, Status::bad_config,
+                     {"'v.braidckpt'", "param/b@1:0/2 has shape (3,), not a slice along axis 1"});
+  // A whole tensor of another shape than the model's.
+  test::expect_error(
+      [&] {
+        slice_of(w, held_parameter("w", {4, 6}, {0, 0, 2}));
+      },
+      Status::bad_config, {"w: the checkpoint has shape (6, 4), the model (4, 6)"});
+}
+
+TEST(ShardedState, HeldStateNamesAMissingParameterAndKeepsStateNotYetCreated) {
+  const Tensor w = random_tensor({6, 4}, 11);
+  std::vector<CheckpointContents> shards = tp2_dp2_shards({{"param/w", {w, 0}},
+                                                           {"adam_m/w", {random_tensor({6, 4}, 12), 0}},
+                                                           {"adam_v/w", {random_tensor({6, 4}, 13), 0}}});
+  const WholeState state(shards, "ckpt/step-000002.braidckpt");
+  const HeldState held = state.held_by(held_parameter("w", {6, 4}, {0, 1, 3}));
+  expect_bits_equal(held.value, nn::column_parallel_shard(w, 1, 3), "w");
+  EXPECT_EQ(held.adam.m.shape, (nn::Shape{2, 4}));
+  EXPECT_EQ(held.adam.step, 2);
+  test::expect_error(
+      [&] {
+        state.held_by(held_parameter("llm.head.weight", {6, 4}));
+      },
+      Status::bad_config, {"checkpoint 'ckpt/step-000002.braidckpt'", "no param of parameter llm.head.weight"});
+  test::expect_error(
+      [&] {
+        state.held_by(held_parameter("w", {6, 8}));
+      },
+      Status::bad_config, {"param of parameter w has shape (6, 4), the model (6, 8)"});
+
+  // Moments without elements in every shard: no optimizer step yet, an empty state.
+  std::vector<CheckpointContents> fresh(2);
+  for (int r = 0; r < 2; ++r) {
+    const nn::Parameter p = held_parameter("w", {6, 4}, {0, r, 2});
+    fresh[static_cast<std::size_t>(r)].add_tensor(state_name("param", p), slice_of(w, p));
+    fresh[static_cast<std::size_t>(r)].add_tensor(state_name("adam_m", p), Tensor(nn::Shape{0}));
+    fresh[static_cast<std::size_t>(r)].add_tensor(state_name("adam_v", p), Tensor(nn::Shape{0}));
+  }
+  fresh[1].add_int("adam_step/w", 0);  // from any shard
+  const HeldState empty = WholeState(fresh, "f").held_by(held_parameter("w", {6, 4}));
+  expect_bits_equal(empty.value, w, "w");
+  EXPECT_EQ(empty.adam.m.numel(), 0);
+  EXPECT_EQ(empty.adam.v.numel(), 0);
+  EXPECT_EQ(empty.adam.step, 0);
+  // Moments in one slice only: the other slice is missing, not "no state yet".
+  const nn::Parameter p0 = held_parameter("w", {6, 4}, {0, 0, 2});
+  fresh[0] = CheckpointContents{};
+  fresh[0].add_tensor(state_name("param", p0), slice_of(w, p0));
+  fresh[0].add_tensor(state_name("adam_m", p0), slice_of(w, p0));
+  fresh[0].add_tensor(state_name("adam_v", p0), slice_of(w, p0));
+  test::expect_error([&] { WholeState(fresh, "f"); }, Status::bad_config, {"slice 1 of the 2 slices of adam_m/w"});
+}
+
 // --- metrics ---
 
 std::vector<nlohmann::json> json_lines(const std::string& path) {
@@ -608,6 +805,111 @@ TEST(Progress, Summary) {
   done.last_step = 200;
   done.total_steps = 200;
   EXPECT_EQ(format_summary(done), "nothing to train: the run is at step 200 of 200\n");
+}
+
+// The meter's heap figures carry allocator overheads (chunk headers, page rounding) and
+// whatever gtest allocates between two samples: well under this.
+constexpr double kHeapSlack = 256 * 1024;
+constexpr std::int64_t kMiBFloats = 256 * 1024;  // floats in 1 MiB
+
+TEST(MemoryMeter, ParametersByKindFromTheTensorsAsTheyAre) {
+  nn::Parameter a;
+  a.value = Tensor({4, kMiBFloats});
+  a.grad = Tensor({4, kMiBFloats});
+  std::vector<TrainedParameter> params(1);
+  params[0].param = &a;
+  MemoryMeter meter(params);
+  meter.begin_step();
+  EXPECT_EQ(meter.last()[MemoryKind::weights], 4.0 * (1 << 20));
+  EXPECT_EQ(meter.last()[MemoryKind::gradients], 4.0 * (1 << 20));
+  EXPECT_EQ(meter.last()[MemoryKind::optimizer], 0);
+  // Adam's moments appear at the first optimizer step: optimizer state, not activations.
+  params[0].state.m = Tensor({4, kMiBFloats});
+  params[0].state.v = Tensor({4, kMiBFloats});
+  meter.sample();
+  EXPECT_EQ(meter.last()[MemoryKind::optimizer], 8.0 * (1 << 20));
+  EXPECT_LT(meter.last()[MemoryKind::activations], kHeapSlack);
+  // Shards (ZeRO, tensor parallelism) are measured as what is there now.
+  a.grad = Tensor({1, kMiBFloats});
+  meter.sample();
+  EXPECT_EQ(meter.last()[MemoryKind::gradients], 1.0 * (1 << 20));
+  EXPECT_EQ(meter.peak()[MemoryKind::gradients], 4.0 * (1 << 20));
+  a.value = Tensor();
+  params[0].value_shard = Tensor({1, kMiBFloats});
+  params[0].grad_shard = Tensor({1, kMiBFloats});
+  meter.sample();
+  EXPECT_EQ(meter.last()[MemoryKind::weights], 1.0 * (1 << 20));
+  EXPECT_EQ(meter.last()[MemoryKind::gradients], 2.0 * (1 << 20));
+  EXPECT_EQ(meter.peak()[MemoryKind::weights], 4.0 * (1 << 20));
+  EXPECT_EQ(meter.samples(), 4);
+}
+
+TEST(MemoryMeter, WhatTheStepAllocatesBesidesIsActivationsAndPeaksStay) {
+  std::vector<TrainedParameter> none;
+  MemoryMeter meter(none);
+  meter.begin_step();
+  EXPECT_LT(meter.last()[MemoryKind::activations], kHeapSlack);
+  {
+    Tensor activation({8, kMiBFloats}, 1.0f);  // 8 MiB alive across an instruction boundary
+    meter.sample();
+    EXPECT_GE(meter.last()[MemoryKind::activations], 8.0 * (1 << 20));
+    EXPECT_LT(meter.last()[MemoryKind::activations], 8.0 * (1 << 20) + kHeapSlack);
+  }
+  meter.sample();
+  EXPECT_LT(meter.last()[MemoryKind::activations], kHeapSlack);
+  EXPECT_GE(meter.peak()[MemoryKind::activations], 8.0 * (1 << 20));
+  EXPECT_GE(meter.peak().total, 8.0 * (1 << 20));
+  // The next step measures from its own start: what the last one kept is not its activation.
+  std::vector<float> kept(2 * kMiBFloats, 1.0f);
+  meter.begin_step();
+  EXPECT_LT(meter.last()[MemoryKind::activations], kHeapSlack);
+}
+
+TEST(MemoryMeter, SourcesCountAsTheirKindAndNotAsActivations) {
+  std::vector<TrainedParameter> none;
+  MemoryMeter meter(none);
+  std::vector<char> in_flight;
+  meter.add_source(MemoryKind::communication, [&] { return in_flight.size(); });
+  meter.add_source(MemoryKind::weights, [] { return std::size_t{1000}; });
+  test::expect_error([&] { meter.add_source(MemoryKind::activations, [] { return std::size_t{0}; }); },
+                     Status::invalid_argument, {"activations are measured from the heap"});
+  meter.begin_step();
+  EXPECT_EQ(meter.last()[MemoryKind::weights], 1000);
+  in_flight.assign(6 << 20, 'x');
+  meter.sample();
+  EXPECT_EQ(meter.last()[MemoryKind::communication], 6 << 20);
+  EXPECT_LT(meter.last()[MemoryKind::activations], kHeapSlack);
+  EXPECT_NEAR(meter.last().total, 1000 + (6 << 20) + meter.last()[MemoryKind::activations], 1e-6);
+}
+
+TEST(MemoryMeter, ReportNamesEveryKindOfEveryRankAndThePrecisionUsed) {
+  MemoryComparison c;
+  c.run_precision = spec::Precision::bf16;
+  c.ranks.resize(2);
+  for (int k = 0; k < kMemoryKinds; ++k) {
+    c.ranks[1].measured.bytes[static_cast<std::size_t>(k)] = (k + 1) << 20;
+    c.ranks[1].predicted.bytes[static_cast<std::size_t>(k)] = (k + 1) << 19;
+  }
+  c.ranks[1].measured.total = 15 << 20;
+  c.ranks[1].predicted.total = 15 << 19;
+  const auto j = nlohmann::json::parse(memory_json(c, 7));
+  EXPECT_EQ(j["step"], 7);
+  EXPECT_EQ(j["memory"], true);
+  EXPECT_EQ(j["run_precision"], "bf16");
+  EXPECT_EQ(j["predicted_as"], "fp32");
+  ASSERT_EQ(j["ranks"].size(), 2u);
+  for (const char* kind : {"weights", "gradients", "optimizer", "activations", "communication", "total"}) {
+    EXPECT_TRUE(j["ranks"][0]["measured_bytes"].contains(kind)) << kind;
+    EXPECT_TRUE(j["ranks"][0]["predicted_bytes"].contains(kind)) << kind;
+  }
+  EXPECT_EQ(j["ranks"][1]["measured_bytes"]["optimizer"], 3 << 20);
+  EXPECT_EQ(j["ranks"][1]["predicted_bytes"]["total"], 15 << 19);
+  const std::string table = format_memory_comparison(c);
+  EXPECT_NE(table.find("(predicted in fp32, as the trainer runs; the run says bf16)"), std::string::npos) << table;
+  EXPECT_NE(table.find("1     optimizer               3.000          1.500                2.00\n"), std::string::npos)
+      << table;
+  EXPECT_NE(table.find("0     weights                 0.000          0.000                   -\n"), std::string::npos)
+      << table;
 }
 
 }  // namespace

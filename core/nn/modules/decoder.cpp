@@ -100,20 +100,20 @@ Tensor Decoder::forward_part(Ops& ops, const DecoderPart& part, const Tensor* in
     // [prefix ; text] as rows of one (B*S, hidden) table: scatters into a zero tensor.
     Tensor x({batch * s, hidden});
     if (p > 0) scatter_add_rows(ops, c.prefix_rows, *input, x);
-    scatter_add_rows(ops, c.text_rows, gather_rows(ops, token_table_->value, text.ids), x);
+    scatter_add_rows(ops, c.text_rows, vocab_parallel_embedding_forward(ops, *token_table_, text.ids, tp_.group()), x);
     ops.add(x, gather_rows(ops, position_table_->value, c.positions));
     x.reshape({batch, s, hidden});
-    h = transformer_.forward_blocks(ops, x, part.first, part.last, c.transformer, tp_);
+    h = transformer_.forward_blocks(ops, x, part.first, part.last, c.transformer, tp_.group());
   } else {
-    h = transformer_.forward_blocks(ops, *input, part.first, part.last, c.transformer, tp_);
+    h = transformer_.forward_blocks(ops, *input, part.first, part.last, c.transformer, tp_.group());
   }
   if (!last) return h;
 
   h = transformer_.forward_final_norm(ops, std::move(h), c.transformer);
   h.reshape({batch * s, hidden});
   c.text_hidden = gather_rows(ops, h, c.text_rows);
-  Tensor logits = lm_head_.forward(ops, c.text_hidden);
-  logits.reshape({batch, length, shape_.vocab});
+  Tensor logits = column_parallel_forward(ops, lm_head_, c.text_hidden, tp_.group());
+  logits.reshape({batch, length, shape_.vocab / tp_.group().size});
   return logits;
 }
 
@@ -127,24 +127,25 @@ Tensor Decoder::backward_part(Ops& ops, const DecoderPart& part, const Tensor& d
   const int64_t batch = c.text.batch, length = c.text.length, hidden = shape_.transformer.hidden;
   Tensor dx;
   if (last) {
-    expect_shape(d_output, {batch, length, shape_.vocab}, "decoder backward", "dlogits");
-    const Tensor d_text_hidden =
-        lm_head_.backward(ops, c.text_hidden, reshaped(d_output, {batch * length, shape_.vocab}));
+    const int64_t columns = shape_.vocab / tp_.group().size;
+    expect_shape(d_output, {batch, length, columns}, "decoder backward", "dlogits");
+    Tensor d_text_hidden = column_parallel_backward(ops, lm_head_, c.text_hidden,
+                                                    reshaped(d_output, {batch * length, columns}), tp_.group());
+    tp_allreduce(tp_.group(), d_text_hidden);  // each rank had the part through its vocabulary
     Tensor dh({batch * c.sequence, hidden});
     scatter_add_rows(ops, c.text_rows, d_text_hidden, dh);
     dh.reshape({batch, c.sequence, hidden});
-    dx =
-        transformer_.backward_blocks(ops, transformer_.backward_final_norm(ops, dh, c.transformer), c.transformer, tp_);
+    dx = transformer_.backward_blocks(ops, transformer_.backward_final_norm(ops, dh, c.transformer), c.transformer,
+                                      tp_.group());
   } else {
     expect_shape(d_output, {batch, c.sequence, hidden}, "decoder backward", "d hidden");
-    dx = transformer_.backward_blocks(ops, d_output, c.transformer, tp_);
+    dx = transformer_.backward_blocks(ops, d_output, c.transformer, tp_.group());
   }
   if (!first) return dx;
 
   dx.reshape({batch * c.sequence, hidden});
   if (Tensor* g = position_table_->grad_or_null()) scatter_add_rows(ops, c.positions, dx, *g);
-  if (Tensor* g = token_table_->grad_or_null())
-    scatter_add_rows(ops, c.text.ids, gather_rows(ops, dx, c.text_rows), *g);
+  vocab_parallel_embedding_backward(ops, *token_table_, c.text.ids, gather_rows(ops, dx, c.text_rows), tp_.group());
   if (c.prefix == 0) return Tensor();
   Tensor dprefix = gather_rows(ops, dx, c.prefix_rows);
   dprefix.reshape({batch, c.prefix, hidden});
@@ -168,21 +169,26 @@ std::vector<Parameter*> Decoder::part_parameters(const DecoderPart& part) const 
 }
 
 void Decoder::set_tensor_parallel(TensorParallel tp) {
-  check_tensor_parallel(tp, name());
-  for (int l = 0; l < layers(); ++l) transformer_.block(l).check_tensor_parallel(tp);
-  tp_ = std::move(tp);
+  transformer_.check_tensor_parallel(tp);
+  check_vocabulary_split(shape_.vocab, tp, name());
+  tp_.set(std::move(tp), tp_splits(), name());
 }
 
-std::vector<Parameter*> Decoder::tp_sharded_parameters() const { return tp_sharded_parameters(whole()); }
-
-std::vector<Parameter*> Decoder::tp_sharded_parameters(const DecoderPart& part) const {
+std::vector<TpSplit> Decoder::tp_splits(const DecoderPart& part) const {
   check_part(part);
-  std::vector<Parameter*> sharded;
-  for (int l = part.first; l < part.last; ++l) {
-    const std::vector<Parameter*> block = transformer_.block(l).tp_sharded_parameters();
-    sharded.insert(sharded.end(), block.begin(), block.end());
-  }
-  return sharded;
+  std::vector<TpSplit> splits;
+  if (part.first == 0) splits.push_back({token_table_, 0});
+  transformer_.add_tp_splits(splits, part.first, part.last);
+  if (part.last == layers()) add_column_parallel(splits, lm_head_);
+  return splits;
+}
+
+float Decoder::loss(Ops& ops, const Tensor& logits, const Tokens& text, int64_t normalizer, Tensor* dlogits) const {
+  if (logits.rank() != 3 || logits.dim(0) != text.batch || logits.dim(1) != text.length)
+    throw Error(Status::invalid_argument, name() + ": logits " + shape_string(logits.shape) + " do not match " +
+                                              std::to_string(text.batch) + " sequences of " +
+                                              std::to_string(text.length) + " tokens");
+  return vocab_parallel_cross_entropy(ops, logits, next_token_targets(text), normalizer, dlogits, tp_.group());
 }
 
 std::vector<int32_t> next_token_targets(const Tokens& text) {

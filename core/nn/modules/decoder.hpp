@@ -76,16 +76,27 @@ class Decoder : public Module {
   // last), in the store's order.
   std::vector<Parameter*> part_parameters(const DecoderPart& part) const;
 
-  // Megatron tensor parallelism of the blocks for every later forward and backward (default:
-  // size 1, none). Throws Error(invalid_argument) naming the block when tp.size does not
-  // divide the heads or the ffn width, or the group is malformed. Embeddings, norms, the head
-  // and the row-parallel biases stay replicated: every rank computes them in full.
+  // Megatron tensor parallelism for every later forward and backward (default: size 1, none):
+  // the blocks split by heads and ffn columns, the token table and the LM head by vocabulary
+  // (the logits a part returns are this rank's vocabulary columns); position table, norms and
+  // row-parallel biases replicated. Slices the parameters for this rank, or gathers them
+  // whole when tp.size is 1 (collective over the old group). Throws Error(invalid_argument)
+  // naming the block or the vocabulary when tp.size does not divide the heads, the ffn width
+  // or the vocabulary, or the group is malformed; a refused group changes nothing.
   void set_tensor_parallel(TensorParallel tp);
-  const TensorParallel& tensor_parallel() const { return tp_; }
-  // The parameters whose gradient is split across TP ranks (each rank fills its slice): sum
-  // their .grad over the TP group before the optimizer. The same list for any TP size.
-  std::vector<Parameter*> tp_sharded_parameters() const;
-  std::vector<Parameter*> tp_sharded_parameters(const DecoderPart& part) const;  // those of the part's blocks
+  // Block `layer`, and the hooks called around every block it runs (ZeRO; null: none).
+  const TransformerBlock& block(int layer) const { return transformer_.block(layer); }
+  void set_block_hooks(BlockHooks* hooks) { transformer_.set_block_hooks(hooks); }
+  const TensorParallel& tensor_parallel() const { return tp_.group(); }
+  // Forgets the group's callback (its owner is going away); the slices stay.
+  void detach_tensor_parallel() { tp_.detach(); }
+  // The parameters tensor parallelism splits, of the whole decoder or of a part.
+  std::vector<TpSplit> tp_splits() const { return tp_splits(whole()); }
+  std::vector<TpSplit> tp_splits(const DecoderPart& part) const;
+
+  // The causal LM loss of this decoder's logits (B, T, vocab, or this rank's vocabulary
+  // columns under tensor parallelism): lm_loss, vocabulary-parallel when split.
+  float loss(Ops& ops, const Tensor& logits, const Tokens& text, int64_t normalizer, Tensor* dlogits) const;
 
  private:
   void check_part(const DecoderPart& part) const;
@@ -95,7 +106,7 @@ class Decoder : public Module {
   Parameter* position_table_;
   Transformer transformer_;
   Linear lm_head_;
-  TensorParallel tp_;
+  TensorParallelState tp_;
 };
 
 // Next-token targets of a text batch, one per (b, t): token t + 1 of sample b while

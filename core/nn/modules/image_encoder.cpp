@@ -54,7 +54,7 @@ EncoderOutput ImageEncoder::forward_part(Ops& ops, const EncoderPart& part, cons
     if (!images)
       throw Error(Status::invalid_argument, name() + ": images must be (batch >= 1, " +
                                                 std::to_string(shape_.channels) + ", height, width), got none");
-    h = transformer_.forward_blocks(ops, embed(ops, *images, c), part.first, part.last, c.transformer);
+    h = transformer_.forward_blocks(ops, embed(ops, *images, c), part.first, part.last, c.transformer, tp_.group());
   } else {
     // The batch and the tokens per image come from the hidden; the grid is the first part's.
     if (!hidden_in || hidden_in->rank() != 3 || hidden_in->dim(0) < 1 || hidden_in->dim(1) < 1 ||
@@ -65,7 +65,7 @@ EncoderOutput ImageEncoder::forward_part(Ops& ops, const EncoderPart& part, cons
                       "), got " + (hidden_in ? shape_string(hidden_in->shape) : std::string("none")));
     c.batch = hidden_in->dim(0);
     c.patches = hidden_in->dim(1);
-    h = transformer_.forward_blocks(ops, *hidden_in, part.first, part.last, c.transformer);
+    h = transformer_.forward_blocks(ops, *hidden_in, part.first, part.last, c.transformer, tp_.group());
   }
   if (!last) {
     EncoderOutput out;
@@ -127,11 +127,11 @@ Tensor ImageEncoder::backward_part(Ops& ops, const EncoderPart& part, const Tens
   const bool first = part.first == 0, last = part.last == layers();
   Tensor dx;
   if (last) {
-    dx = transformer_.backward_blocks(ops, head_gradient(ops, d_tokens, d_pooled, c), c.transformer);
+    dx = transformer_.backward_blocks(ops, head_gradient(ops, d_tokens, d_pooled, c), c.transformer, tp_.group());
   } else {
     check_middle_part_gradients(part, name(), d_tokens, d_pooled);
     expect_shape(*d_tokens, {c.batch, c.patches, shape_.transformer.hidden}, "image encoder backward", "d hidden");
-    dx = transformer_.backward_blocks(ops, *d_tokens, c.transformer);
+    dx = transformer_.backward_blocks(ops, *d_tokens, c.transformer, tp_.group());
   }
   if (!first) return dx;
   return embed_backward(ops, dx, c, want_dimages);
@@ -180,9 +180,17 @@ void ImageEncoder::forward_kernel(Ops& ops, int layer, int kernel, ImageEncoderS
   if (layer < 0 || layer >= layers())
     throw Error(Status::invalid_argument, name() + ": no layer " + std::to_string(layer));
   BlockCache& b = s.cache.transformer.blocks[static_cast<std::size_t>(layer)];
-  if (kernel == 0) b.x = std::move(s.h);
-  transformer_.block(layer).forward_kernel(ops, kernel, b);
-  if (kernel + 1 == TransformerBlock::kKernels) s.h = std::move(b.y);
+  const TransformerBlock& block = transformer_.block(layer);
+  BlockHooks* hooks = transformer_.block_hooks();
+  if (kernel == 0) {
+    b.x = std::move(s.h);
+    if (hooks) hooks->before_block(block, false);
+  }
+  block.forward_kernel(ops, kernel, b, tp_.group());
+  if (kernel + 1 == TransformerBlock::kKernels) {
+    s.h = std::move(b.y);
+    if (hooks) hooks->after_block(block, false);
+  }
 }
 
 EncoderOutput ImageEncoder::forward_finish(Ops& ops, ImageEncoderSteps& s) const {
@@ -197,18 +205,30 @@ void ImageEncoder::backward_start(Ops& ops, const Tensor* d_tokens, const Tensor
 void ImageEncoder::backward_kernel(Ops& ops, int layer, int kernel, ImageEncoderSteps& s) const {
   if (layer < 0 || layer >= layers())
     throw Error(Status::invalid_argument, name() + ": no layer " + std::to_string(layer));
-  if (kernel + 1 == TransformerBlock::kKernels) s.grad = BlockGrad();
+  const TransformerBlock& block = transformer_.block(layer);
+  BlockHooks* hooks = transformer_.block_hooks();
+  if (kernel + 1 == TransformerBlock::kKernels) {
+    s.grad = BlockGrad();
+    if (hooks) hooks->before_block(block, true);
+  }
   s.grad.dy = &s.d;  // again each time: the steps may have moved since the last kernel
-  transformer_.block(layer).backward_kernel(ops, kernel, s.cache.transformer.blocks[static_cast<std::size_t>(layer)],
-                                            s.grad);
+  block.backward_kernel(ops, kernel, s.cache.transformer.blocks[static_cast<std::size_t>(layer)], s.grad, tp_.group());
   if (kernel == 0) {
     s.d = std::move(s.grad.dx);
     s.grad = BlockGrad();
+    if (hooks) hooks->after_block(block, true);
   }
 }
 
 Tensor ImageEncoder::backward_embed(Ops& ops, ImageEncoderSteps& s, bool want_dimages) const {
   return embed_backward(ops, s.d, s.cache, want_dimages);
+}
+
+void ImageEncoder::set_tensor_parallel(TensorParallel tp) {
+  transformer_.check_tensor_parallel(tp);
+  std::vector<TpSplit> splits;
+  transformer_.add_tp_splits(splits, 0, layers());
+  tp_.set(std::move(tp), splits, name());
 }
 
 std::vector<Parameter*> ImageEncoder::part_parameters(const EncoderPart& part) const {

@@ -83,6 +83,19 @@ class ImageEncoder : public Module {
   // norm with the last), in the store's order.
   std::vector<Parameter*> part_parameters(const EncoderPart& part) const;
 
+  // Megatron tensor parallelism of the blocks for every later forward and backward (default:
+  // size 1, none); the patch embedding, position tables and norms stay replicated. Slices the parameters for this rank,
+  // or gathers them whole when tp.size is 1 (collective over the old group). Throws Error(invalid_argument) naming the
+  // block when tp.size does not divide the heads or the ffn width, or the group is
+  // malformed; a refused group changes nothing.
+  void set_tensor_parallel(TensorParallel tp);
+  // Block `layer`, and the hooks called around every block it runs (ZeRO; null: none).
+  const TransformerBlock& block(int layer) const { return transformer_.block(layer); }
+  void set_block_hooks(BlockHooks* hooks) { transformer_.set_block_hooks(hooks); }
+  const TensorParallel& tensor_parallel() const { return tp_.group(); }
+  // Forgets the group's callback (its owner is going away); the slices stay.
+  void detach_tensor_parallel() { tp_.detach(); }
+
   // The whole encoder step by step, as a colocated executor runs the bubble scheduler's
   // encoder tasks: forward_embed, forward_kernel over every block's kernels in order
   // (TransformerBlock::kKernels per layer), forward_finish (final norm, pooling); then
@@ -111,6 +124,7 @@ class ImageEncoder : public Module {
   Parameter* row_table_;
   Parameter* col_table_;
   Transformer transformer_;
+  TensorParallelState tp_;
 };
 
 }  // namespace braid::nn

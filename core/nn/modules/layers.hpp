@@ -48,8 +48,8 @@ inline constexpr float kLayerNormEps = 1e-5f;
 class Linear : public Module {
  public:
   Linear(ParameterStore& store, std::string name, int64_t in, int64_t out, bool bias, float init_std, bool frozen);
-  int64_t in() const { return weight_->value.dim(1); }
-  int64_t out() const { return weight_->value.dim(0); }
+  int64_t in() const { return weight_->full_shape[1]; }  // of the whole weight, sliced or not
+  int64_t out() const { return weight_->full_shape[0]; }
   const Parameter& weight() const { return *weight_; }
   // The parameters themselves, for the tensor-parallel forms (tensor_parallel_group.hpp); the
   // bias is null without one.

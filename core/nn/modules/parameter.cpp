@@ -46,6 +46,7 @@ Parameter& ParameterStore::create(const std::string& name, const Shape& shape, I
   auto p = std::make_unique<Parameter>();
   p->name = name;
   p->value = Tensor(shape);
+  p->full_shape = shape;
   if (init.kind == Init::Kind::normal)
     init_normal(p->value, seed_, name, init.value);
   else

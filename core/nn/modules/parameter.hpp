@@ -26,12 +26,23 @@ struct Init {
   static Init constant(float v) { return {Kind::constant, v}; }
 };
 
+// Which part of a parameter's whole tensor a rank holds under tensor parallelism: slice
+// `index` of `count` equal slices along `axis` (0: rows, 1: columns), or all of it.
+struct TensorSlice {
+  int axis = -1;  // -1: the whole tensor
+  int index = 0, count = 1;
+  bool whole() const { return axis < 0; }
+  friend bool operator==(const TensorSlice&, const TensorSlice&) = default;
+};
+
 struct Parameter {
-  std::string name;  // "<module>.<part>.<tensor>", e.g. "vision.blocks.0.attn.q.weight"
-  Tensor value;
+  std::string name;       // "<module>.<part>.<tensor>", e.g. "vision.blocks.0.attn.q.weight"
+  Tensor value;           // the slice this rank holds (all of it unless `slice` says otherwise)
   Tensor grad;            // value's shape; gradients add up here. Empty when frozen.
   bool trainable = true;  // false: frozen, no gradient, no optimizer state
   bool decay = true;      // AdamW weight decay applies: matrices yes; biases, norms, scales no
+  Shape full_shape;       // the whole tensor's shape
+  TensorSlice slice;      // what `value` is of the whole tensor
   Tensor* grad_or_null() { return trainable ? &grad : nullptr; }
 };
 
@@ -57,7 +68,7 @@ class ParameterStore {
   const std::vector<Parameter*>& all() const { return order_; }
   // nullptr when absent.
   Parameter* find(std::string_view name) const;
-  int64_t numel() const;  // elements of every parameter, frozen ones included
+  int64_t numel() const;  // elements of every parameter as held here (slices), frozen ones included
   void zero_grads();
 
  private:

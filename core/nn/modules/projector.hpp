@@ -7,12 +7,12 @@
 #include <string>
 #include <vector>
 
-#include "core/nn/modules/layers.hpp"
+#include "core/nn/modules/tensor_parallel_group.hpp"
 
 namespace braid::nn {
 
 struct ProjectorCache {
-  std::vector<Tensor> inputs;    // of each linear layer
+  std::vector<Tensor> inputs;    // of each linear layer (this rank's features of it under TP)
   std::vector<Tensor> pre_gelu;  // outputs of every layer but the last
 };
 
@@ -27,8 +27,24 @@ class Projector : public Module {
   // Adds the parameter gradients; returns dx unless `want_dx` is false.
   Tensor backward(Ops& ops, const Tensor& dy, const ProjectorCache& cache, bool want_dx = true) const;
 
+  // Megatron tensor parallelism for every later forward and backward (default: size 1, none):
+  // layers in column- then row-parallel pairs (one all-reduce per pair each way, the GELU on
+  // the column-parallel shard); a last unpaired layer row-parallel on this rank's slice of its
+  // input. Input and output are whole on every rank. Slices the parameters for this rank, or
+  // gathers them whole when tp.size is 1 (collective over the old group). Throws
+  // Error(invalid_argument) naming the layer whose width tp.size does not divide; a refused
+  // group changes nothing.
+  void set_tensor_parallel(TensorParallel tp);
+  const TensorParallel& tensor_parallel() const { return tp_.group(); }
+  // Forgets the group's callback (its owner is going away); the slices stay.
+  void detach_tensor_parallel() { tp_.detach(); }
+
  private:
+  // Layer l is column-parallel (the first of a pair) under tensor parallelism; else row-parallel.
+  bool column_parallel(std::size_t l) const { return l % 2 == 0 && l + 1 < layers_.size(); }
+
   std::vector<Linear> layers_;
+  TensorParallelState tp_;
 };
 
 }  // namespace braid::nn

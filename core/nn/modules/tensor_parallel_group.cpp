@@ -1,5 +1,7 @@
 #include "core/nn/modules/tensor_parallel_group.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,36 @@ void add_bias(Ops& ops, const Tensor& bias, Tensor& y) {
   ops.add(y, broadcast);
 }
 
+// Throws Error(internal) unless `p` holds the slice of `axis` this rank of `tp` should hold.
+void expect_slice(const Parameter& p, int axis, const TensorParallel& tp) {
+  const TensorSlice want{axis, tp.rank, tp.size};
+  if (p.slice != want)
+    throw Error(Status::internal, p.name + ": tensor parallelism over " + std::to_string(tp.size) +
+                                      " ranks needs this rank's slice of it along axis " + std::to_string(axis) +
+                                      "; set_tensor_parallel was not called with this group");
+}
+
+// The whole tensor from every rank's slice: each rank writes its slice into zeros, and the
+// sum over the group (each element non-zero on one rank only) is exact.
+Tensor gather_slices(const Parameter& p, const TensorParallel& from) {
+  if (from.size != p.slice.count || from.rank != p.slice.index || !from.allreduce_sum)
+    throw Error(Status::internal, p.name + ": its slice " + std::to_string(p.slice.index) + " of " +
+                                      std::to_string(p.slice.count) + " cannot be gathered over the group given");
+  Tensor whole(p.full_shape);
+  if (p.slice.axis == 0)
+    add_column_parallel_shard(whole, p.value, p.slice.index, p.slice.count);
+  else
+    add_row_parallel_shard(whole, p.value, p.slice.index, p.slice.count);
+  from.allreduce_sum(whole);
+  return whole;
+}
+
+// The first id of this rank's share of a vocabulary of `vocab`, and the share's size.
+std::pair<int64_t, int64_t> vocab_share(int64_t vocab, const TensorParallel& tp) {
+  const int64_t share = vocab / tp.size;
+  return {tp.rank * share, share};
+}
+
 }  // namespace
 
 void check_tensor_parallel(const TensorParallel& tp, const std::string& who) {
@@ -31,16 +63,53 @@ void check_tensor_parallel(const TensorParallel& tp, const std::string& who) {
 }
 
 void tp_allreduce(const TensorParallel& tp, Tensor& t) {
-  if (tp.size > 1) tp.allreduce_sum(t);
+  if (tp.size == 1) return;
+  if (!tp.allreduce_sum)
+    throw Error(Status::internal, "tensor parallelism over " + std::to_string(tp.size) +
+                                      " ranks: the group was detached (its owner is gone)");
+  tp.allreduce_sum(t);
+}
+
+void retarget_tensor_parallel(std::span<const TpSplit> splits, const TensorParallel& from, const TensorParallel& to) {
+  for (const TpSplit& s : splits) {
+    Parameter& p = *s.param;
+    const TensorSlice want = to.size > 1 ? TensorSlice{s.axis, to.rank, to.size} : TensorSlice{};
+    if (p.slice == want) continue;
+    if (!p.slice.whole()) {
+      p.value = gather_slices(p, from);
+      p.slice = {};
+    }
+    if (!want.whole()) {
+      p.value = want.axis == 0 ? column_parallel_shard(p.value, want.index, want.count)
+                               : row_parallel_shard(p.value, want.index, want.count);
+      p.slice = want;
+    }
+    if (p.trainable) p.grad = Tensor(p.value.shape);
+  }
+}
+
+void TensorParallelState::set(TensorParallel tp, std::span<const TpSplit> splits, const std::string& who) {
+  check_tensor_parallel(tp, who);
+  retarget_tensor_parallel(splits, tp_, tp);
+  tp_ = std::move(tp);
+}
+
+void add_column_parallel(std::vector<TpSplit>& splits, const Linear& layer) {
+  splits.push_back({layer.weight_param(), 0});
+  if (layer.bias_param()) splits.push_back({layer.bias_param(), 0});
+}
+
+void add_row_parallel(std::vector<TpSplit>& splits, const Linear& layer) {
+  splits.push_back({layer.weight_param(), 1});  // the bias is added once, after the sum: replicated
 }
 
 Tensor column_parallel_forward(Ops& ops, const Linear& layer, const Tensor& x, const TensorParallel& tp) {
   if (tp.size == 1) return layer.forward(ops, x);
-  const Tensor weight = column_parallel_shard(layer.weight_param()->value, tp.rank, tp.size);
   const Parameter* bias = layer.bias_param();
-  const Tensor bias_shard = bias ? column_parallel_shard(bias->value, tp.rank, tp.size) : Tensor();
+  expect_slice(*layer.weight_param(), 0, tp);
+  if (bias) expect_slice(*bias, 0, tp);
   Tensor y;
-  ops.linear_forward(x, weight, bias ? &bias_shard : nullptr, y);
+  ops.linear_forward(x, layer.weight_param()->value, bias ? &bias->value : nullptr, y);
   return y;
 }
 
@@ -49,24 +118,18 @@ Tensor column_parallel_backward(Ops& ops, const Linear& layer, const Tensor& x, 
   if (tp.size == 1) return layer.backward(ops, x, dy_shard);
   Parameter* weight = layer.weight_param();
   Parameter* bias = layer.bias_param();
-  const Tensor weight_shard = column_parallel_shard(weight->value, tp.rank, tp.size);
-  Tensor* full_dweight = weight->grad_or_null();
-  Tensor* full_dbias = bias ? bias->grad_or_null() : nullptr;
-  Tensor dweight = full_dweight ? Tensor(weight_shard.shape) : Tensor();
-  Tensor dbias = full_dbias ? Tensor(Shape{weight_shard.dim(0)}) : Tensor();
+  expect_slice(*weight, 0, tp);
   Tensor dx;
-  ops.linear_backward(x, weight_shard, dy_shard, &dx, full_dweight ? &dweight : nullptr, full_dbias ? &dbias : nullptr);
-  if (full_dweight) add_column_parallel_shard(*full_dweight, dweight, tp.rank, tp.size);
-  if (full_dbias) add_column_parallel_shard(*full_dbias, dbias, tp.rank, tp.size);
+  ops.linear_backward(x, weight->value, dy_shard, &dx, weight->grad_or_null(), bias ? bias->grad_or_null() : nullptr);
   return dx;
 }
 
 Tensor row_parallel_forward(Ops& ops, const Linear& layer, const Tensor& x_shard, const TensorParallel& tp) {
   if (tp.size == 1) return layer.forward(ops, x_shard);
-  const Tensor weight = row_parallel_shard(layer.weight_param()->value, tp.rank, tp.size);
+  expect_slice(*layer.weight_param(), 1, tp);
   Tensor y;
-  ops.linear_forward(x_shard, weight, nullptr, y);
-  tp.allreduce_sum(y);
+  ops.linear_forward(x_shard, layer.weight_param()->value, nullptr, y);
+  tp_allreduce(tp, y);
   if (const Parameter* bias = layer.bias_param()) add_bias(ops, bias->value, y);
   return y;
 }
@@ -76,14 +139,124 @@ Tensor row_parallel_backward(Ops& ops, const Linear& layer, const Tensor& x_shar
   if (tp.size == 1) return layer.backward(ops, x_shard, dy);
   Parameter* weight = layer.weight_param();
   Parameter* bias = layer.bias_param();
-  const Tensor weight_shard = row_parallel_shard(weight->value, tp.rank, tp.size);
-  Tensor* full_dweight = weight->grad_or_null();
-  Tensor dweight = full_dweight ? Tensor(weight_shard.shape) : Tensor();
+  expect_slice(*weight, 1, tp);
   Tensor dx;
-  ops.linear_backward(x_shard, weight_shard, dy, &dx, full_dweight ? &dweight : nullptr,
-                      bias ? bias->grad_or_null() : nullptr);
-  if (full_dweight) add_row_parallel_shard(*full_dweight, dweight, tp.rank, tp.size);
+  ops.linear_backward(x_shard, weight->value, dy, &dx, weight->grad_or_null(), bias ? bias->grad_or_null() : nullptr);
   return dx;
+}
+
+void check_vocabulary_split(int64_t vocab, const TensorParallel& tp, const std::string& who) {
+  if (vocab % tp.size != 0)
+    throw Error(Status::invalid_argument, who + ": vocabulary " + std::to_string(vocab) + " does not split over " +
+                                              std::to_string(tp.size) + " tensor-parallel ranks");
+}
+
+Tensor vocab_parallel_embedding_forward(Ops& ops, const Parameter& table, std::span<const int32_t> ids,
+                                        const TensorParallel& tp) {
+  if (tp.size == 1) return gather_rows(ops, table.value, ids);
+  expect_slice(table, 0, tp);
+  const auto [begin, share] = vocab_share(table.full_shape[0], tp);
+  const int64_t width = table.full_shape[1];
+  std::vector<int32_t> local, at;  // rows of the slice, and where each goes
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] >= begin && ids[i] < begin + share) {
+      local.push_back(row_id(ids[i] - begin));
+      at.push_back(row_id(static_cast<int64_t>(i)));
+    }
+  Tensor rows({static_cast<int64_t>(ids.size()), width});
+  if (!local.empty()) scatter_add_rows(ops, at, gather_rows(ops, table.value, local), rows);
+  tp_allreduce(tp, rows);
+  return rows;
+}
+
+void vocab_parallel_embedding_backward(Ops& ops, Parameter& table, std::span<const int32_t> ids, const Tensor& d_rows,
+                                       const TensorParallel& tp) {
+  Tensor* grad = table.grad_or_null();
+  if (!grad) return;
+  const int64_t width = table.full_shape[1];
+  const Tensor d = reshaped(d_rows, {static_cast<int64_t>(ids.size()), width});
+  if (tp.size == 1) {
+    scatter_add_rows(ops, ids, d, *grad);
+    return;
+  }
+  expect_slice(table, 0, tp);
+  const auto [begin, share] = vocab_share(table.full_shape[0], tp);
+  std::vector<int32_t> local, at;
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] >= begin && ids[i] < begin + share) {
+      local.push_back(row_id(ids[i] - begin));
+      at.push_back(row_id(static_cast<int64_t>(i)));
+    }
+  if (!local.empty()) scatter_add_rows(ops, local, gather_rows(ops, d, at), *grad);
+}
+
+float vocab_parallel_cross_entropy(Ops& ops, const Tensor& logits, std::span<const int32_t> targets, int64_t normalizer,
+                                   Tensor* dlogits, const TensorParallel& tp) {
+  if (tp.size == 1) return ops.cross_entropy(logits, targets, normalizer, dlogits);
+  if (logits.rank() < 1 || logits.dim(-1) == 0)
+    throw Error(
+        Status::invalid_argument,
+        "vocab_parallel_cross_entropy: logits must be (..., V / tp) with V > 0, got " + shape_string(logits.shape));
+  const int64_t columns = logits.dim(-1), rows = logits.numel() / columns, vocab = columns * tp.size;
+  const int64_t begin = tp.rank * columns;
+  if (static_cast<int64_t>(targets.size()) != rows)
+    throw Error(Status::invalid_argument, "vocab_parallel_cross_entropy: " + std::to_string(targets.size()) +
+                                              " targets for " + std::to_string(rows) + " rows of logits " +
+                                              shape_string(logits.shape));
+  int64_t counted = 0;
+  for (std::size_t r = 0; r < targets.size(); ++r) {
+    if (targets[r] == -1) continue;
+    if (targets[r] < 0 || targets[r] >= vocab)
+      throw Error(Status::invalid_argument, "vocab_parallel_cross_entropy: target " + std::to_string(targets[r]) +
+                                                " of row " + std::to_string(r) + " is outside [0, " +
+                                                std::to_string(vocab) + ") and is not the ignore index -1");
+    ++counted;
+  }
+  if (normalizer < 0) throw Error(Status::invalid_argument, "vocab_parallel_cross_entropy: negative normalizer");
+  const int64_t divide_by = normalizer > 0 ? normalizer : counted;
+  if (dlogits) reset(*dlogits, logits.shape);
+  if (divide_by == 0) return 0.0f;  // the same on every rank: the targets are
+  const float* x = logits.ptr();
+  // Each rank's row maxima in its own slot; the sum over the group lists them all.
+  Tensor maxima({tp.size, rows});
+  for (int64_t r = 0; r < rows; ++r)
+    maxima.data[static_cast<std::size_t>(tp.rank * rows + r)] =
+        *std::max_element(x + r * columns, x + (r + 1) * columns);
+  tp_allreduce(tp, maxima);
+  std::vector<float> top(static_cast<std::size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    float m = maxima.data[static_cast<std::size_t>(r)];
+    for (int k = 1; k < tp.size; ++k) m = std::max(m, maxima.data[static_cast<std::size_t>(k * rows + r)]);
+    top[static_cast<std::size_t>(r)] = m;
+  }
+  // Per row: the sum of exp(logit - max) over this rank's columns, and the target's
+  // logit - max where this rank holds it (zero elsewhere); summed over the group.
+  Tensor sums({2, rows});
+  for (int64_t r = 0; r < rows; ++r) {
+    const float m = top[static_cast<std::size_t>(r)];
+    double s = 0.0;
+    for (int64_t j = 0; j < columns; ++j) s += std::exp(static_cast<double>(x[r * columns + j] - m));
+    sums.data[static_cast<std::size_t>(r)] = static_cast<float>(s);
+    const int32_t t = targets[static_cast<std::size_t>(r)];
+    if (t >= begin && t < begin + columns)
+      sums.data[static_cast<std::size_t>(rows + r)] = x[r * columns + (t - begin)] - m;
+  }
+  tp_allreduce(tp, sums);
+  const auto scale = static_cast<float>(1.0 / static_cast<double>(divide_by));
+  double loss = 0.0;  // rows in order
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t t = targets[static_cast<std::size_t>(r)];
+    if (t == -1) continue;
+    const double log_sum = std::log(static_cast<double>(sums.data[static_cast<std::size_t>(r)]));
+    loss += log_sum - static_cast<double>(sums.data[static_cast<std::size_t>(rows + r)]);
+    if (!dlogits) continue;
+    float* g = dlogits->ptr() + r * columns;
+    const float m = top[static_cast<std::size_t>(r)];
+    for (int64_t j = 0; j < columns; ++j)
+      g[j] = static_cast<float>(std::exp(static_cast<double>(x[r * columns + j] - m) - log_sum)) * scale;
+    if (t >= begin && t < begin + columns) g[t - begin] -= scale;
+  }
+  return static_cast<float>(loss / static_cast<double>(divide_by));
 }
 
 }  // namespace braid::nn

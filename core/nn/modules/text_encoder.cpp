@@ -46,10 +46,10 @@ EncoderOutput TextEncoder::forward_part(Ops& ops, const EncoderPart& part, const
     c.positions.resize(tokens.ids.size());
     for (int64_t b = 0; b < batch; ++b)
       for (int64_t t = 0; t < length; ++t) c.positions[static_cast<std::size_t>(b * length + t)] = row_id(t);
-    Tensor x = gather_rows(ops, token_table_->value, tokens.ids);
+    Tensor x = vocab_parallel_embedding_forward(ops, *token_table_, tokens.ids, tp_.group());
     ops.add(x, gather_rows(ops, position_table_->value, c.positions));
     x.reshape({batch, length, hidden});
-    h = transformer_.forward_blocks(ops, x, part.first, part.last, c.transformer);
+    h = transformer_.forward_blocks(ops, x, part.first, part.last, c.transformer, tp_.group());
   } else {
     if (!hidden_in || hidden_in->shape != Shape{batch, length, hidden})
       throw Error(Status::invalid_argument, name() + ": part [" + std::to_string(part.first) + ", " +
@@ -57,7 +57,7 @@ EncoderOutput TextEncoder::forward_part(Ops& ops, const EncoderPart& part, const
                                                 std::to_string(batch) + ", " + std::to_string(length) + ", " +
                                                 std::to_string(hidden) + "), got " +
                                                 (hidden_in ? shape_string(hidden_in->shape) : std::string("none")));
-    h = transformer_.forward_blocks(ops, *hidden_in, part.first, part.last, c.transformer);
+    h = transformer_.forward_blocks(ops, *hidden_in, part.first, part.last, c.transformer, tp_.group());
   }
   EncoderOutput out;
   if (!last) {
@@ -96,17 +96,26 @@ Tensor TextEncoder::backward_part(Ops& ops, const EncoderPart& part, const Tenso
       expect_shape(*d_tokens, d.shape, "text encoder backward", "d_tokens");
       ops.add(d, *d_tokens);
     }
-    dx = transformer_.backward_blocks(ops, transformer_.backward_final_norm(ops, d, c.transformer), c.transformer);
+    dx = transformer_.backward_blocks(ops, transformer_.backward_final_norm(ops, d, c.transformer), c.transformer,
+                                      tp_.group());
   } else {
     check_middle_part_gradients(part, name(), d_tokens, d_pooled);
     expect_shape(*d_tokens, {batch, length, hidden}, "text encoder backward", "d hidden");
-    dx = transformer_.backward_blocks(ops, *d_tokens, c.transformer);
+    dx = transformer_.backward_blocks(ops, *d_tokens, c.transformer, tp_.group());
   }
   if (!first) return dx;
 
-  if (Tensor* g = token_table_->grad_or_null()) scatter_add_rows(ops, c.tokens.ids, dx, *g);
+  vocab_parallel_embedding_backward(ops, *token_table_, c.tokens.ids, dx, tp_.group());
   if (Tensor* g = position_table_->grad_or_null()) scatter_add_rows(ops, c.positions, dx, *g);
   return Tensor();
+}
+
+void TextEncoder::set_tensor_parallel(TensorParallel tp) {
+  transformer_.check_tensor_parallel(tp);
+  check_vocabulary_split(shape_.vocab, tp, name());
+  std::vector<TpSplit> splits{{token_table_, 0}};
+  transformer_.add_tp_splits(splits, 0, layers());
+  tp_.set(std::move(tp), splits, name());
 }
 
 std::vector<Parameter*> TextEncoder::part_parameters(const EncoderPart& part) const {

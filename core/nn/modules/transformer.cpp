@@ -168,14 +168,9 @@ void TransformerBlock::check_tensor_parallel(const TensorParallel& tp) const {
                                               " tensor-parallel ranks");
 }
 
-std::vector<Parameter*> TransformerBlock::tp_sharded_parameters() const {
-  std::vector<Parameter*> sharded;
-  for (const Linear* column : {&q_, &k_, &v_, &fc1_}) {
-    sharded.push_back(column->weight_param());
-    if (column->bias_param()) sharded.push_back(column->bias_param());
-  }
-  for (const Linear* row : {&out_, &fc2_}) sharded.push_back(row->weight_param());  // their biases are replicated
-  return sharded;
+void TransformerBlock::add_tp_splits(std::vector<TpSplit>& splits) const {
+  for (const Linear* column : {&q_, &k_, &v_, &fc1_}) add_column_parallel(splits, *column);
+  for (const Linear* row : {&out_, &fc2_}) add_row_parallel(splits, *row);
 }
 
 Transformer::Transformer(ParameterStore& store, std::string name, const TransformerShape& shape, bool frozen)
@@ -206,8 +201,12 @@ Tensor Transformer::forward_blocks(Ops& ops, const Tensor& x, int first, int las
   cache.first = first;
   cache.blocks.resize(static_cast<std::size_t>(last - first));
   Tensor h = x;
-  for (int l = first; l < last; ++l)
-    h = blocks_[static_cast<std::size_t>(l)].forward(ops, h, cache.blocks[static_cast<std::size_t>(l - first)], tp);
+  for (int l = first; l < last; ++l) {
+    const TransformerBlock& b = blocks_[static_cast<std::size_t>(l)];
+    if (hooks_) hooks_->before_block(b, false);
+    h = b.forward(ops, h, cache.blocks[static_cast<std::size_t>(l - first)], tp);
+    if (hooks_) hooks_->after_block(b, false);
+  }
   return h;
 }
 
@@ -217,8 +216,12 @@ Tensor Transformer::backward_blocks(Ops& ops, const Tensor& dy, const Transforme
   if (first < 0 || last > layers())
     throw Error(Status::invalid_argument, name() + ": backward needs the cache of this module's forward");
   Tensor d = dy;
-  for (int l = last; l-- > first;)
-    d = blocks_[static_cast<std::size_t>(l)].backward(ops, d, cache.blocks[static_cast<std::size_t>(l - first)], tp);
+  for (int l = last; l-- > first;) {
+    const TransformerBlock& b = blocks_[static_cast<std::size_t>(l)];
+    if (hooks_) hooks_->before_block(b, true);
+    d = b.backward(ops, d, cache.blocks[static_cast<std::size_t>(l - first)], tp);
+    if (hooks_) hooks_->after_block(b, true);
+  }
   return d;
 }
 
@@ -231,6 +234,15 @@ Tensor Transformer::forward_final_norm(Ops& ops, Tensor x, TransformerCache& cac
 Tensor Transformer::backward_final_norm(Ops& ops, const Tensor& dy, const TransformerCache& cache) const {
   expect_shape(dy, cache.last.shape, "transformer final norm backward", "dy");
   return final_norm_.backward(ops, cache.last, cache.final_norm, dy);
+}
+
+void Transformer::add_tp_splits(std::vector<TpSplit>& splits, int first, int last) const {
+  for (int l = first; l < last; ++l) block(l).add_tp_splits(splits);
+}
+
+void Transformer::check_tensor_parallel(const TensorParallel& tp) const {
+  nn::check_tensor_parallel(tp, name());
+  for (const auto& b : blocks_) b.check_tensor_parallel(tp);
 }
 
 std::vector<Parameter*> Transformer::part_parameters(int first, int last) const {

@@ -64,8 +64,9 @@ class TransformerBlock : public Module {
   // Throws Error(invalid_argument) naming this block unless tp is a valid group whose size
   // divides the heads and the ffn width.
   void check_tensor_parallel(const TensorParallel& tp) const;
-  // q, k, v and fc1 (weight, bias), out and fc2 (weight): the gradients split over TP ranks.
-  std::vector<Parameter*> tp_sharded_parameters() const;
+  // What tensor parallelism splits: q, k, v and fc1 by rows (weight, bias), out and fc2 by
+  // columns (weight; their biases are replicated).
+  void add_tp_splits(std::vector<TpSplit>& splits) const;
 
  private:
   TransformerShape shape_;
@@ -73,6 +74,17 @@ class TransformerBlock : public Module {
   Linear q_, k_, v_, out_;
   LayerNorm ln2_;
   Linear fc1_, fc2_;
+};
+
+// Called around every transformer block a forward or backward runs: ZeRO-3 gathers a block's
+// weights just before it runs and frees them after; ZeRO-2 and 3 reduce its gradients as soon
+// as its backward is done. A kernel-by-kernel run calls before_block at the block's first
+// kernel and after_block at its last, once per call of that kernel (so a hook counts).
+class BlockHooks {
+ public:
+  virtual ~BlockHooks() = default;
+  virtual void before_block(const TransformerBlock& block, bool backward) = 0;
+  virtual void after_block(const TransformerBlock& block, bool backward) = 0;
 };
 
 // What a range of blocks (and the final norm, when it ran) saved.
@@ -95,6 +107,15 @@ class Transformer : public Module {
   // The parameters of blocks [first, last), and of the final norm when last == layers(): what a
   // pipeline part of the model holds of its transformer, in the store's order.
   std::vector<Parameter*> part_parameters(int first, int last) const;
+  // Hooks called around every block forward_blocks and backward_blocks run (null: none); the
+  // hooks outlive their use.
+  void set_block_hooks(BlockHooks* hooks) { hooks_ = hooks; }
+  BlockHooks* block_hooks() const { return hooks_; }
+  // The tensor-parallel splits of blocks [first, last) (see TransformerBlock::add_tp_splits).
+  void add_tp_splits(std::vector<TpSplit>& splits, int first, int last) const;
+  // Throws Error(invalid_argument) naming the first block whose heads or ffn width tp.size
+  // does not divide, or when the group is malformed.
+  void check_tensor_parallel(const TensorParallel& tp) const;
 
   // Every block, then the final norm.
   Tensor forward(Ops& ops, const Tensor& x, TransformerCache& cache) const;
@@ -115,6 +136,7 @@ class Transformer : public Module {
   TransformerShape shape_;
   std::vector<TransformerBlock> blocks_;
   LayerNorm final_norm_;
+  BlockHooks* hooks_ = nullptr;
 };
 
 }  // namespace braid::nn

@@ -1,0 +1,111 @@
+// What one rank of the trainer holds, by the planner's kinds of memory, measured at the
+// boundaries of the instructions it runs; and those peaks next to what the cost model
+// predicts for the same plan and rank (plan::device_memory), so that "measured memory =
+// predicted memory" is a figure every run prints.
+//
+// Kinds, as plan::MemoryBreakdown counts them:
+//   weights, gradients, optimizer  the bytes of the tensors this rank trains (value and its
+//                                  ZeRO shard, grad and its ZeRO shard, Adam m and v) as they
+//                                  are at the sample: whatever sharding (ZeRO, tensor
+//                                  parallelism) made of them, plus registered sources
+//   communication                  registered sources only (buffers of sends in flight, ...); the
+//                                  planner's counterpart is the cluster's reserved memory
+//   activations                    everything else the step allocates: heap in use (glibc's
+//                                  mallinfo2, all arenas and mmapped blocks) minus the heap in
+//                                  use when the step began, minus what the other kinds grew by
+//                                  since then, floored at 0. That is activations, caches and
+//                                  temporaries alive across an instruction boundary: what the
+//                                  planner's "activations" stands for. Other threads of the
+//                                  process (data workers rendering samples ahead) add their
+//                                  allocations too.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/plan/plan.hpp"
+#include "core/runtime/communicator.hpp"
+#include "core/spec/run.hpp"
+#include "core/train/stage_work.hpp"
+
+namespace braid::train {
+
+enum class MemoryKind { weights, gradients, optimizer, activations, communication };
+inline constexpr int kMemoryKinds = 5;
+// "weights", "gradients", "optimizer", "activations", "communication"
+const char* memory_kind_name(MemoryKind k);
+
+// Bytes by kind, and their total.
+struct MemoryBytes {
+  std::array<double, kMemoryKinds> bytes{};
+  // The sum of the kinds at one moment (for peaks: the largest such sum, which may be less
+  // than the sum of the kinds' own peaks).
+  double total = 0;
+
+  double& operator[](MemoryKind k) { return bytes[static_cast<std::size_t>(k)]; }
+  double operator[](MemoryKind k) const { return bytes[static_cast<std::size_t>(k)]; }
+};
+
+class MemoryMeter {
+ public:
+  // `params` (the executor's) are read at every sample; they outlive the meter.
+  explicit MemoryMeter(const std::vector<TrainedParameter>& params);
+
+  // Adds `bytes()` to `kind` at every sample: a ZeRO flat buffer, communication buffers in
+  // flight. Sources hold heap memory of this process (it is taken out of the activations).
+  // Error(invalid_argument) for activations, which are measured, not reported.
+  void add_source(MemoryKind kind, std::function<std::size_t()> bytes);
+
+  // At the start of a step, before any of its activations exist: the heap baseline of the
+  // step's activations, then a sample.
+  void begin_step();
+  // After an instruction: the bytes of every kind now, and the peaks.
+  void sample();
+
+  // Each kind's largest value over every sample so far; total: the largest total at a sample.
+  const MemoryBytes& peak() const { return peak_; }
+  const MemoryBytes& last() const { return last_; }
+  std::int64_t samples() const { return samples_; }
+
+  // Bytes of heap this process has in use (mallinfo2: uordblks + hblkhd).
+  static std::size_t heap_in_use();
+
+ private:
+  // Weights, gradients, optimizer and communication now (activations 0).
+  MemoryBytes tracked() const;
+
+  const std::vector<TrainedParameter>* params_;
+  std::vector<std::pair<MemoryKind, std::function<std::size_t()>>> sources_;
+  double heap_at_start_ = 0, tracked_at_start_ = 0;
+  MemoryBytes peak_, last_;
+  std::int64_t samples_ = 0;
+};
+
+// One rank's measured peaks and the cost model's prediction for its device.
+struct RankMemory {
+  MemoryBytes measured;
+  MemoryBytes predicted;  // communication: the cluster's reserved memory
+};
+
+struct MemoryComparison {
+  spec::Precision run_precision = spec::Precision::fp32;  // the run file's
+  spec::Precision predicted_as = spec::Precision::fp32;   // the trainer's: the prediction uses it
+  std::vector<RankMemory> ranks;                          // by rank
+  std::string prediction_error;                           // why there is no prediction ("" when there is)
+};
+
+// Collective over `world`: every rank's peaks from `mine`, and for each rank the memory the
+// cost model predicts for its device under `plan` (computed on every rank), with the run's
+// training precision replaced by the trainer's fp32.
+MemoryComparison compare_with_prediction(const MemoryMeter& mine, const spec::RunSpec& run, const plan::Plan& plan,
+                                         runtime::Communicator& world);
+// A header line, then per rank and kind: measured MiB, predicted MiB, measured/predicted.
+std::string format_memory_comparison(const MemoryComparison& c);
+// The same as one JSON object for the metrics file: {"step": step, "memory": true, ...}.
+std::string memory_json(const MemoryComparison& c, std::int64_t step);
+
+}  // namespace braid::train

@@ -1,0 +1,249 @@
+#include "core/train/zero.hpp"
+
+#include <algorithm>
+#include <span>
+#include <utility>
+
+#include "core/common/error.hpp"
+
+namespace braid::train {
+
+nn::Shape held_shape(const nn::Parameter& p) {
+  nn::Shape shape = p.full_shape;
+  if (!p.slice.whole()) shape[static_cast<std::size_t>(p.slice.axis)] /= p.slice.count;
+  return shape;
+}
+
+ZeroModule::ZeroModule(std::string name, int stage, runtime::Communicator& dp, std::vector<ZeroUnitSpec> units,
+                       std::vector<TrainedParameter>& params, std::function<void(double)> in_pipeline_wait)
+    : name_(std::move(name)), stage_(stage), dp_(dp), in_pipeline_wait_(std::move(in_pipeline_wait)) {
+  if (stage < 1 || stage > 3)
+    throw Error(Status::invalid_argument, name_ + ": ZeRO stage " + std::to_string(stage) + " does not exist");
+  std::map<const nn::Parameter*, TrainedParameter*> trained;
+  for (auto& t : params) trained[t.param] = &t;
+  const std::int64_t ranks = dp.size(), rank = dp.rank();
+  units_.emplace_back();  // the rest of the module part comes first, even when empty
+  for (auto& spec : units) {
+    Unit u;
+    for (nn::Parameter* p : spec.params) {
+      const auto it = trained.find(p);
+      if (it == trained.end()) throw Error(Status::internal, name_ + ": ZeRO unit holds untrained " + p->name);
+      u.offsets.push_back(u.numel);
+      u.params.push_back(it->second);
+      u.numel += p->value.numel();
+    }
+    u.shard = (u.numel + ranks - 1) / ranks;
+    const std::int64_t lo = rank * u.shard, hi = lo + u.shard;
+    for (std::size_t i = 0; i < u.params.size(); ++i) {
+      TrainedParameter& t = *u.params[i];
+      const std::int64_t at = u.offsets[i], n = t.param->value.numel();
+      t.begin = std::clamp(lo - at, std::int64_t{0}, n);
+      t.end = std::clamp(hi - at, t.begin, n);
+      t.grad_shard = nn::Tensor({t.end - t.begin});
+    }
+    if (spec.block) {
+      by_block_[spec.block] = units_.size();
+      units_.push_back(std::move(u));
+    } else {
+      units_.front() = std::move(u);
+    }
+  }
+  if (stage_ == 3)
+    for (auto& u : units_) {
+      for (TrainedParameter* t : u.params) {
+        const float* from = t->param->value.ptr();
+        t->value_shard = nn::Tensor({t->end - t->begin});
+        t->weights_sharded = true;
+        std::copy(from + t->begin, from + t->end, t->value_shard.ptr());
+      }
+      free_weights(u);
+    }
+}
+
+ZeroModule::Unit& ZeroModule::unit_of(const nn::TransformerBlock& block) {
+  const auto it = by_block_.find(&block);
+  if (it == by_block_.end()) throw Error(Status::internal, name_ + ": ZeRO has no unit for " + block.name());
+  return units_[it->second];
+}
+
+void ZeroModule::begin_step() {
+  for (auto& u : units_)
+    for (TrainedParameter* t : u.params) {
+      std::fill(t->grad_shard.data.begin(), t->grad_shard.data.end(), 0.0f);
+      if (stage_ >= 2) t->param->grad = nn::Tensor();
+    }
+}
+
+void ZeroModule::free_weights(Unit& u) {
+  for (TrainedParameter* t : u.params) t->param->value = nn::Tensor();
+}
+
+void ZeroModule::begin_instruction(int block_calls, int rest_calls, bool backward) {
+  if (running_) throw Error(Status::internal, name_ + ": ZeRO instructions overlap");
+  running_ = true;
+  backward_ = backward;
+  for (auto& u : units_) u.calls = block_calls;
+  units_.front().calls = rest_calls;
+}
+
+void ZeroModule::end_instruction() {
+  running_ = false;
+  for (auto& u : units_) u.used = u.done = 0;
+}
+
+void ZeroModule::acquire(Unit& u) {
+  if (!running_) throw Error(Status::internal, name_ + ": ZeRO unit used outside an instruction");
+  if (u.used++ > 0) return;
+  if (stage_ == 3 && !whole_) in_pipeline_wait_(all_gather(u));
+  if (backward_ && stage_ >= 2)
+    for (TrainedParameter* t : u.params)
+      if (t->param->grad.data.empty()) t->param->grad = nn::Tensor(held_shape(*t->param));
+}
+
+void ZeroModule::release(Unit& u) {
+  if (++u.done < u.calls) return;
+  if (backward_ && stage_ >= 2) {
+    in_pipeline_wait_(reduce_scatter(u));
+    for (TrainedParameter* t : u.params) t->param->grad = nn::Tensor();
+  }
+  if (stage_ == 3 && !whole_) free_weights(u);
+}
+
+void ZeroModule::before_call() { acquire(units_.front()); }
+void ZeroModule::after_call() { release(units_.front()); }
+void ZeroModule::before_block(const nn::TransformerBlock& block, bool) { acquire(unit_of(block)); }
+void ZeroModule::after_block(const nn::TransformerBlock& block, bool) { release(unit_of(block)); }
+
+double ZeroModule::reduce() {
+  double waited = 0;
+  if (stage_ == 1)
+    for (auto& u : units_) waited += reduce_scatter(u);
+  return waited;
+}
+
+double ZeroModule::after_step() {
+  double waited = 0;
+  if (stage_ < 3)
+    for (auto& u : units_) waited += all_gather(u);
+  return waited;
+}
+
+void ZeroModule::materialize(bool whole) {
+  if (stage_ != 3 || whole == whole_) return;
+  for (auto& u : units_) {
+    if (whole)
+      all_gather(u);
+    else
+      free_weights(u);
+  }
+  whole_ = whole;
+}
+
+double ZeroModule::reduce_scatter(Unit& u) {
+  if (u.params.empty()) return 0;
+  std::vector<float> flat(static_cast<std::size_t>(u.shard * dp_.size()), 0.0f);
+  for (std::size_t i = 0; i < u.params.size(); ++i) {
+    const nn::Tensor& g = u.params[i]->param->grad;
+    std::copy(g.data.begin(), g.data.end(), flat.begin() + u.offsets[i]);
+  }
+  std::vector<float> mine(static_cast<std::size_t>(u.shard));
+  auto req = dp_.ireduce_scatter(std::span<const float>(flat), std::span<float>(mine));
+  const double waited = req.wait();
+  const std::int64_t lo = dp_.rank() * u.shard;
+  for (std::size_t i = 0; i < u.params.size(); ++i) {
+    TrainedParameter& t = *u.params[i];
+    const std::int64_t from = u.offsets[i] + t.begin - lo;
+    for (std::int64_t k = 0; k < t.end - t.begin; ++k)
+      t.grad_shard.data[static_cast<std::size_t>(k)] += mine[static_cast<std::size_t>(from + k)];
+  }
+  return waited;
+}
+
+double ZeroModule::all_gather(Unit& u) {
+  if (u.params.empty()) return 0;
+  std::vector<float> mine(static_cast<std::size_t>(u.shard), 0.0f);
+  const std::int64_t lo = dp_.rank() * u.shard;
+  for (std::size_t i = 0; i < u.params.size(); ++i) {
+    const TrainedParameter& t = *u.params[i];
+    const float* from = stage_ == 3 ? t.value_shard.ptr() : t.param->value.ptr() + t.begin;
+    std::copy(from, from + (t.end - t.begin), mine.begin() + (u.offsets[i] + t.begin - lo));
+  }
+  std::vector<float> all(static_cast<std::size_t>(u.shard * dp_.size()));
+  auto req = dp_.iallgather(std::as_bytes(std::span<const float>(mine)), std::as_writable_bytes(std::span<float>(all)));
+  const double waited = req.wait();
+  for (std::size_t i = 0; i < u.params.size(); ++i) {
+    nn::Parameter& p = *u.params[i]->param;
+    if (p.value.data.empty()) p.value = nn::Tensor(held_shape(p));
+    std::copy(all.begin() + u.offsets[i], all.begin() + u.offsets[i] + p.value.numel(), p.value.data.begin());
+  }
+  return waited;
+}
+
+std::map<const nn::Parameter*, nn::Tensor> ZeroModule::gather(
+    const std::function<const nn::Tensor*(const TrainedParameter&)>& shard_of) {
+  std::map<const nn::Parameter*, nn::Tensor> out;
+  for (auto& u : units_) {
+    if (u.params.empty()) continue;
+    std::vector<float> mine(static_cast<std::size_t>(u.shard), 0.0f);
+    const std::int64_t lo = dp_.rank() * u.shard;
+    std::vector<bool> exists(u.params.size(), false);
+    for (std::size_t i = 0; i < u.params.size(); ++i) {
+      const TrainedParameter& t = *u.params[i];
+      const nn::Tensor* shard = shard_of(t);
+      exists[i] = shard && static_cast<std::int64_t>(shard->data.size()) == t.end - t.begin;
+      if (exists[i]) std::copy(shard->data.begin(), shard->data.end(), mine.begin() + (u.offsets[i] + t.begin - lo));
+    }
+    std::vector<float> all(static_cast<std::size_t>(u.shard * dp_.size()));
+    dp_.allgather(std::as_bytes(std::span<const float>(mine)), std::as_writable_bytes(std::span<float>(all)));
+    for (std::size_t i = 0; i < u.params.size(); ++i) {
+      const nn::Parameter& p = *u.params[i]->param;
+      nn::Tensor whole;
+      if (exists[i] || u.params[i]->end == u.params[i]->begin) {
+        whole = nn::Tensor(held_shape(p));
+        std::copy(all.begin() + u.offsets[i], all.begin() + u.offsets[i] + whole.numel(), whole.data.begin());
+      }
+      out[&p] = std::move(whole);
+    }
+  }
+  return out;
+}
+
+void hold_state(TrainedParameter& t, nn::Tensor value, nn::AdamWState adam) {
+  if (!t.sharded()) {
+    t.param->value = std::move(value);
+    t.state = std::move(adam);
+    return;
+  }
+  auto cut = [&](const nn::Tensor& whole) {
+    if (whole.data.empty()) return nn::Tensor();
+    nn::Tensor shard({t.end - t.begin});
+    std::copy(whole.data.begin() + t.begin, whole.data.begin() + t.end, shard.data.begin());
+    return shard;
+  };
+  t.state.m = cut(adam.m);
+  t.state.v = cut(adam.v);
+  t.state.step = adam.step;
+  if (t.weights_sharded)  // stage 3: the weights' shard only
+    t.value_shard = cut(value);
+  else
+    t.param->value = std::move(value);
+}
+
+std::map<const nn::Parameter*, nn::Tensor> gather_sharded(const std::vector<ZeroModule*>& modules,
+                                                          const std::string& kind) {
+  std::map<const nn::Parameter*, nn::Tensor> out;
+  for (ZeroModule* z : modules) {
+    if (!z || (kind == "param" && z->stage() < 3)) continue;
+    auto part = z->gather([&](const TrainedParameter& t) -> const nn::Tensor* {
+      if (kind == "param") return &t.value_shard;
+      if (kind == "adam_m") return &t.state.m;
+      if (kind == "adam_v") return &t.state.v;
+      if (kind == "grad") return &t.grad_shard;
+      throw Error(Status::internal, "ZeRO: no state '" + kind + "'");
+    });
+    out.merge(part);
+  }
+  return out;
+}
+
+}  // namespace braid::train
