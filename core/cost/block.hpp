@@ -15,7 +15,7 @@ struct BlockCost {
   double comm_forward_s = 0;    // exposed tensor-parallel collectives in forward
   double comm_backward_s = 0;   // ... in backward, including the recomputed forward's
   double activation_bytes = 0;  // kept from forward to backward, per microbatch
-  double parameters = 0;        // held on this device
+  double parameters = 0;        // held on this device (CostModel sets it from spec::module_parameter_split)
 
   BlockCost& operator+=(const BlockCost& o) {
     flops_forward += o.flops_forward;

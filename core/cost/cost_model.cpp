@@ -95,7 +95,7 @@ ModuleCost CostModel::build(int mi, int tp, int samples, const GroupShape& tp_gr
       break;
     case Role::projector: {
       const auto& producer = model.modules[static_cast<std::size_t>(model.index_of(m.inputs.front()))];
-      // Projectors are small: replicated over the TP group rather than split.
+      // Projectors are small: their work is priced as if each TP rank ran all of it.
       BlockContext whole = ctx;
       whole.tp = 1;
       c.first = linear_stack(m, producer.hidden, s, b, whole);
@@ -117,8 +117,14 @@ ModuleCost CostModel::build(int mi, int tp, int samples, const GroupShape& tp_gr
       c.output_bytes = 0;
       break;
     case Role::loss:
-      break;
+      return c;  // computed where its inputs are: no placement, nothing held
   }
+  // What this device holds: the reference models' tensors, split ones over the TP group.
+  // The projector's too (Megatron pairs), though its work above is priced whole.
+  const spec::ModuleParameters held = spec::module_parameter_split(model, m);
+  c.layer.parameters = held.block.per_rank(tp);
+  c.first.parameters = held.first.per_rank(tp);
+  c.last.parameters = held.last.per_rank(tp);
   return c;
 }
 

@@ -140,9 +140,6 @@ BlockCost transformer_layer(const spec::ModuleSpec& m, double s, double b, const
   c.activation_bytes = replicated + split + scores;
   if (train.recompute == spec::Recompute::full) c.activation_bytes = sbh * E / sp;  // the layer's input only
   if (!ctx.grads.any()) c.activation_bytes = 0;  // nothing runs backward: nothing to keep
-
-  const double layer_params = h * (h + 2 * kv) + h * h + (swiglu ? 3 : 2) * h * f;
-  c.parameters = layer_params / t + (h + 2 * kv + h + f) / t + 4 * h;  // weights, biases, norms
   return c;
 }
 
@@ -153,7 +150,6 @@ BlockCost token_embedding(const spec::ModuleSpec& m, double s, double b, const B
   c.forward_s = ctx.device->memory_seconds(2 * M * h * E);
   c.comm_forward_s = tp_all_reduce(M * h * E, ctx);
   if (ctx.grads.weights) c.backward_s = ctx.device->memory_seconds(2 * M * h * E);  // scatter-add
-  c.parameters = double(m.vocab) * h / ctx.tp;
   return c;
 }
 
@@ -166,7 +162,6 @@ BlockCost patch_embedding(const spec::ModuleSpec& m, double s, double b, const B
   local.grads = GradNeeds{saved.weights, false};  // pixels need no gradient
   add_gemm(c, M, m.hidden, patch, 1, true, local);
   if (local.grads.any()) c.activation_bytes = M * patch * E;
-  c.parameters = patch * m.hidden + m.hidden;
   return c;
 }
 
@@ -182,7 +177,6 @@ BlockCost lm_head(const spec::ModuleSpec& m, double s, double b, const BlockCont
     c.comm_backward_s = tp_all_reduce(M * h * E, ctx);  // gradient of the head's input
     c.activation_bytes = M * v * 4 + M * h * E;
   }
-  c.parameters = v * h + 2 * h;
   return c;
 }
 
@@ -190,7 +184,6 @@ BlockCost embedding_projection(const spec::ModuleSpec& m, double b, const BlockC
   BlockCost c;
   add_gemm(c, b, m.embed_dim, m.hidden, 1, true, ctx);
   if (ctx.grads.any()) c.activation_bytes = b * m.hidden * ctx.device->element_bytes();
-  c.parameters = double(m.hidden) * m.embed_dim + 2.0 * m.hidden;
   return c;
 }
 
@@ -201,7 +194,6 @@ BlockCost generator_head(const spec::ModuleSpec& m, double s, double b, const Bl
   add_gemm(c, M, patch, m.hidden, 1, true, ctx);
   add_elementwise(c, 3 * M * patch * E, ctx);  // noise-prediction regression loss
   if (ctx.grads.any()) c.activation_bytes = M * m.hidden * E;
-  c.parameters = patch * m.hidden;
   return c;
 }
 
@@ -214,7 +206,6 @@ BlockCost linear_stack(const spec::ModuleSpec& m, double in_width, double s, dou
     add_gemm(c, M, out, width, 1, true, ctx);
     if (l + 1 < m.layers) add_elementwise(c, 2 * M * out * E, ctx);  // GELU
     if (ctx.grads.any()) c.activation_bytes += M * width * E + (l + 1 < m.layers ? M * out * E : 0);
-    c.parameters += width * out + out;
     width = out;
   }
   return c;

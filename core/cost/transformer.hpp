@@ -1,6 +1,8 @@
 // Per-microbatch cost of the building blocks of every module kind: a transformer
 // layer (attention incl. GQA + MLP), token and patch embeddings, LM head with its
-// loss, and linear stacks (projectors). Megatron-style tensor parallelism.
+// loss, and linear stacks (projectors). Megatron-style tensor parallelism. These price
+// work and activations; the parameters a block holds come from spec::module_parameter_split
+// (CostModel::module sets them), one count with the reference models.
 #pragma once
 
 #include <vector>

@@ -329,46 +329,80 @@ ModelSpec parse_model(const Node& root) {
 
 namespace {
 
-double transformer_layer_parameters(const ModuleSpec& m) {
-  const double h = m.hidden;
+// One pre-LN block: q, k, v and fc1 (weights and biases) column-parallel, attention out and fc2
+// row-parallel (weights split, biases added once after the sum), both norms replicated.
+ParameterCount transformer_block_parameters(const ModuleSpec& m) {
+  const double h = m.hidden, f = m.ffn;
   const double kv = h * m.kv_groups / m.heads;
-  const double attention = h * h + 2 * h * kv + h * h + (h + 2 * kv + h);  // q, k, v, o weights + biases
-  const double mlp = (m.mlp == Mlp::swiglu ? 3.0 : 2.0) * h * m.ffn + m.ffn + h;
-  const double norms = 4 * h;
-  return attention + mlp + norms;
+  const double mlp_in = m.mlp == Mlp::swiglu ? 2.0 : 1.0;  // fc1 (+ gate): one bias either way
+  ParameterCount p;
+  p.split = h * (h + 2 * kv) + (h + 2 * kv)  // q, k, v
+            + h * h                          // attention out
+            + mlp_in * h * f + f             // fc1
+            + h * f;                         // fc2
+  p.replicated = 2 * h + 4 * h;              // attention out and fc2 biases; ln1, ln2
+  return p;
+}
+
+// A projector's linears in Megatron pairs: layer 2i column-parallel (weight and bias split),
+// layer 2i + 1 row-parallel (weight split, bias replicated); a last unpaired layer row-parallel.
+ParameterCount projector_parameters(const ModelSpec& model, const ModuleSpec& m) {
+  const ModuleSpec* producer = model.find(m.inputs.front());
+  double width = producer ? producer->hidden : m.hidden;
+  ParameterCount p;
+  for (int l = 0; l < m.layers; ++l) {
+    const double out = (l + 1 == m.layers) ? m.hidden : m.ffn;
+    const bool column = l % 2 == 0 && l + 1 < m.layers;
+    p.split += width * out;
+    (column ? p.split : p.replicated) += out;
+    width = out;
+  }
+  return p;
 }
 
 }  // namespace
 
-double module_parameters(const ModelSpec& model, const ModuleSpec& m) {
+ParameterCount ModuleParameters::total() const {
+  ParameterCount t = first;
+  t += last;
+  t.split += blocks * block.split;
+  t.replicated += blocks * block.replicated;
+  return t;
+}
+
+ModuleParameters module_parameter_split(const ModelSpec& model, const ModuleSpec& m) {
+  ModuleParameters p;
   switch (m.role) {
     case Role::loss:
-      return 1;  // the learnable temperature
-    case Role::projector: {
-      const ModuleSpec* producer = model.find(m.inputs.front());
-      double in = producer ? producer->hidden : m.hidden;
-      double p = 0, width = in;
-      for (int l = 0; l < m.layers; ++l) {
-        double out = (l + 1 == m.layers) ? m.hidden : m.ffn;
-        p += width * out + out;
-        width = out;
-      }
+      p.first.replicated = 1;  // the learnable temperature
       return p;
-    }
+    case Role::projector:
+      p.first = projector_parameters(model, m);
+      return p;
     default:
       break;
   }
-  double p = m.layers * transformer_layer_parameters(m) + 2.0 * m.hidden;  // + final norm
-  if (m.vocab > 0) p += double(m.vocab) * m.hidden;                        // token embedding
-  if (m.role == Role::llm) p += double(m.vocab) * m.hidden;                // untied LM head
-  if (m.patch_size > 0) p += double(m.patch_size) * m.patch_size * m.channels * m.hidden + m.hidden;
-  if (m.role == Role::generator) p += double(m.patch_size) * m.patch_size * m.channels * m.hidden;  // unpatchify
-  if (m.embed_dim > 0) p += double(m.hidden) * m.embed_dim;
-  // Learned position tables, when the model file sizes them: one row per position; an
-  // image encoder has one table for patch rows and one for patch columns (core/nn).
-  p += double(m.max_positions) * m.hidden;
-  if (m.max_image_size > 0) p += 2.0 * (m.max_image_size / m.patch_size) * m.hidden;
+  const double h = m.hidden;
+  p.blocks = m.layers;
+  p.block = transformer_block_parameters(m);
+  // First stage: the vocabulary-parallel token table; a patchify GEMM (weight and bias) and
+  // learned position tables, replicated. An image encoder has one table for patch rows and
+  // one for patch columns (core/nn); a table the model file does not size is absent.
+  if (m.vocab > 0) p.first.split += double(m.vocab) * h;
+  if (m.patch_size > 0) p.first.replicated += double(m.patch_size) * m.patch_size * m.channels * h + h;
+  p.first.replicated += double(m.max_positions) * h;
+  if (m.max_image_size > 0) p.first.replicated += 2.0 * (m.max_image_size / m.patch_size) * h;
+  // Last stage: the final norm; the untied vocabulary-parallel LM head, the contrastive
+  // projection (no bias) or the unpatchify projection, replicated.
+  p.last.replicated = 2 * h;
+  if (m.role == Role::llm) p.last.split += double(m.vocab) * h;
+  if (m.embed_dim > 0) p.last.replicated += h * m.embed_dim;
+  if (m.role == Role::generator) p.last.replicated += double(m.patch_size) * m.patch_size * m.channels * h;
   return p;
+}
+
+double module_parameters(const ModelSpec& model, const ModuleSpec& m) {
+  return module_parameter_split(model, m).total().total();
 }
 
 double model_parameters(const ModelSpec& model) {

@@ -69,6 +69,36 @@ struct ModelSpec {
 
 ModelSpec parse_model(const Node& root);
 
+// Parameters as Megatron tensor parallelism places them: `split` are sharded over the TP
+// group (each rank holds split / tp of them), `replicated` are whole on every rank.
+struct ParameterCount {
+  double split = 0;
+  double replicated = 0;
+
+  double total() const { return split + replicated; }
+  // What one rank of a TP group of `tp` holds.
+  double per_rank(int tp) const { return split / tp + replicated; }
+  ParameterCount& operator+=(const ParameterCount& o) {
+    split += o.split;
+    replicated += o.replicated;
+    return *this;
+  }
+};
+
+// A module's parameters by the pipeline stage that holds them, tensor by tensor as the
+// reference models (core/nn) build and shard them: `block` in each of its `blocks`
+// transformer blocks, `first` with its first stage (token table, patch embedding, position
+// tables; the whole of a projector; a loss's temperature), `last` with its last stage (final
+// norm, LM head, contrastive projection, unpatchify). The one count behind
+// module_parameters and the cost model's per-device weights, gradients and optimizer state.
+struct ModuleParameters {
+  int blocks = 0;
+  ParameterCount block, first, last;
+
+  ParameterCount total() const;
+};
+ModuleParameters module_parameter_split(const ModelSpec& model, const ModuleSpec& module);
+
 // Parameter counts (whole module, unsharded), for memory and reports.
 double module_parameters(const ModelSpec& model, const ModuleSpec& module);
 double model_parameters(const ModelSpec& model);

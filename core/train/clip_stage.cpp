@@ -43,11 +43,6 @@ ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model
     Tower& tower = towers_[t];
     const ModuleRole& role = layout.module(names[t]);
     tower.role = &role;
-    if (role.tp != 1)
-      throw Error(Status::unsupported, "the CPU trainer runs '" + role.name +
-                                           "' unsplit by tensor parallelism: the plan "
-                                           "gives it tp " +
-                                           std::to_string(role.tp) + " (use --tp 1)");
     min_replicas = min_replicas ? std::min(min_replicas, role.replicas) : role.replicas;
     if (group_rows % role.replicas != 0)
       bad_split(run, "the contrastive batch (" + std::to_string(group_rows) + ") does not split over the " +
@@ -87,11 +82,58 @@ ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model
                                          " microbatches per replica (got " +
                                          std::to_string(static_cast<long long>(groups_) * per_group) + ")");
   logit_scale_ = clip.loss->parameters().front();
+  const ModuleRole& image = *towers_[0].role;
+  const ModuleRole& text = *towers_[1].role;
+  if (image.tp != text.tp)
+    throw Error(Status::unsupported, "the CPU trainer runs CLIP towers of one tensor-parallel width: '" + image.name +
+                                         "' has tp " + std::to_string(image.tp) + ", '" + text.name + "' tp " +
+                                         std::to_string(text.tp) +
+                                         " (each TP rank's batch-sync pairs it with the same TP rank of the other "
+                                         "tower)");
+  check_sequence_parallel(run, image.tp);
+  // Hidden states travel between the stages of one tower; a program that chains the towers'
+  // stages (one tower a stage, the other the next) has nothing to send between them.
+  for (const pipeline::Instruction& ins : program.instructions()) {
+    if (ins.op != Op::send_activation && ins.op != Op::recv_activation) continue;
+    const int peer = program.rank_of(ins.peer, 0, 0);
+    for (const Tower& t : towers_)
+      if (t.here && !t.role->grid->contains(peer))
+        throw Error(Status::unsupported,
+                    "the CPU trainer pipelines a CLIP tower over stages that each hold a part of it: the program "
+                    "sends stage " +
+                        std::to_string(program.stage) + "'s activations to stage " + std::to_string(ins.peer) +
+                        ", which does not hold '" + t.role->name +
+                        "' (plan the towers side by side, --strategy distmm, or split each over the stages)");
+  }
+  // The batch-sync of this rank's TP index: every tower replica's rank of that index (with
+  // tp 1 the plan's whole batch-sync group). Each TP index computes the same loss.
+  tp_index_ = towers_[0].here ? image.tp_rank : text.tp_rank;
+  std::vector<int> sync;
+  for (int r : layout.sync_ranks) {
+    const ModuleRole& holder = image.grid && image.grid->contains(r) ? image : text;
+    if (holder.grid->coords(r)[static_cast<std::size_t>(runtime::Axis::tp)] == tp_index_) sync.push_back(r);
+  }
   // Groups in one order on every rank; only their members create them.
-  const auto& sync = layout.sync_ranks;
-  if (std::find(sync.begin(), sync.end(), layout.rank) != sync.end()) sync_.emplace(world.group(sync));
+  for (auto& t : towers_)
+    if (t.here && t.role->tp > 1) t.tp.emplace(world.group(t.role->tp_ranks));
+  if (std::find(sync.begin(), sync.end(), layout.rank) != sync.end()) {
+    sync_.emplace(world.group(sync));
+    sync_front_ = sync.front();
+  }
   for (auto& t : towers_)
     if (t.here && t.role->replicas > 1) t.dp.emplace(world.group(t.role->dp_ranks));
+  for (auto& t : towers_) {
+    if (!t.tp) continue;
+    runtime::Communicator& group = *t.tp;
+    t.tp_group.rank = t.role->tp_rank;
+    t.tp_group.size = group.size();
+    t.tp_group.allreduce_sum = [this, &group](nn::Tensor& x) {
+      auto req = group.iallreduce(std::span<float>(x.data));
+      const double waited = req.wait();
+      if (result_) result_->idle[static_cast<std::size_t>(sim::Cause::tp)] += waited;
+    };
+  }
+  set_tensor_parallel(false);
 
   // Each distinct tensor's gradient norm counted once: by DP replica 0, or under ZeRO by the
   // replica holding the shard.
@@ -101,13 +143,14 @@ ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model
       for (auto* p : t.params) {
         TrainedParameter trained;
         trained.param = p;
-        trained.counted = t.role->replica == 0 || (zero > 0 && t.dp);
+        // A tensor-parallel slice by every TP rank, a replicated tensor by the first.
+        trained.counted = (t.role->replica == 0 || (zero > 0 && t.dp)) && (t.role->tp_rank == 0 || !p->slice.whole());
         params_.push_back(std::move(trained));
       }
   if (logit_scale_ && sync_ && logit_scale_->trainable) {
     TrainedParameter trained;
     trained.param = logit_scale_;
-    trained.counted = layout_.rank == layout_.sync_ranks.front();
+    trained.counted = layout_.rank == sync_front_ && tp_index_ == 0;
     params_.push_back(std::move(trained));
   }
   if (zero > 0) make_zero(zero);
@@ -148,17 +191,35 @@ void ClipStage::make_zero(int stage) {
 }
 
 ClipStage::~ClipStage() {
-  // The model outlives this stage: its ZeRO hooks must not call back into it.
-  if (towers_[0].zero) model_.clip->image_encoder->set_block_hooks(nullptr);
-  if (towers_[1].zero) model_.clip->text_encoder->set_block_hooks(nullptr);
+  // The model outlives this stage: its TP callbacks and ZeRO hooks must not call back into it.
+  auto& clip = *model_.clip;
+  if (towers_[0].zero) clip.image_encoder->set_block_hooks(nullptr);
+  if (towers_[1].zero) clip.text_encoder->set_block_hooks(nullptr);
+  if (towers_[0].tp) clip.image_encoder->detach_tensor_parallel();
+  if (towers_[1].tp) clip.text_encoder->detach_tensor_parallel();
+}
+
+void ClipStage::set_tensor_parallel(bool single_process) {
+  // In one order on every rank: each change of a split tower gathers over its group.
+  auto& clip = *model_.clip;
+  if (towers_[0].tp)
+    clip.image_encoder->set_tensor_parallel(single_process ? nn::TensorParallel{} : towers_[0].tp_group);
+  if (towers_[1].tp)
+    clip.text_encoder->set_tensor_parallel(single_process ? nn::TensorParallel{} : towers_[1].tp_group);
 }
 
 void ClipStage::single_process(bool on) {
-  // The ZeRO hooks are off meanwhile: one process runs the model outside the program.
+  // ZeRO-3's shards gathered into the tensor-parallel slices, then those gathered whole; back
+  // the other way. The ZeRO hooks are off meanwhile: one process runs the model outside the
+  // program.
+  if (on)
+    for (auto& t : towers_)
+      if (t.zero) t.zero->materialize(true);
+  set_tensor_parallel(on);
   for (int t = 0; t < 2; ++t) {
     ZeroModule* z = towers_[t].zero.get();
     if (!z) continue;
-    z->materialize(on);
+    if (!on) z->materialize(false);
     if (z->stage() < 2) continue;
     if (t == 0)
       model_.clip->image_encoder->set_block_hooks(on ? nullptr : z);
@@ -325,7 +386,7 @@ Pending ClipStage::reduce() {
     waited += req.wait();
     if (logit_scale_->trainable) logit_scale_->grad.data[0] = static_cast<float>(sum[0]);
   }
-  double loss[1] = {layout_.rank == layout_.sync_ranks.front() ? loss_ : 0.0};
+  double loss[1] = {layout_.rank == sync_front_ && tp_index_ == 0 ? loss_ : 0.0};
   auto req = world_->iallreduce(std::span<double>(loss));
   waited += req.wait();
   result_->loss = loss[0];

@@ -66,7 +66,8 @@ class ClipStage : public StageWork {
     std::int64_t microbatch = 0;  // samples per microbatch
     std::unique_ptr<Loader> loader;
     std::unique_ptr<Prefetcher> prefetch;  // made at the first step
-    std::optional<runtime::Communicator> dp;
+    std::optional<runtime::Communicator> dp, tp;
+    nn::TensorParallel tp_group;  // over `tp`, when the tower is split
     std::vector<nn::Parameter*> params;
     std::unique_ptr<ZeroModule> zero;  // ZeRO >= 1 over a DP group of 2+
     // Per step.
@@ -82,6 +83,8 @@ class ClipStage : public StageWork {
   Pending sync(const pipeline::Instruction& i);
   Pending reduce();
   void make_zero(int stage);  // a ZeroModule per data-parallel tower this rank holds
+  // Every split tower sliced for its group, or whole (gathered) for one process.
+  void set_tensor_parallel(bool single_process);
   // The calls into tower `tower`'s encoder a forward or backward of `samples` makes.
   static int tower_calls(int tower, const std::vector<data::Sample>& samples);
 
@@ -91,7 +94,9 @@ class ClipStage : public StageWork {
   nn::Ops& ops_;
   DataOptions data_;
   runtime::Communicator* world_ = nullptr;
-  std::optional<runtime::Communicator> sync_;  // the batch-sync group, when this stage joins it
+  std::optional<runtime::Communicator> sync_;  // the batch-sync group of this TP index, when this stage joins it
+  int sync_front_ = -1;                        // its lowest rank
+  int tp_index_ = 0;                           // this rank's TP rank in the towers it holds
   Tower towers_[2];                            // image, text
   int groups_ = 1;                             // contrastive groups per step
   std::int64_t rows_per_replica_ = 0;          // the most rows a rank holds per group

@@ -91,8 +91,20 @@ StepResult Executor::step(std::int64_t step, double lr) {
 Pending Executor::optimizer_step(double lr, StepResult& r) {
   const auto& t = run_.trainer;
   double norm2[1] = {0};
-  // Under ZeRO a rank holds the reduced gradient of its shard only, and steps that.
-  auto grad_of = [](TrainedParameter& p) -> nn::Tensor& { return p.sharded() ? p.grad_shard : p.param->grad; };
+  // Under ZeRO a rank steps its shard [begin, end) with its reduced gradient: grad_shard at
+  // stages 2 and 3, that range of the whole gradient at stage 1 (copied out for the step).
+  std::vector<nn::Tensor> in_place(params_.size());
+  for (std::size_t k = 0; k < params_.size(); ++k) {
+    TrainedParameter& p = params_[k];
+    if (!p.sharded() || static_cast<std::int64_t>(p.grad_shard.data.size()) == p.end - p.begin) continue;
+    in_place[k] = nn::Tensor({p.end - p.begin});
+    std::copy(p.param->grad.data.begin() + p.begin, p.param->grad.data.begin() + p.end, in_place[k].data.begin());
+  }
+  auto grad_of = [&](TrainedParameter& p) -> nn::Tensor& {
+    const auto k = static_cast<std::size_t>(&p - params_.data());
+    if (!p.sharded()) return p.param->grad;
+    return in_place[k].data.empty() ? p.grad_shard : in_place[k];
+  };
   for (auto& p : params_)
     if (p.counted) norm2[0] += ops_.squared_norm(grad_of(p));
   auto req = world_comm_->iallreduce(std::span<double>(norm2));
@@ -113,12 +125,12 @@ Pending Executor::optimizer_step(double lr, StepResult& r) {
     if (!p.sharded()) {
       ops_.adamw_step(p.param->value, p.param->grad, p.state, config);
     } else if (!p.value_shard.data.empty()) {  // ZeRO-3: the shard is all this rank keeps
-      ops_.adamw_step(p.value_shard, p.grad_shard, p.state, config);
+      ops_.adamw_step(p.value_shard, grad_of(p), p.state, config);
     } else if (p.end > p.begin) {  // ZeRO-1 and 2: the shard's elements of the whole value
       nn::Tensor shard({p.end - p.begin});
       float* value = p.param->value.ptr();
       std::copy(value + p.begin, value + p.end, shard.ptr());
-      ops_.adamw_step(shard, p.grad_shard, p.state, config);
+      ops_.adamw_step(shard, grad_of(p), p.state, config);
       std::copy(shard.data.begin(), shard.data.end(), value + p.begin);
     } else {
       ++p.state.step;  // a shard without elements here: the step count stays that of the others

@@ -51,11 +51,10 @@ RankLayout layout_for(const spec::ModelSpec& model, const runtime::Topology& top
     const runtime::ModuleGrid& grid = topology.modules[static_cast<std::size_t>(index)];
     const int tp = grid.grid.size_of(runtime::Axis::tp), pp = grid.grid.size_of(runtime::Axis::pp);
     const bool clip = model.topology == spec::Topology::contrastive;
-    if ((clip && tp != 1) || (!clip && spec_module.role != spec::Role::llm && pp != 1))
+    if (!clip && spec_module.role != spec::Role::llm && pp != 1)
       throw Error(Status::unsupported, "the CPU trainer runs '" + spec_module.name +
-                                           "' whole on its ranks: the plan gives it tp " + std::to_string(tp) +
-                                           ", pp " + std::to_string(pp) +
-                                           (clip ? " (use --tp 1 --pp 1)" : " (only the llm is pipelined)"));
+                                           "' in one pipeline stage: the plan gives it pp " + std::to_string(pp) +
+                                           " (only the llm of an MLLM is pipelined)");
     role.replicas = grid.grid.size_of(runtime::Axis::dp);
     role.stages = pp;
     role.tp = tp;

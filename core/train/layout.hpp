@@ -4,7 +4,7 @@
 // the process groups of core/runtime (build_groups), so `braid groups` prints the layout
 // the trainer executes.
 //
-// What the CPU trainer executes: CLIP towers each whole on their ranks (tp = pp = 1),
+// What the CPU trainer executes: CLIP towers with any tp x pp x dp (both towers of one tp),
 // on the same ranks (colocated DP) or on disjoint ones (DistMM); an MLLM's llm with any
 // tp x pp x dp grid, its encoder with any tp x dp on its own ranks or on the llm's (DistTrain,
 // Optimus and Megatron layouts), the projector with the encoder or with the llm's first

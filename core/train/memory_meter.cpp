@@ -70,10 +70,14 @@ MemoryBytes MemoryMeter::tracked() const {
 }
 
 void MemoryMeter::begin_step() {
-  // The heap first: computing the other kinds allocates nothing, but the order keeps the two
-  // baselines from one moment whatever the sources do.
-  heap_at_start_ = static_cast<double>(heap_in_use());
-  tracked_at_start_ = sum(tracked());
+  // One baseline, before the first step: later steps' activations are measured against the
+  // same heap, so state created by a step (AdamW's moments) counts as its own kind, not as a
+  // drop in activations. The heap first: computing the other kinds allocates nothing, but the
+  // order keeps the two baselines from one moment whatever the sources do.
+  if (samples_ == 0) {
+    heap_at_start_ = static_cast<double>(heap_in_use());
+    tracked_at_start_ = sum(tracked());
+  }
   sample();
 }
 

@@ -60,8 +60,8 @@ class MemoryMeter {
   // Error(invalid_argument) for activations, which are measured, not reported.
   void add_source(MemoryKind kind, std::function<std::size_t()> bytes);
 
-  // At the start of a step, before any of its activations exist: the heap baseline of the
-  // step's activations, then a sample.
+  // At the start of a step, before any of its activations exist: a sample, and before the
+  // first step the heap baseline activations are measured from.
   void begin_step();
   // After an instruction: the bytes of every kind now, and the peaks.
   void sample();

@@ -39,7 +39,11 @@ ZeroModule::ZeroModule(std::string name, int stage, runtime::Communicator& dp, s
       const std::int64_t at = u.offsets[i], n = t.param->value.numel();
       t.begin = std::clamp(lo - at, std::int64_t{0}, n);
       t.end = std::clamp(hi - at, t.begin, n);
-      t.grad_shard = nn::Tensor({t.end - t.begin});
+      // Stage 1 reduces into its range of the whole gradient; 2 and 3 keep the shard alone.
+      if (stage_ >= 2) {
+        t.grad_shard = nn::Tensor({t.end - t.begin});
+        t.param->grad = nn::Tensor();
+      }
     }
     if (spec.block) {
       by_block_[spec.block] = units_.size();
@@ -68,10 +72,7 @@ ZeroModule::Unit& ZeroModule::unit_of(const nn::TransformerBlock& block) {
 
 void ZeroModule::begin_step() {
   for (auto& u : units_)
-    for (TrainedParameter* t : u.params) {
-      std::fill(t->grad_shard.data.begin(), t->grad_shard.data.end(), 0.0f);
-      if (stage_ >= 2) t->param->grad = nn::Tensor();
-    }
+    for (TrainedParameter* t : u.params) std::fill(t->grad_shard.data.begin(), t->grad_shard.data.end(), 0.0f);
 }
 
 void ZeroModule::free_weights(Unit& u) {
@@ -152,9 +153,12 @@ double ZeroModule::reduce_scatter(Unit& u) {
   const std::int64_t lo = dp_.rank() * u.shard;
   for (std::size_t i = 0; i < u.params.size(); ++i) {
     TrainedParameter& t = *u.params[i];
-    const std::int64_t from = u.offsets[i] + t.begin - lo;
-    for (std::int64_t k = 0; k < t.end - t.begin; ++k)
-      t.grad_shard.data[static_cast<std::size_t>(k)] += mine[static_cast<std::size_t>(from + k)];
+    const float* from = mine.data() + (u.offsets[i] + t.begin - lo);
+    if (stage_ == 1) {  // once per step: the sum replaces this rank's range of the whole gradient
+      std::copy(from, from + (t.end - t.begin), t.param->grad.data.begin() + t.begin);
+      continue;
+    }
+    for (std::int64_t k = 0; k < t.end - t.begin; ++k) t.grad_shard.data[static_cast<std::size_t>(k)] += from[k];
   }
   return waited;
 }
@@ -180,7 +184,7 @@ double ZeroModule::all_gather(Unit& u) {
 }
 
 std::map<const nn::Parameter*, nn::Tensor> ZeroModule::gather(
-    const std::function<const nn::Tensor*(const TrainedParameter&)>& shard_of) {
+    const std::function<std::optional<std::span<const float>>(const TrainedParameter&)>& shard_of) {
   std::map<const nn::Parameter*, nn::Tensor> out;
   for (auto& u : units_) {
     if (u.params.empty()) continue;
@@ -189,9 +193,9 @@ std::map<const nn::Parameter*, nn::Tensor> ZeroModule::gather(
     std::vector<bool> exists(u.params.size(), false);
     for (std::size_t i = 0; i < u.params.size(); ++i) {
       const TrainedParameter& t = *u.params[i];
-      const nn::Tensor* shard = shard_of(t);
-      exists[i] = shard && static_cast<std::int64_t>(shard->data.size()) == t.end - t.begin;
-      if (exists[i]) std::copy(shard->data.begin(), shard->data.end(), mine.begin() + (u.offsets[i] + t.begin - lo));
+      const auto shard = shard_of(t);
+      exists[i] = shard && static_cast<std::int64_t>(shard->size()) == t.end - t.begin;
+      if (exists[i]) std::copy(shard->begin(), shard->end(), mine.begin() + (u.offsets[i] + t.begin - lo));
     }
     std::vector<float> all(static_cast<std::size_t>(u.shard * dp_.size()));
     dp_.allgather(std::as_bytes(std::span<const float>(mine)), std::as_writable_bytes(std::span<float>(all)));
@@ -234,11 +238,19 @@ std::map<const nn::Parameter*, nn::Tensor> gather_sharded(const std::vector<Zero
   std::map<const nn::Parameter*, nn::Tensor> out;
   for (ZeroModule* z : modules) {
     if (!z || (kind == "param" && z->stage() < 3)) continue;
-    auto part = z->gather([&](const TrainedParameter& t) -> const nn::Tensor* {
-      if (kind == "param") return &t.value_shard;
-      if (kind == "adam_m") return &t.state.m;
-      if (kind == "adam_v") return &t.state.v;
-      if (kind == "grad") return &t.grad_shard;
+    const int stage = z->stage();
+    auto part = z->gather([&](const TrainedParameter& t) -> std::optional<std::span<const float>> {
+      auto of = [](const nn::Tensor& x) -> std::optional<std::span<const float>> {
+        if (x.data.empty()) return std::nullopt;  // not created yet (or a shard of no elements)
+        return std::span<const float>(x.data);
+      };
+      if (kind == "param") return of(t.value_shard);
+      if (kind == "adam_m") return of(t.state.m);
+      if (kind == "adam_v") return of(t.state.v);
+      if (kind == "grad" && stage == 1)  // reduced in place
+        return std::span<const float>(t.param->grad.data)
+            .subspan(static_cast<std::size_t>(t.begin), static_cast<std::size_t>(t.end - t.begin));
+      if (kind == "grad") return of(t.grad_shard);
       throw Error(Status::internal, "ZeRO: no state '" + kind + "'");
     });
     out.merge(part);

@@ -26,6 +26,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -72,11 +74,12 @@ class ZeroModule : public nn::BlockHooks {
   // Stage 3: every weight gathered and kept (for an evaluation on one rank), or freed again.
   void materialize(bool whole);
   // For checkpoints and gradient dumps: each parameter's whole tensor (its tensor-parallel
-  // slice) of the state `shard_of` picks (a TrainedParameter's grad_shard, state.m, state.v or
-  // value_shard; null: none yet), every rank's shard gathered (collective over the DP group).
+  // slice) of the state `shard_of` picks (the elements of [begin, end) of its reduced gradient,
+  // AdamW moments or stage-3 weights; nullopt: none yet), every rank's shard gathered
+  // (collective over the DP group).
   // A parameter whose state does not exist yet maps to an empty tensor.
   std::map<const nn::Parameter*, nn::Tensor> gather(
-      const std::function<const nn::Tensor*(const TrainedParameter&)>& shard_of);
+      const std::function<std::optional<std::span<const float>>(const TrainedParameter&)>& shard_of);
 
   void before_block(const nn::TransformerBlock& block, bool backward) override;
   void after_block(const nn::TransformerBlock& block, bool backward) override;

@@ -326,6 +326,25 @@ class LayoutEquivalence(unittest.TestCase):
         config = variant(self.tmp.name, CLIP, "clip-4-groups.yaml", training={"contrastive_batch": 32})
         self.assert_schedules(config, 2, ["batch-sync", "distmm-pipe", "two-phase"], "--plan", plan)
 
+    def test_clip_tensor_parallel(self):
+        # Both towers split by TP (the text tower's token table by vocabulary): TP 2 and 4 alone,
+        # TP 2 x DP 2, each TP index's ranks forming a batch-sync of their own; then with each
+        # tower in 2 pipeline stages, and with ZeRO-3 over the DP groups.
+        self.assert_same(CLIP, 2, "--tp", "2")
+        self.assert_same(CLIP, 4, "--tp", "4")
+        self.assert_same(CLIP, 4, "--tp", "2")
+        plan = os.path.join(self.tmp.name, "clip-tp2-pp2.yaml")
+        with open(plan, "w") as f:
+            f.write(CLIP_PP2.replace("devices: 2", "devices: 4").replace("tp: 1, pp: 2", "tp: 2, pp: 2"))
+        self.assert_same(CLIP, 4, "--plan", plan)
+        self.assert_same(self.zero_variant(CLIP, 3), 4, "--tp", "2")
+
+    def test_clip_towers_chained_as_stages_are_refused(self):
+        # Megatron's plan with pp 2 puts one tower on each stage: nothing flows between them.
+        r = train(2, "--config", CLIP, "--steps", "1", "--strategy", "megatron", "--pp", "2")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("the CPU trainer pipelines a CLIP tower over stages that each hold a part of it", r.stderr)
+
     def test_plan_microbatch_size_runs_as_planned(self):
         # The run file says 16 per microbatch, the plan 8: twice the microbatches, the same step.
         plan = os.path.join(self.tmp.name, "clip-pp2-mb8.yaml")
@@ -702,26 +721,42 @@ class Memory(unittest.TestCase):
     metrics file next to the cost model's prediction for the same plan and rank."""
 
     KINDS = {"weights", "gradients", "optimizer", "activations", "communication", "total"}
+    STATE = ("weights", "gradients", "optimizer")
+    # tiny-mllm's parameters, counted by hand from its shapes (tests/unit/cost_test.cpp): the
+    # whole model (vision 112,960 + projector 24,832 + llm 409,088), and what one rank of a
+    # TP 2 group holds (63,360 + 12,480 + 207,488).
+    MLLM_PARAMETERS = 546880
+    MLLM_TP2_PARAMETERS = 283328
 
     def memory_line(self, path):
         lines = [m for m in metrics(path) if m.get("memory")]
         self.assertEqual(len(lines), 1)
         return lines[0]
 
+    def train_memory(self, d, name, ranks, config, *args):
+        """Trains 2 steps (AdamW's moments exist after the first); returns the memory line and stdout."""
+        path = f"{d}/{name}.jsonl"
+        r = train(ranks, "--config", config, "--steps", "2", "--data-workers", "0", "--metrics", path, *args)
+        check(self, r)
+        m = self.memory_line(path)
+        self.assertEqual(m["step"], 2)
+        self.assertEqual((m["run_precision"], m["predicted_as"]), ("fp32", "fp32"))
+        self.assertEqual([x["rank"] for x in m["ranks"]], list(range(ranks)))
+        self.assertNotIn("prediction_error", m)
+        return m, r.stdout
+
     def test_measured_next_to_predicted_for_every_rank_and_kind(self):
         with tempfile.TemporaryDirectory() as d:
-            # The trainer runs fp32 and, without ZeRO, holds every weight of its modules: the
-            # cost model's weights are then the reference model's parameters x 4 bytes.
+            # The trainer runs fp32 and, without ZeRO, holds every weight of its modules (under TP
+            # its slices and the replicated tensors): the cost model's weights are then the
+            # reference model's parameters x 4 bytes, its gradients as many, AdamW's m and v twice.
             config = variant(d, MLLM, "mllm-zero0.yaml", training={"zero_stage": 0, "precision": "fp32"})
-            for ranks in (1, 2):
-                with self.subTest(ranks=ranks):
-                    r = train(ranks, "--config", config, "--steps", "2", "--metrics", f"{d}/{ranks}.jsonl")
-                    check(self, r)
-                    m = self.memory_line(f"{d}/{ranks}.jsonl")
-                    self.assertEqual(m["step"], 2)
-                    self.assertEqual((m["run_precision"], m["predicted_as"]), ("fp32", "fp32"))
-                    self.assertEqual([x["rank"] for x in m["ranks"]], list(range(ranks)))
-                    self.assertIn("memory per rank at its peak, measured and as the cost model predicts it", r.stdout)
+            layouts = [("1", 1, (), self.MLLM_PARAMETERS), ("dp2", 2, (), self.MLLM_PARAMETERS),
+                       ("tp2", 2, ("--strategy", "megatron", "--tp", "2"), self.MLLM_TP2_PARAMETERS)]
+            for name, ranks, args, parameters in layouts:
+                with self.subTest(layout=name):
+                    m, stdout = self.train_memory(d, name, ranks, config, *args)
+                    self.assertIn("memory per rank at its peak, measured and as the cost model predicts it", stdout)
                     for x in m["ranks"]:
                         rank, measured, predicted = x["rank"], x["measured_bytes"], x["predicted_bytes"]
                         self.assertEqual(set(measured), self.KINDS)
@@ -729,17 +764,51 @@ class Memory(unittest.TestCase):
                         for kind in ("weights", "activations"):
                             self.assertGreater(measured[kind], 0, f"rank {rank} {kind}")
                             self.assertGreater(predicted[kind], 0, f"rank {rank} {kind}")
-                        # AdamW in fp32: a gradient and two moments per weight.
-                        self.assertEqual(measured["gradients"], measured["weights"])
-                        self.assertEqual(measured["optimizer"], 2 * measured["weights"])
                         # The printed table shows the JSON's figures.
-                        row = re.search(rf"^{rank}\s+weights\s+([\d.]+)\s+([\d.]+)\s", r.stdout, re.M)
-                        self.assertIsNotNone(row, r.stdout)
+                        row = re.search(rf"^{rank}\s+weights\s+([\d.]+)\s+([\d.]+)\s", stdout, re.M)
+                        self.assertIsNotNone(row, stdout)
                         self.assertEqual(row.group(1), f"{measured['weights'] / 2**20:.3f}")
                         self.assertEqual(row.group(2), f"{predicted['weights'] / 2**20:.3f}")
-                        self.assertEqual(measured["weights"], predicted["weights"],
+                        self.assertEqual(measured["weights"], 4 * parameters,
                                          f"rank {rank}: the reference model holds {measured['weights'] / 4:.0f} "
-                                         f"parameters, the cost model counts {predicted['weights'] / 4:.0f}")
+                                         f"parameters, the hand count is {parameters}")
+                        expected = {"weights": 4 * parameters, "gradients": 4 * parameters,
+                                    "optimizer": 8 * parameters}
+                        for kind in self.STATE:
+                            self.assertEqual(measured[kind], expected[kind], f"rank {rank} {kind} measured")
+                            self.assertEqual(predicted[kind], expected[kind], f"rank {rank} {kind} predicted")
+
+    def test_zero_shards_optimizer_state_and_weights_as_predicted(self):
+        # ZeRO over DP 2: stage 1 halves AdamW's state, stage 3 also the weights kept between uses.
+        # A unit (a block, or the rest of a module) is padded to a multiple of the group, so a rank
+        # may hold up to one element per unit more than 1/dp; every tensor of tiny-mllm has an even
+        # number of elements, so nothing is padded and measured = predicted to the byte. The gathered
+        # weights of a ZeRO-3 unit live inside a forward or backward instruction only: the samples,
+        # at instruction boundaries, see the shards.
+        with tempfile.TemporaryDirectory() as d:
+            for zero in (1, 3):
+                config = variant(d, MLLM, f"mllm-zero{zero}.yaml", training={"zero_stage": zero, "precision": "fp32"})
+                with self.subTest(zero=zero):
+                    m, _ = self.train_memory(d, f"zero{zero}", 2, config)
+                    for x in m["ranks"]:
+                        rank, measured, predicted = x["rank"], x["measured_bytes"], x["predicted_bytes"]
+                        self.assertEqual(predicted["optimizer"], 8 * self.MLLM_PARAMETERS / 2)
+                        self.assertEqual(measured["optimizer"], predicted["optimizer"], f"rank {rank}")
+                        weights = 4 * self.MLLM_PARAMETERS / (2 if zero == 3 else 1)
+                        self.assertEqual(predicted["weights"], weights)
+                        self.assertEqual(measured["weights"], weights, f"rank {rank}")
+
+    def test_zero_gradients_as_predicted(self):
+        # ZeRO-1 keeps the whole gradients (its reduce-scatter lands in its own range of them);
+        # ZeRO-2 and 3 keep 1/dp, a block's whole gradients living only inside the instruction
+        # that reduces them, between two samples of the meter.
+        with tempfile.TemporaryDirectory() as d:
+            for zero in (1, 2, 3):
+                config = variant(d, MLLM, f"mllm-zero{zero}.yaml", training={"zero_stage": zero, "precision": "fp32"})
+                m, _ = self.train_memory(d, f"zero{zero}", 2, config)
+                for x in m["ranks"]:
+                    self.assertEqual(x["measured_bytes"]["gradients"], x["predicted_bytes"]["gradients"],
+                                     f"zero {zero} rank {x['rank']}")
 
     def test_prediction_uses_the_precision_the_trainer_runs(self):
         with tempfile.TemporaryDirectory() as d:

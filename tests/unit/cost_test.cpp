@@ -50,6 +50,77 @@ TEST(Cost, Gpt175bHas175BillionParameters) {
   EXPECT_NEAR(spec::model_parameters(run.model) / 1e9, 175.2, 0.1);
 }
 
+// Parameters one device of a TP group of `tp` holds for module `name` with all its stages:
+// what its weights, gradients and optimizer state are counted from.
+double per_device_parameters(const spec::RunSpec& run, const std::string& name, int tp) {
+  cost::CostModel cost(run);
+  const int m = run.model.index_of(name);
+  const cost::ModuleCost& c = cost.module(m, tp, 1);
+  return c.stage(c.layers, true, true).parameters;
+}
+
+// The reference models' tensors (core/nn), counted by hand from the shapes. A GELU block of
+// width h and MLP width f splits over TP: q, k, v and fc1 weights and biases, attention out
+// and fc2 weights: 3(h^2 + h) + h^2 + (h f + f) + f h; it replicates the out and fc2 biases
+// and two norms: 2h + 4h.
+//   h 64,  f 256: split 12,480 + 4,096 + 16,640 + 16,384 = 49,600; replicated 384
+//   h 128, f 512: split 49,536 + 16,384 + 66,048 + 65,536 = 197,504; replicated 768
+TEST(Cost, TinyMllmParametersPerDeviceAreTheReferenceModels) {
+  auto run = test::load("tiny-mllm.yaml");
+  // vision: 2 blocks (h 64); replicated: patch embedding 8*8*3*64 + 64 = 12,352, row and column
+  // position tables 2 * (32/8) * 64 = 512, final norm 128.
+  //   tp 1: 2 * (49,600 + 384) + 12,352 + 512 + 128 = 112,960
+  //   tp 2: 2 * (24,800 + 384) + 12,992 = 63,360
+  //   tp 4: 2 * (12,400 + 384) + 12,992 = 38,560
+  EXPECT_EQ(per_device_parameters(run, "vision", 1), 112960);
+  EXPECT_EQ(per_device_parameters(run, "vision", 2), 63360);
+  EXPECT_EQ(per_device_parameters(run, "vision", 4), 38560);
+  // projector 64 -> 128 -> 128: layer 0 column-parallel (64*128 + 128 = 8,320 split), layer 1
+  // row-parallel (128*128 = 16,384 split, its bias 128 replicated).
+  //   tp 1: 8,320 + 16,384 + 128 = 24,832;  tp 2: 24,704 / 2 + 128 = 12,480;  tp 4: 6,176 + 128 = 6,304
+  EXPECT_EQ(per_device_parameters(run, "projector", 1), 24832);
+  EXPECT_EQ(per_device_parameters(run, "projector", 2), 12480);
+  EXPECT_EQ(per_device_parameters(run, "projector", 4), 6304);
+  // llm: 2 blocks (h 128); token table and LM head 32 * 128 = 4,096 each, split by vocabulary;
+  // replicated: position table 32 * 128 = 4,096, final norm 256.
+  //   tp 1: 2 * (197,504 + 768) + 2 * 4,096 + 4,096 + 256 = 409,088
+  //   tp 2: 2 * (98,752 + 768) + 2 * 2,048 + 4,352 = 207,488
+  //   tp 4: 2 * (49,376 + 768) + 2 * 1,024 + 4,352 = 106,688
+  EXPECT_EQ(per_device_parameters(run, "llm", 1), 409088);
+  EXPECT_EQ(per_device_parameters(run, "llm", 2), 207488);
+  EXPECT_EQ(per_device_parameters(run, "llm", 4), 106688);
+  // Unsharded, the same count as the model's: 112,960 + 24,832 + 409,088.
+  EXPECT_EQ(spec::model_parameters(run.model), 546880);
+}
+
+TEST(Cost, TinyClipParametersPerDeviceAreTheReferenceModels) {
+  auto run = test::load("tiny-clip.yaml");
+  // image_encoder: tiny-mllm's vision (112,960 at tp 1) + its contrastive head 64 * 32 = 2,048,
+  // replicated: 115,008; tp 2: 63,360 + 2,048 = 65,408; tp 4: 38,560 + 2,048 = 40,608.
+  EXPECT_EQ(per_device_parameters(run, "image_encoder", 1), 115008);
+  EXPECT_EQ(per_device_parameters(run, "image_encoder", 2), 65408);
+  EXPECT_EQ(per_device_parameters(run, "image_encoder", 4), 40608);
+  // text_encoder: 2 blocks (h 64); token table 32 * 64 = 2,048 split by vocabulary;
+  // replicated: position table 16 * 64 = 1,024, final norm 128, head 2,048.
+  //   tp 1: 2 * (49,600 + 384) + 2,048 + 1,024 + 128 + 2,048 = 105,216
+  //   tp 2: 2 * (24,800 + 384) + 1,024 + 3,200 = 54,592
+  //   tp 4: 2 * (12,400 + 384) + 512 + 3,200 = 29,280
+  EXPECT_EQ(per_device_parameters(run, "text_encoder", 1), 105216);
+  EXPECT_EQ(per_device_parameters(run, "text_encoder", 2), 54592);
+  EXPECT_EQ(per_device_parameters(run, "text_encoder", 4), 29280);
+  // + the loss's temperature (no placement: held where the towers' last stages are).
+  EXPECT_EQ(spec::model_parameters(run.model), 115008 + 105216 + 1);
+}
+
+TEST(Cost, PipelineStagesHoldTheirModulesParts) {
+  auto run = test::load("tiny-mllm.yaml");
+  cost::CostModel cost(run);
+  const cost::ModuleCost& llm = cost.module(run.model.index_of("llm"), 2, 1);
+  // First stage: a block + token table (split) + position table; last: a block + final norm + LM head.
+  EXPECT_EQ(llm.stage(1, true, false).parameters, 98752 + 768 + 2048 + 4096);
+  EXPECT_EQ(llm.stage(1, false, true).parameters, 98752 + 768 + 256 + 2048);
+}
+
 TEST(Cost, LayerForwardFlopsPerToken) {
   auto run = test::load("gpt-175b-1024gpu.yaml");
   const auto& m = run.model.modules[0];
