@@ -180,30 +180,18 @@ static int ireduce_scatter(braid_comm_v1* comm, const void* send, void* recv, si
 }
 #endif
 
+/* The members every variant's table sets: version 1 up to abort. */
+#define FAKE_V1_MEMBERS                                                                                               \
+  .interface_version = 1, .name = "fake", .last_error = last_error, .backend_version = backend_version, .init = init, \
+  .finalize = finalize, .world = world, .comm_world = comm_world, .comm_create = comm_create, .comm_free = comm_free, \
+  .comm_rank = comm_rank, .comm_size = comm_size, .isend = isend, .irecv = irecv, .iallreduce = iallreduce,           \
+  .iallgather = iallgather, .ibroadcast = ibroadcast, .test = test_request, .wait = wait_request, .barrier = barrier, \
+  .abort = abort_world
+
 #if FAKE_REDUCE_SCATTER >= 0
 
 EXPORT const braid_comm_plugin_v1 braidCommPlugin_v1 = {
-    .interface_version = 1,
-    .name = "fake",
-    .last_error = last_error,
-    .backend_version = backend_version,
-    .init = init,
-    .finalize = finalize,
-    .world = world,
-    .comm_world = comm_world,
-    .comm_create = comm_create,
-    .comm_free = comm_free,
-    .comm_rank = comm_rank,
-    .comm_size = comm_size,
-    .isend = isend,
-    .irecv = irecv,
-    .iallreduce = iallreduce,
-    .iallgather = iallgather,
-    .ibroadcast = ibroadcast,
-    .test = test_request,
-    .wait = wait_request,
-    .barrier = barrier,
-    .abort = abort_world,
+    FAKE_V1_MEMBERS,
 #if FAKE_REDUCE_SCATTER > 0
     .ireduce_scatter = ireduce_scatter,
 #endif
@@ -247,27 +235,7 @@ static int read_past_the_end(braid_comm_v1* comm, const void* send, void* recv, 
 }
 
 EXPORT const plugin_before_reduce_scatter braidCommPlugin_v1 = {
-    .interface_version = 1,
-    .name = "fake",
-    .last_error = last_error,
-    .backend_version = backend_version,
-    .init = init,
-    .finalize = finalize,
-    .world = world,
-    .comm_world = comm_world,
-    .comm_create = comm_create,
-    .comm_free = comm_free,
-    .comm_rank = comm_rank,
-    .comm_size = comm_size,
-    .isend = isend,
-    .irecv = irecv,
-    .iallreduce = iallreduce,
-    .iallgather = iallgather,
-    .ibroadcast = ibroadcast,
-    .test = test_request,
-    .wait = wait_request,
-    .barrier = barrier,
-    .abort = abort_world,
+    FAKE_V1_MEMBERS,
 };
 /* Emitted right after the table (-fno-toplevel-reorder), where a loader that read past
  * its end would find a non-NULL ireduce_scatter. */
