@@ -36,7 +36,6 @@ ChainStage::ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, co
   vision_ = role_of(layout, spec::Role::encoder);
   projector_ = role_of(layout, spec::Role::projector);
   llm_ = role_of(layout, spec::Role::llm);
-  check_sequence_parallel(run, std::max({vision_.tp, projector_.tp, llm_.tp}));
   const auto& chain = *model.chain;
   if (!llm_.grid) throw Error(Status::bad_config, "the plan places no llm");
   if (chain.vision && !vision_.grid) throw Error(Status::bad_config, "the plan places no image encoder");
@@ -131,9 +130,12 @@ ChainStage::ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, co
   if (vision_.held && vision_.replicas > 1) vision_dp_.emplace(world.group(vision_.dp_ranks));
   if (projector_.held && projector_.replicas > 1) projector_dp_.emplace(world.group(projector_.dp_ranks));
   // Each module holds only its slices of what tensor parallelism splits.
-  if (vision_tp_) vision_group_ = tensor_parallel(*vision_tp_, vision_.tp_rank);
-  if (projector_tp_) projector_group_ = tensor_parallel(*projector_tp_, projector_.tp_rank);
-  if (llm_tp_) llm_group_ = tensor_parallel(*llm_tp_, llm_.tp_rank);
+  // Sequence parallelism where the run asks for it, but in a colocated encoder run kernel by
+  // kernel (its tasks take the whole sequences; ImageEncoder::forward_kernel).
+  const bool sequence_parallel = run.training.sequence_parallel;
+  if (vision_tp_) vision_group_ = tensor_parallel(*vision_tp_, vision_.tp_rank, sequence_parallel && !colocated_);
+  if (projector_tp_) projector_group_ = tensor_parallel(*projector_tp_, projector_.tp_rank, false);
+  if (llm_tp_) llm_group_ = tensor_parallel(*llm_tp_, llm_.tp_rank, sequence_parallel);
   if (encoder_ && vision_tp_) {
     // A tensor-parallel encoder's collectives must come in one order on the ranks of its group:
     // the program's, not whatever each rank found ready first.
@@ -196,16 +198,10 @@ void ChainStage::make_zero(int stage) {
         units(chain.projector->parameters(), std::vector<const nn::TransformerBlock*>{}), params_, in_pipeline);
 }
 
-nn::TensorParallel ChainStage::tensor_parallel(runtime::Communicator& group, int rank) {
-  nn::TensorParallel tp;
-  tp.rank = rank;
-  tp.size = group.size();
-  tp.allreduce_sum = [this, &group](nn::Tensor& t) {
-    auto req = group.iallreduce(std::span<float>(t.data));
-    const double waited = req.wait();
+nn::TensorParallel ChainStage::tensor_parallel(runtime::Communicator& group, int rank, bool sequence_parallel) {
+  return tensor_parallel_group(group, rank, sequence_parallel, [this](double waited) {
     if (result_) result_->idle[static_cast<std::size_t>(sim::Cause::tp)] += waited;
-  };
-  return tp;
+  });
 }
 
 void ChainStage::set_tensor_parallel(bool single_process) {

@@ -119,8 +119,8 @@ class ChainStage : public StageWork {
   Pending reduce();
   std::vector<TrainedParameter> trained_parameters(int zero_stage) const;
   void make_zero(int stage);  // a ZeroModule per data-parallel module this rank holds
-  // A TP group over `group` whose all-reduce waits count as the step's TP idle time.
-  nn::TensorParallel tensor_parallel(runtime::Communicator& group, int rank);
+  // A TP group over `group` whose waits count as the step's TP idle time.
+  nn::TensorParallel tensor_parallel(runtime::Communicator& group, int rank, bool sequence_parallel);
   // Every split module sliced for its group, or whole (gathered) for one process.
   void set_tensor_parallel(bool single_process);
   void share_tokens_within_tp(int i);

@@ -90,7 +90,6 @@ ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model
                                          std::to_string(text.tp) +
                                          " (each TP rank's batch-sync pairs it with the same TP rank of the other "
                                          "tower)");
-  check_sequence_parallel(run, image.tp);
   // Hidden states travel between the stages of one tower; a program that chains the towers'
   // stages (one tower a stage, the other the next) has nothing to send between them.
   for (const pipeline::Instruction& ins : program.instructions()) {
@@ -122,17 +121,11 @@ ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model
   }
   for (auto& t : towers_)
     if (t.here && t.role->replicas > 1) t.dp.emplace(world.group(t.role->dp_ranks));
-  for (auto& t : towers_) {
-    if (!t.tp) continue;
-    runtime::Communicator& group = *t.tp;
-    t.tp_group.rank = t.role->tp_rank;
-    t.tp_group.size = group.size();
-    t.tp_group.allreduce_sum = [this, &group](nn::Tensor& x) {
-      auto req = group.iallreduce(std::span<float>(x.data));
-      const double waited = req.wait();
-      if (result_) result_->idle[static_cast<std::size_t>(sim::Cause::tp)] += waited;
-    };
-  }
+  for (auto& t : towers_)
+    if (t.tp)
+      t.tp_group = tensor_parallel_group(*t.tp, t.role->tp_rank, run.training.sequence_parallel, [this](double waited) {
+        if (result_) result_->idle[static_cast<std::size_t>(sim::Cause::tp)] += waited;
+      });
   set_tensor_parallel(false);
 
   // Each distinct tensor's gradient norm counted once: by DP replica 0, or under ZeRO by the

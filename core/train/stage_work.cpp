@@ -7,12 +7,23 @@
 
 namespace braid::train {
 
-void check_sequence_parallel(const spec::RunSpec& run, int tp) {
-  if (run.training.sequence_parallel && tp > 1)
-    throw Error(Status::unsupported, run.source +
-                                         ": training.sequence_parallel: braid train runs tensor parallelism without "
-                                         "sequence parallelism (the planner prices it); set it to false to train "
-                                         "this plan here");
+nn::TensorParallel tensor_parallel_group(runtime::Communicator& group, int rank, bool sequence_parallel,
+                                         std::function<void(double)> waited) {
+  nn::TensorParallel tp(rank, group.size(), [&group, waited](nn::Tensor& t) {
+    auto req = group.iallreduce(std::span<float>(t.data));
+    waited(req.wait());
+  });
+  if (!sequence_parallel) return tp;
+  tp.sequence_parallel = true;
+  tp.allgather = [&group, waited](std::span<const float> mine, std::span<float> all) {
+    auto req = group.iallgather(std::as_bytes(mine), std::as_writable_bytes(all));
+    waited(req.wait());
+  };
+  tp.reduce_scatter = [&group, waited](std::span<const float> all, std::span<float> mine) {
+    auto req = group.ireduce_scatter(all, mine);
+    waited(req.wait());
+  };
+  return tp;
 }
 
 void install_messages(Interpreter& in, std::function<Pending(const pipeline::Instruction&)> receive,

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/nn/modules/parameter.hpp"
+#include "core/nn/modules/tensor_parallel_group.hpp"
 #include "core/nn/optim.hpp"
 #include "core/runtime/communicator.hpp"
 #include "core/sim/simulator.hpp"
@@ -87,10 +88,11 @@ class StageWork {
   virtual void end_step() = 0;
 };
 
-// Throws Error(unsupported) naming the run file and field for sequence parallelism with a
-// tensor-parallel module (`tp` the largest TP width of the plan): the planner prices it, the
-// reference trainer does not run it.
-void check_sequence_parallel(const spec::RunSpec& run, int tp);
+// A module's tensor-parallel group over `group` (this rank `rank` of it): all-reduce, and with
+// `sequence_parallel` all-gather and reduce-scatter, through the communication plugin; every
+// wait goes to `waited` (the step's TP idle time).
+nn::TensorParallel tensor_parallel_group(runtime::Communicator& group, int rank, bool sequence_parallel,
+                                         std::function<void(double)> waited);
 
 // Sets the handlers of the four point-to-point opcodes: receives through `receive` (which
 // posts them and returns them pending), sends through `send` (non-blocking).

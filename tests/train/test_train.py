@@ -339,6 +339,19 @@ class LayoutEquivalence(unittest.TestCase):
         self.assert_same(CLIP, 4, "--plan", plan)
         self.assert_same(self.zero_variant(CLIP, 3), 4, "--tp", "2")
 
+    def test_sequence_parallel(self):
+        # Megatron's sequence parallelism where the run file asks for it: norms and residuals on
+        # each TP rank's positions (causal sequences padded to split; the image encoder's
+        # sequences split only when their patches divide). The llm with the encoder and projector
+        # in TP 2 and TP 2 x PP 2; Optimus's llm (its colocated encoder runs kernel by kernel,
+        # whole sequences); both CLIP towers.
+        mllm = variant(self.tmp.name, MLLM, "mllm-sp.yaml", training={"sequence_parallel": "true"})
+        clip = variant(self.tmp.name, CLIP, "clip-sp.yaml", training={"sequence_parallel": "true"})
+        self.assert_same(mllm, 2, "--strategy", "megatron", "--tp", "2")
+        self.assert_same(mllm, 4, "--strategy", "megatron", "--tp", "2", "--pp", "2")
+        self.assert_same(mllm, 4, "--strategy", "optimus", "--pp", "2", "--tp", "2", "--schedule", "optimus-fine")
+        self.assert_same(clip, 2, "--tp", "2")
+
     def test_clip_towers_chained_as_stages_are_refused(self):
         # Megatron's plan with pp 2 puts one tower on each stage: nothing flows between them.
         r = train(2, "--config", CLIP, "--steps", "1", "--strategy", "megatron", "--pp", "2")
@@ -602,14 +615,6 @@ class Cli(unittest.TestCase):
             r = train(1, "--config", config)
             self.assertEqual(r.returncode, 2)
             self.assertIn("did you mean 'learning_rate'?", r.stderr)
-
-    def test_sequence_parallelism_with_tensor_parallelism_is_refused(self):
-        with tempfile.TemporaryDirectory() as d:
-            config = variant(d, MLLM, "sp.yaml", training={"sequence_parallel": "true"})
-            r = train(2, "--config", config, "--steps", "1", "--strategy", "megatron", "--tp", "2")
-            self.assertEqual(r.returncode, 2)
-            self.assertIn("sp.yaml: training.sequence_parallel: braid train runs tensor parallelism without sequence "
-                          "parallelism", r.stderr)
 
     def test_colocated_encoder_zero_above_1_is_refused(self):
         with tempfile.TemporaryDirectory() as d:

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -344,16 +345,39 @@ int run_ranks(int size, const std::function<void(int, std::function<void(Tensor&
   return group.calls();
 }
 
+// Rank r's group of `size` over the barrier all-reduce `sum`; with `sequence_parallel`, its
+// all-gather and reduce-scatter built from the same sum (a rank's block in zeros, summed).
+nn::TensorParallel group_of(int r, int size, std::function<void(Tensor&)> sum, bool sequence_parallel) {
+  nn::TensorParallel tp{r, size, sum};
+  if (!sequence_parallel) return tp;
+  tp.sequence_parallel = true;
+  tp.allgather = [r, sum](std::span<const float> mine, std::span<float> all) {
+    Tensor t({static_cast<int64_t>(all.size())});
+    std::copy(mine.begin(), mine.end(), t.data.begin() + static_cast<std::ptrdiff_t>(r * mine.size()));
+    sum(t);
+    std::copy(t.data.begin(), t.data.end(), all.begin());
+  };
+  tp.reduce_scatter = [r, sum](std::span<const float> all, std::span<float> mine) {
+    Tensor t({static_cast<int64_t>(all.size())});
+    std::copy(all.begin(), all.end(), t.data.begin());
+    sum(t);
+    const auto from = t.data.begin() + static_cast<std::ptrdiff_t>(r * mine.size());
+    std::copy(from, from + static_cast<std::ptrdiff_t>(mine.size()), mine.begin());
+  };
+  return tp;
+}
+
 // Runs `parts` on `size` TP ranks, one thread and one model copy each.
 std::vector<Result> run_tensor_parallel(int size, const std::vector<nn::DecoderPart>& parts, const Inputs& in,
-                                        const nn::DecoderShape& shape, int* allreduces = nullptr) {
+                                        const nn::DecoderShape& shape, int* allreduces = nullptr,
+                                        bool sequence_parallel = false) {
   std::vector<Copy> copies;
   copies.reserve(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) copies.emplace_back(shape);
   std::vector<Result> results(static_cast<std::size_t>(size));
   const int calls = run_ranks(size, [&](int r, std::function<void(Tensor&)> allreduce) {
     const auto i = static_cast<std::size_t>(r);
-    copies[i].llm->set_tensor_parallel({r, size, std::move(allreduce)});
+    copies[i].llm->set_tensor_parallel(group_of(r, size, std::move(allreduce), sequence_parallel));
     nn::HostOps ops(1);
     results[i] = run_parts(ops, copies[i], parts, in);
   });
@@ -448,6 +472,23 @@ TEST(NnParallel, TensorParallelDecoderMatchesOneProcess) {
       EXPECT_EQ(allreduces, size * (3 * 4 + 4));
       expect_tensor_parallel_matches(ranks, want, 1e-4);
     }
+  }
+}
+
+TEST(NnParallel, SequenceParallelDecoderMatchesOneProcess) {
+  // 3 prefix + 6 text positions: padded to 10 for 2 ranks, 12 for 4 (causal: no position sees
+  // the padding); in pipeline parts too.
+  const nn::DecoderShape shape{kShape.transformer, 16, 12};
+  Copy reference(shape);
+  nn::HostOps ops(1);
+  const Inputs in = make_inputs(true, shape.transformer.hidden, 16);
+  const Result want = run_whole(ops, reference, in);
+  for (int size : {2, 4}) {
+    SCOPED_TRACE("TP " + std::to_string(size) + " with sequence parallelism");
+    expect_tensor_parallel_matches(run_tensor_parallel(size, {nn::DecoderPart{0, 3}}, in, shape, nullptr, true), want,
+                                   1e-4);
+    expect_tensor_parallel_matches(run_tensor_parallel(size, nn::split_decoder(3, 2), in, shape, nullptr, true), want,
+                                   1e-4);
   }
 }
 
@@ -896,7 +937,7 @@ TEST(NnParallel, TextEncoderPartErrors) {
 // `size` copies of a tower, each on its own thread as one TP rank, against one process: the
 // outputs and input gradient the same on every rank, the split gradients' slices joined.
 template <class Tower>
-void expect_tensor_parallel_encoder(int size) {
+void expect_tensor_parallel_encoder(int size, bool sequence_parallel = false) {
   nn::HostOps ops(1);
   Tower reference;
   const EncoderGrads g = encoder_grads(reference, true);
@@ -907,7 +948,7 @@ void expect_tensor_parallel_encoder(int size) {
   std::vector<std::map<std::string, nn::TensorSlice>> slices(static_cast<std::size_t>(size));
   run_ranks(size, [&](int r, std::function<void(Tensor&)> allreduce) {
     const auto i = static_cast<std::size_t>(r);
-    towers[i].encoder->set_tensor_parallel({r, size, std::move(allreduce)});
+    towers[i].encoder->set_tensor_parallel(group_of(r, size, std::move(allreduce), sequence_parallel));
     nn::HostOps rank_ops(1);
     results[i] = run_encoder_whole(rank_ops, towers[i], g);
     grads[i] = results[i].grads;
@@ -934,6 +975,17 @@ TEST(NnParallel, TensorParallelTextEncoderMatchesOneProcess) {
     SCOPED_TRACE("TP " + std::to_string(size));
     expect_tensor_parallel_encoder<TextTower>(size);
   }
+}
+
+TEST(NnParallel, SequenceParallelEncodersMatchOneProcess) {
+  // The text tower's 7 positions padded (causal); the image tower's 6 patches split by 2 as
+  // they are, and by 4 not at all (bidirectional attention would see padding): plain TP.
+  for (int size : {2, 4}) {
+    SCOPED_TRACE("TP " + std::to_string(size) + " with sequence parallelism");
+    expect_tensor_parallel_encoder<TextTower>(size, true);
+  }
+  expect_tensor_parallel_encoder<ImageTower>(2, true);
+  expect_tensor_parallel_encoder<ImageTower>(4, true);
 }
 
 TEST(NnParallel, TensorParallelProjectorMatchesOneProcess) {

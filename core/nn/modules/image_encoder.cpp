@@ -179,6 +179,8 @@ void ImageEncoder::forward_embed(Ops& ops, const Tensor& images, ImageEncoderSte
 void ImageEncoder::forward_kernel(Ops& ops, int layer, int kernel, ImageEncoderSteps& s) const {
   if (layer < 0 || layer >= layers())
     throw Error(Status::invalid_argument, name() + ": no layer " + std::to_string(layer));
+  if (tp_.group().splits_sequence())
+    throw Error(Status::unsupported, name() + ": a run kernel by kernel takes no sequence parallelism");
   BlockCache& b = s.cache.transformer.blocks[static_cast<std::size_t>(layer)];
   const TransformerBlock& block = transformer_.block(layer);
   BlockHooks* hooks = transformer_.block_hooks();

@@ -72,6 +72,8 @@ class LayerNorm : public Module {
   LayerNorm(ParameterStore& store, std::string name, int64_t features, bool frozen);
   Tensor forward(Ops& ops, const Tensor& x, LayerNormSaved& saved) const;
   Tensor backward(Ops& ops, const Tensor& x, const LayerNormSaved& saved, const Tensor& dy) const;
+  Parameter* gamma_param() const { return gamma_; }
+  Parameter* beta_param() const { return beta_; }
 
  private:
   Parameter* gamma_;

@@ -1,6 +1,7 @@
 #include "core/nn/modules/tensor_parallel_group.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -60,6 +61,58 @@ void check_tensor_parallel(const TensorParallel& tp, const std::string& who) {
   if (tp.size > 1 && !tp.allreduce_sum)
     throw Error(Status::invalid_argument,
                 who + ": tensor parallelism over " + std::to_string(tp.size) + " ranks needs an allreduce_sum");
+  if (tp.splits_sequence() && (!tp.allgather || !tp.reduce_scatter))
+    throw Error(Status::invalid_argument, who + ": sequence parallelism over " + std::to_string(tp.size) +
+                                              " ranks needs an allgather and a reduce_scatter");
+}
+
+namespace {
+
+// (B, S, H) and this rank's S / size, after checking the split.
+std::array<int64_t, 4> sequence_split(const Tensor& x, const TensorParallel& tp, int64_t positions, const char* op) {
+  if (x.rank() != 3 || positions % tp.size != 0)
+    throw Error(Status::invalid_argument, std::string(op) + ": " + std::to_string(tp.size) +
+                                              " ranks do not split the sequences of " + shape_string(x.shape));
+  return {x.dim(0), positions, x.dim(2), positions / tp.size};
+}
+
+}  // namespace
+
+Tensor sequence_shard(const Tensor& x, const TensorParallel& tp) {
+  const auto [b, s, h, part] = sequence_split(x, tp, x.rank() == 3 ? x.dim(1) : 0, "sequence_shard");
+  Tensor out({b, part, h});
+  for (int64_t i = 0; i < b; ++i) {
+    const float* from = x.ptr() + (i * s + tp.rank * part) * h;
+    std::copy(from, from + part * h, out.ptr() + i * part * h);
+  }
+  return out;
+}
+
+Tensor sequence_allgather(const Tensor& shard, const TensorParallel& tp) {
+  const auto [b, s, h, part] =
+      sequence_split(shard, tp, shard.rank() == 3 ? shard.dim(1) * tp.size : 0, "sequence_allgather");
+  std::vector<float> all(static_cast<std::size_t>(shard.numel() * tp.size));  // rank-major, as reduce-scatter's
+  tp.allgather(std::span<const float>(shard.data), all);
+  Tensor out({b, s, h});
+  for (int r = 0; r < tp.size; ++r)
+    for (int64_t i = 0; i < b; ++i) {
+      const float* from = all.data() + (static_cast<int64_t>(r) * b + i) * part * h;
+      std::copy(from, from + part * h, out.ptr() + (i * s + r * part) * h);
+    }
+  return out;
+}
+
+Tensor sequence_reduce_scatter(const Tensor& x, const TensorParallel& tp) {
+  const auto [b, s, h, part] = sequence_split(x, tp, x.rank() == 3 ? x.dim(1) : 0, "sequence_reduce_scatter");
+  std::vector<float> all(x.data.size());  // rank-major: block r holds every sequence's positions of rank r
+  for (int r = 0; r < tp.size; ++r)
+    for (int64_t i = 0; i < b; ++i) {
+      const float* from = x.ptr() + (i * s + r * part) * h;
+      std::copy(from, from + part * h, all.data() + (static_cast<int64_t>(r) * b + i) * part * h);
+    }
+  Tensor out({b, part, h});
+  tp.reduce_scatter(all, out.data);
+  return out;
 }
 
 void tp_allreduce(const TensorParallel& tp, Tensor& t) {
@@ -130,6 +183,15 @@ Tensor row_parallel_forward(Ops& ops, const Linear& layer, const Tensor& x_shard
   Tensor y;
   ops.linear_forward(x_shard, layer.weight_param()->value, nullptr, y);
   tp_allreduce(tp, y);
+  if (const Parameter* bias = layer.bias_param()) add_bias(ops, bias->value, y);
+  return y;
+}
+
+Tensor row_parallel_forward_scatter(Ops& ops, const Linear& layer, const Tensor& x_shard, const TensorParallel& tp) {
+  expect_slice(*layer.weight_param(), 1, tp);
+  Tensor y;
+  ops.linear_forward(x_shard, layer.weight_param()->value, nullptr, y);
+  y = sequence_reduce_scatter(y, tp);
   if (const Parameter* bias = layer.bias_param()) add_bias(ops, bias->value, y);
   return y;
 }

@@ -17,6 +17,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/nn/modules/layers.hpp"
@@ -24,8 +25,22 @@
 namespace braid::nn {
 
 struct TensorParallel {
+  TensorParallel() = default;
+  TensorParallel(int rank_, int size_, std::function<void(Tensor&)> allreduce_sum_)
+      : rank(rank_), size(size_), allreduce_sum(std::move(allreduce_sum_)) {}
+
   int rank = 0, size = 1;
   std::function<void(Tensor&)> allreduce_sum;  // in place, over the TP group; unused when size == 1
+  // Megatron's sequence parallelism (Korthikanti et al. 2022): between a block's tensor-parallel
+  // regions (norms, residuals) each rank keeps 1/size of every sequence; an all-gather along the
+  // sequence replaces the identity before a column-parallel layer, a reduce-scatter the
+  // all-reduce after a row-parallel one. The two collectives over the group, on flat buffers:
+  // every rank's `mine` in rank order into `all` (size x mine.size()); `all` summed over the
+  // group, this rank's block of it into `mine`.
+  bool sequence_parallel = false;
+  std::function<void(std::span<const float> mine, std::span<float> all)> allgather;
+  std::function<void(std::span<const float> all, std::span<float> mine)> reduce_scatter;
+  bool splits_sequence() const { return sequence_parallel && size > 1; }
 };
 
 // Throws Error(invalid_argument) naming `who` unless 0 <= rank < size and, for size > 1,
@@ -34,6 +49,14 @@ void check_tensor_parallel(const TensorParallel& tp, const std::string& who);
 
 // Sums `t` over the group in place; nothing when size == 1.
 void tp_allreduce(const TensorParallel& tp, Tensor& t);
+
+// Sequence parallelism on (B, S, H) tensors, S a multiple of tp.size: this rank's positions
+// [rank S/size, (rank + 1) S/size) of every sequence; the whole sequences from every rank's
+// (B, S/size, H) (an all-gather); a (B, S, H) summed over the group, this rank's positions kept
+// (a reduce-scatter).
+Tensor sequence_shard(const Tensor& x, const TensorParallel& tp);
+Tensor sequence_allgather(const Tensor& shard, const TensorParallel& tp);
+Tensor sequence_reduce_scatter(const Tensor& x, const TensorParallel& tp);
 
 // A parameter tensor parallelism splits, and along which axis (0: rows, 1: columns).
 struct TpSplit {
@@ -68,6 +91,11 @@ Tensor column_parallel_forward(Ops& ops, const Linear& layer, const Tensor& x, c
 // partial dx (..., in): the sum over ranks is dx.
 Tensor column_parallel_backward(Ops& ops, const Linear& layer, const Tensor& x, const Tensor& dy_shard,
                                 const TensorParallel& tp);
+
+// Row-parallel with sequence parallelism: x_shard (B, S, in / size) -> this rank's positions
+// of the full y (B, S / size, out): the partial products reduce-scattered along the sequence,
+// then the (replicated) bias.
+Tensor row_parallel_forward_scatter(Ops& ops, const Linear& layer, const Tensor& x_shard, const TensorParallel& tp);
 
 // Row-parallel: x_shard (..., in / size), this rank's input features -> the full y (..., out):
 // the partial products summed over the group (one all-reduce), then the (replicated) bias. The

@@ -28,6 +28,27 @@ std::vector<TransformerBlock> make_blocks(ParameterStore& store, const std::stri
   return blocks;
 }
 
+// Under sequence parallelism a rank's layer norm sees 1/size of the positions: its weight
+// gradients are partial sums, added up over the group before they join the parameters'.
+Tensor layernorm_backward_summed(Ops& ops, const LayerNorm& ln, const Tensor& x, const LayerNormSaved& saved,
+                                 const Tensor& dy, const TensorParallel& tp) {
+  Parameter* gamma = ln.gamma_param();
+  Parameter* beta = ln.beta_param();
+  if (!gamma->trainable) return ln.backward(ops, x, saved, dy);
+  const int64_t n = gamma->value.numel();
+  Tensor grads({2, n});
+  Tensor dgamma(gamma->value.shape), dbeta(beta->value.shape), dx;
+  ops.layernorm_backward(x, gamma->value, saved, dy, &dx, &dgamma, &dbeta);
+  std::copy(dgamma.data.begin(), dgamma.data.end(), grads.data.begin());
+  std::copy(dbeta.data.begin(), dbeta.data.end(), grads.data.begin() + n);
+  tp_allreduce(tp, grads);
+  for (int64_t i = 0; i < n; ++i) {
+    gamma->grad.data[static_cast<std::size_t>(i)] += grads.data[static_cast<std::size_t>(i)];
+    beta->grad.data[static_cast<std::size_t>(i)] += grads.data[static_cast<std::size_t>(n + i)];
+  }
+  return dx;
+}
+
 }  // namespace
 
 TransformerBlock::TransformerBlock(ParameterStore& store, std::string name, const TransformerShape& shape, bool frozen)
@@ -63,17 +84,20 @@ void TransformerBlock::forward_kernel(Ops& ops, int kernel, BlockCache& c, const
     case 0:
       c.h1 = ln1_.forward(ops, c.x, c.ln1);
       return;
-    case 1:  // column-parallel by heads: this rank's q, k, v hold heads [rank, rank + 1) * heads / size
-      c.q = column_parallel_forward(ops, q_, c.h1, tp);
-      c.k = column_parallel_forward(ops, k_, c.h1, tp);
-      c.v = column_parallel_forward(ops, v_, c.h1, tp);
+    case 1: {  // column-parallel by heads: this rank's q, k, v hold heads [rank, rank + 1) * heads / size
+      const Tensor h1 = tp.splits_sequence() ? sequence_allgather(c.h1, tp) : c.h1;
+      c.q = column_parallel_forward(ops, q_, h1, tp);
+      c.k = column_parallel_forward(ops, k_, h1, tp);
+      c.v = column_parallel_forward(ops, v_, h1, tp);
       return;
+    }
     case 2:
       ops.attention_forward(c.q, c.k, c.v, AttentionOptions{shape_.heads / tp.size, shape_.causal}, c.attn,
                             c.attention);
       return;
     case 3:
-      c.partial = row_parallel_forward(ops, out_, c.attn, tp);
+      c.partial = tp.splits_sequence() ? row_parallel_forward_scatter(ops, out_, c.attn, tp)
+                                       : row_parallel_forward(ops, out_, c.attn, tp);
       return;
     case 4:
       c.x2 = c.x;
@@ -84,11 +108,12 @@ void TransformerBlock::forward_kernel(Ops& ops, int kernel, BlockCache& c, const
       c.h2 = ln2_.forward(ops, c.x2, c.ln2);
       return;
     case 6:
-      c.f = column_parallel_forward(ops, fc1_, c.h2, tp);
+      c.f = column_parallel_forward(ops, fc1_, tp.splits_sequence() ? sequence_allgather(c.h2, tp) : c.h2, tp);
       ops.gelu_forward(c.f, c.g);
       return;
     case 7:
-      c.partial = row_parallel_forward(ops, fc2_, c.g, tp);
+      c.partial = tp.splits_sequence() ? row_parallel_forward_scatter(ops, fc2_, c.g, tp)
+                                       : row_parallel_forward(ops, fc2_, c.g, tp);
       return;
     case 8:
       c.y = c.x2;
@@ -111,43 +136,56 @@ Tensor TransformerBlock::backward(Ops& ops, const Tensor& dy, const BlockCache& 
 void TransformerBlock::backward_kernel(Ops& ops, int kernel, const BlockCache& c, BlockGrad& g,
                                        const TensorParallel& tp) const {
   if (!g.dy) throw Error(Status::invalid_argument, name() + ": a backward kernel needs grad.dy");
+  const bool sp = tp.splits_sequence();
   switch (kernel) {
     case 8:  // the residual: dy flows to x2 as it is (kernel 5) and into fc2
     case 4:  // the same for the attention's residual (kernel 0)
       return;
-    case 7:
-      g.dg = row_parallel_backward(ops, fc2_, c.g, *g.dy, tp);
+    case 7:  // under sequence parallelism the whole dy (the reduce-scatter's backward)
+      g.dg = row_parallel_backward(ops, fc2_, c.g, sp ? sequence_allgather(*g.dy, tp) : *g.dy, tp);
       return;
     case 6: {
       Tensor df;
       ops.gelu_backward(c.f, g.dg, df);
       g.dg = Tensor();
-      g.dh2 = column_parallel_backward(ops, fc1_, c.h2, df, tp);
-      tp_allreduce(tp, g.dh2);  // each rank had the part through its ffn columns
+      g.dh2 = column_parallel_backward(ops, fc1_, sp ? sequence_allgather(c.h2, tp) : c.h2, df, tp);
+      // Each rank had the part through its ffn columns (and, split, keeps its positions).
+      if (sp)
+        g.dh2 = sequence_reduce_scatter(g.dh2, tp);
+      else
+        tp_allreduce(tp, g.dh2);
       return;
     }
     case 5:
-      g.dx2 = ln2_.backward(ops, c.x2, c.ln2, g.dh2);
+      g.dx2 =
+          sp ? layernorm_backward_summed(ops, ln2_, c.x2, c.ln2, g.dh2, tp) : ln2_.backward(ops, c.x2, c.ln2, g.dh2);
       g.dh2 = Tensor();
       ops.add(g.dx2, *g.dy);
       return;
     case 3:  // dx2 also flows down the residual (kernel 0)
-      g.dattn = row_parallel_backward(ops, out_, c.attn, g.dx2, tp);
+      g.dattn = row_parallel_backward(ops, out_, c.attn, sp ? sequence_allgather(g.dx2, tp) : g.dx2, tp);
       return;
     case 2:
       ops.attention_backward(c.q, c.k, c.v, AttentionOptions{shape_.heads / tp.size, shape_.causal}, c.attention,
                              g.dattn, g.dq, g.dk, g.dv);
       g.dattn = Tensor();
       return;
-    case 1:
-      g.dh1 = column_parallel_backward(ops, q_, c.h1, g.dq, tp);
-      ops.add(g.dh1, column_parallel_backward(ops, k_, c.h1, g.dk, tp));
-      ops.add(g.dh1, column_parallel_backward(ops, v_, c.h1, g.dv, tp));
+    case 1: {
+      const Tensor h1 = sp ? sequence_allgather(c.h1, tp) : Tensor();
+      const Tensor& input = sp ? h1 : c.h1;
+      g.dh1 = column_parallel_backward(ops, q_, input, g.dq, tp);
+      ops.add(g.dh1, column_parallel_backward(ops, k_, input, g.dk, tp));
+      ops.add(g.dh1, column_parallel_backward(ops, v_, input, g.dv, tp));
       g.dq = g.dk = g.dv = Tensor();
-      tp_allreduce(tp, g.dh1);  // each rank had the part through its heads
+      // Each rank had the part through its heads (and, split, keeps its positions).
+      if (sp)
+        g.dh1 = sequence_reduce_scatter(g.dh1, tp);
+      else
+        tp_allreduce(tp, g.dh1);
       return;
+    }
     case 0:
-      g.dx = ln1_.backward(ops, c.x, c.ln1, g.dh1);
+      g.dx = sp ? layernorm_backward_summed(ops, ln1_, c.x, c.ln1, g.dh1, tp) : ln1_.backward(ops, c.x, c.ln1, g.dh1);
       g.dh1 = Tensor();
       ops.add(g.dx, g.dx2);
       g.dx2 = Tensor();
@@ -192,6 +230,26 @@ Tensor Transformer::backward(Ops& ops, const Tensor& dy, const TransformerCache&
   return backward_blocks(ops, backward_final_norm(ops, dy, cache), cache);
 }
 
+namespace {
+
+// (B, S, H) with S grown to `length` by zero positions at each sequence's end, or cut back.
+Tensor resize_sequences(const Tensor& x, int64_t length) {
+  const int64_t b = x.dim(0), s = x.dim(1), h = x.dim(2), keep = std::min(s, length);
+  Tensor out({b, length, h});
+  for (int64_t i = 0; i < b; ++i)
+    std::copy(x.ptr() + i * s * h, x.ptr() + (i * s + keep) * h, out.ptr() + i * length * h);
+  return out;
+}
+
+// The same group without sequence parallelism.
+TensorParallel without_sequence_split(const TensorParallel& tp) {
+  TensorParallel plain = tp;
+  plain.sequence_parallel = false;
+  return plain;
+}
+
+}  // namespace
+
 Tensor Transformer::forward_blocks(Ops& ops, const Tensor& x, int first, int last, TransformerCache& cache,
                                    const TensorParallel& tp) const {
   if (first < 0 || first > last || last > layers())
@@ -200,13 +258,20 @@ Tensor Transformer::forward_blocks(Ops& ops, const Tensor& x, int first, int las
   check_input(x, shape_.hidden, name());
   cache.first = first;
   cache.blocks.resize(static_cast<std::size_t>(last - first));
+  cache.positions = x.dim(1);
+  cache.padded = (x.dim(1) + tp.size - 1) / tp.size * tp.size;
+  // Bidirectional attention would see padding: such sequences split only as they are.
+  cache.split = tp.splits_sequence() && (shape_.causal || cache.padded == cache.positions);
+  const TensorParallel group = cache.split ? tp : without_sequence_split(tp);
   Tensor h = x;
+  if (cache.split) h = sequence_shard(cache.padded == cache.positions ? x : resize_sequences(x, cache.padded), tp);
   for (int l = first; l < last; ++l) {
     const TransformerBlock& b = blocks_[static_cast<std::size_t>(l)];
     if (hooks_) hooks_->before_block(b, false);
-    h = b.forward(ops, h, cache.blocks[static_cast<std::size_t>(l - first)], tp);
+    h = b.forward(ops, h, cache.blocks[static_cast<std::size_t>(l - first)], group);
     if (hooks_) hooks_->after_block(b, false);
   }
+  if (cache.split) h = resize_sequences(sequence_allgather(h, tp), cache.positions);
   return h;
 }
 
@@ -215,13 +280,15 @@ Tensor Transformer::backward_blocks(Ops& ops, const Tensor& dy, const Transforme
   const int first = cache.first, last = first + static_cast<int>(cache.blocks.size());
   if (first < 0 || last > layers())
     throw Error(Status::invalid_argument, name() + ": backward needs the cache of this module's forward");
-  Tensor d = dy;
+  const TensorParallel group = cache.split ? tp : without_sequence_split(tp);
+  Tensor d = cache.split ? sequence_shard(resize_sequences(dy, cache.padded), tp) : dy;
   for (int l = last; l-- > first;) {
     const TransformerBlock& b = blocks_[static_cast<std::size_t>(l)];
     if (hooks_) hooks_->before_block(b, true);
-    d = b.backward(ops, d, cache.blocks[static_cast<std::size_t>(l - first)], tp);
+    d = b.backward(ops, d, cache.blocks[static_cast<std::size_t>(l - first)], group);
     if (hooks_) hooks_->after_block(b, true);
   }
+  if (cache.split) d = resize_sequences(sequence_allgather(d, tp), cache.positions);
   return d;
 }
 

@@ -93,6 +93,8 @@ struct TransformerCache {
   std::vector<BlockCache> blocks;  // blocks first, first + 1, ...
   Tensor last;                     // input of the final norm
   LayerNormSaved final_norm;
+  int64_t positions = 0, padded = 0;  // the sequences' length, and padded to split over the TP ranks
+  bool split = false;                 // the blocks ran on this rank's positions (sequence parallelism)
 };
 
 // `layers` blocks then the final layer norm. A pipeline stage runs a range of blocks, and the
@@ -123,6 +125,10 @@ class Transformer : public Module {
 
   // Blocks [first, last) over x (B, S, hidden); the cache keeps their saved state (and
   // cache.first = first). Throws Error(invalid_argument) unless 0 <= first <= last <= layers.
+  // Under sequence parallelism (tp.splits_sequence()) the blocks run on this rank's positions,
+  // x and the result whole: causal sequences are padded at their end to a multiple of tp.size
+  // (no earlier position sees the padding); bidirectional ones split only when they divide, and
+  // otherwise run that call as plain tensor parallelism (every rank takes the same path).
   Tensor forward_blocks(Ops& ops, const Tensor& x, int first, int last, TransformerCache& cache,
                         const TensorParallel& tp = {}) const;
   // Back through the blocks the cache's forward_blocks ran; returns d x.
