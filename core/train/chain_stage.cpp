@@ -40,6 +40,13 @@ ChainStage::ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, co
   if (!llm_.grid) throw Error(Status::bad_config, "the plan places no llm");
   if (chain.vision && !vision_.grid) throw Error(Status::bad_config, "the plan places no image encoder");
   colocated_ = plan.layout == plan::Layout::colocated;
+  // Refused before the model is touched (sliced, hooked).
+  if (colocated_ && run.training.zero_stage >= 2 && vision_.replicas > 1 && chain.vision && !chain.vision->frozen())
+    throw Error(Status::unsupported,
+                "the CPU trainer runs a colocated encoder's ZeRO at stage 1 only: '" + vision_.name +
+                    "' is data parallel over ranks of different pipeline stages, whose programs place its "
+                    "encoder tasks (and so stage " +
+                    std::to_string(run.training.zero_stage) + "'s collectives) differently");
   const int llm_first = program.stage_of_rank[static_cast<std::size_t>(llm_.rank_at(0, 0, 0))];
   if (chain.vision) {
     if (vision_.stages != 1)
@@ -180,12 +187,6 @@ void ChainStage::make_zero(int stage) {
     if (stage >= 2) chain.llm->set_block_hooks(llm_zero_.get());
   }
   if (vision_dp_ && !chain.vision->frozen()) {
-    if (colocated_ && stage >= 2)
-      throw Error(Status::unsupported,
-                  "the CPU trainer runs a colocated encoder's ZeRO at stage 1 only: '" + vision_.name +
-                      "' is data parallel over ranks of different pipeline stages, whose programs place its "
-                      "encoder tasks (and so stage " +
-                      std::to_string(stage) + "'s collectives) differently");
     std::vector<const nn::TransformerBlock*> blocks;
     for (int l = 0; l < chain.vision->layers(); ++l) blocks.push_back(&chain.vision->block(l));
     vision_zero_ = std::make_unique<ZeroModule>(vision_.name, stage, *vision_dp_,
@@ -225,13 +226,10 @@ ChainStage::~ChainStage() {
 std::vector<TrainedParameter> ChainStage::trained_parameters(int zero_stage) const {
   std::vector<TrainedParameter> out;
   auto add = [&](const std::vector<nn::Parameter*>& params, const ModuleRole& role) {
-    // Counted once in the gradient norm: a tensor-parallel slice by every TP rank, a replicated
-    // tensor by the first; under ZeRO each replica its own shard, else the first replica.
-    const bool sharded = zero_stage > 0 && role.replicas > 1;
     for (auto* p : params) {
       TrainedParameter t;
       t.param = p;
-      t.counted = (sharded || role.replica == 0) && (role.tp_rank == 0 || !p->slice.whole());
+      t.counted = role.counts_in_norm(*p, zero_stage);
       if (p->trainable) out.push_back(std::move(t));
     }
   };

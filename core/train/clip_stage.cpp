@@ -136,8 +136,7 @@ ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model
       for (auto* p : t.params) {
         TrainedParameter trained;
         trained.param = p;
-        // A tensor-parallel slice by every TP rank, a replicated tensor by the first.
-        trained.counted = (t.role->replica == 0 || (zero > 0 && t.dp)) && (t.role->tp_rank == 0 || !p->slice.whole());
+        trained.counted = t.role->counts_in_norm(*p, zero);
         params_.push_back(std::move(trained));
       }
   if (logit_scale_ && sync_ && logit_scale_->trainable) {

@@ -15,6 +15,11 @@ int ModuleRole::rank_at(int stage_, int tp_rank_, int replica_) const {
   return grid->rank_at(c);
 }
 
+bool ModuleRole::counts_in_norm(const nn::Parameter& p, int zero_stage) const {
+  const bool sharded = zero_stage > 0 && replicas > 1;
+  return (sharded || replica == 0) && (tp_rank == 0 || !p.slice.whole());
+}
+
 const ModuleRole* RankLayout::find(const std::string& name) const {
   for (const auto& m : modules)
     if (m.name == name) return &m;

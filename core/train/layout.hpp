@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/nn/modules/parameter.hpp"
 #include "core/plan/plan.hpp"
 #include "core/runtime/groups.hpp"
 #include "core/spec/model.hpp"
@@ -35,6 +36,11 @@ struct ModuleRole {
 
   // The rank holding (stage, tp rank, replica) of this module.
   int rank_at(int stage, int tp_rank, int replica) const;
+  // Whether this rank counts parameter `p` of the module in the global gradient norm, so that
+  // every distinct element counts once: a tensor-parallel slice on every TP rank, a replicated
+  // tensor on the first; under ZeRO (zero_stage > 0 over 2+ replicas) each replica its shard,
+  // else the first replica.
+  bool counts_in_norm(const nn::Parameter& p, int zero_stage) const;
 };
 
 struct RankLayout {

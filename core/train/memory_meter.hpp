@@ -55,8 +55,8 @@ class MemoryMeter {
   // `params` (the executor's) are read at every sample; they outlive the meter.
   explicit MemoryMeter(const std::vector<TrainedParameter>& params);
 
-  // Adds `bytes()` to `kind` at every sample: a ZeRO flat buffer, communication buffers in
-  // flight. Sources hold heap memory of this process (it is taken out of the activations).
+  // Adds `bytes()` to `kind` at every sample: communication buffers in flight (the stage
+  // work's sends). Sources hold heap memory of this process (it is taken out of the activations).
   // Error(invalid_argument) for activations, which are measured, not reported.
   void add_source(MemoryKind kind, std::function<std::size_t()> bytes);
 

@@ -1,8 +1,9 @@
 #include "core/train/sharded_state.hpp"
 
 #include <algorithm>
-#include <cstdio>
+#include <charconv>
 #include <set>
+#include <system_error>
 #include <utility>
 
 #include "core/common/error.hpp"
@@ -46,10 +47,19 @@ std::optional<StateName> parse_state_name(const std::string& name) {
   const auto at = name.rfind('@');
   if (name.find('/') == std::string::npos) return std::nullopt;
   if (at == std::string::npos) return StateName{name, {}};
-  int axis = -1, index = -1, count = -1, used = 0;
-  const std::string suffix = name.substr(at + 1);
-  if (std::sscanf(suffix.c_str(), "%d:%d/%d%n", &axis, &index, &count, &used) != 3 ||
-      used != static_cast<int>(suffix.size()) || axis < 0 || axis > 1 || count < 1 || index < 0 || index >= count)
+  // "<axis>:<index>/<count>", each a decimal; a count beyond any real TP width is not ours.
+  constexpr int kMostSlices = 1 << 16;
+  int axis = -1, index = -1, count = -1;
+  const char* p = name.data() + at + 1;
+  const char* end = name.data() + name.size();
+  auto number = [&](int& out, char then) {
+    const auto [next, ec] = std::from_chars(p, end, out);
+    if (ec != std::errc() || (then && (next == end || *next != then))) return false;
+    p = then ? next + 1 : next;
+    return true;
+  };
+  if (!number(axis, ':') || !number(index, '/') || !number(count, '\0') || p != end || axis < 0 || axis > 1 ||
+      count < 1 || count > kMostSlices || index < 0 || index >= count)
     return std::nullopt;
   return StateName{name.substr(0, at), {axis, index, count}};
 }

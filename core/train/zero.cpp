@@ -71,8 +71,13 @@ ZeroModule::Unit& ZeroModule::unit_of(const nn::TransformerBlock& block) {
 }
 
 void ZeroModule::begin_step() {
+  // Stages 2 and 3 keep no whole gradient between instructions (an evaluation's gather makes
+  // them again).
   for (auto& u : units_)
-    for (TrainedParameter* t : u.params) std::fill(t->grad_shard.data.begin(), t->grad_shard.data.end(), 0.0f);
+    for (TrainedParameter* t : u.params) {
+      std::fill(t->grad_shard.data.begin(), t->grad_shard.data.end(), 0.0f);
+      if (stage_ >= 2) t->param->grad = nn::Tensor();
+    }
 }
 
 void ZeroModule::free_weights(Unit& u) {
@@ -94,6 +99,8 @@ void ZeroModule::end_instruction() {
 
 void ZeroModule::acquire(Unit& u) {
   if (!running_) throw Error(Status::internal, name_ + ": ZeRO unit used outside an instruction");
+  if (u.used >= u.calls)
+    throw Error(Status::internal, name_ + ": a ZeRO unit used more often than its instruction announced");
   if (u.used++ > 0) return;
   if (stage_ == 3 && !whole_) in_pipeline_wait_(all_gather(u));
   if (backward_ && stage_ >= 2)
@@ -102,6 +109,7 @@ void ZeroModule::acquire(Unit& u) {
 }
 
 void ZeroModule::release(Unit& u) {
+  if (u.done >= u.used) throw Error(Status::internal, name_ + ": a ZeRO unit released more often than it was used");
   if (++u.done < u.calls) return;
   if (backward_ && stage_ >= 2) {
     in_pipeline_wait_(reduce_scatter(u));
@@ -153,6 +161,7 @@ double ZeroModule::reduce_scatter(Unit& u) {
   const std::int64_t lo = dp_.rank() * u.shard;
   for (std::size_t i = 0; i < u.params.size(); ++i) {
     TrainedParameter& t = *u.params[i];
+    if (t.end == t.begin) continue;  // none of it is this rank's
     const float* from = mine.data() + (u.offsets[i] + t.begin - lo);
     if (stage_ == 1) {  // once per step: the sum replaces this rank's range of the whole gradient
       std::copy(from, from + (t.end - t.begin), t.param->grad.data.begin() + t.begin);
@@ -169,6 +178,7 @@ double ZeroModule::all_gather(Unit& u) {
   const std::int64_t lo = dp_.rank() * u.shard;
   for (std::size_t i = 0; i < u.params.size(); ++i) {
     const TrainedParameter& t = *u.params[i];
+    if (t.end == t.begin) continue;  // none of it is this rank's
     const float* from = stage_ == 3 ? t.value_shard.ptr() : t.param->value.ptr() + t.begin;
     std::copy(from, from + (t.end - t.begin), mine.begin() + (u.offsets[i] + t.begin - lo));
   }
@@ -195,7 +205,8 @@ std::map<const nn::Parameter*, nn::Tensor> ZeroModule::gather(
       const TrainedParameter& t = *u.params[i];
       const auto shard = shard_of(t);
       exists[i] = shard && static_cast<std::int64_t>(shard->size()) == t.end - t.begin;
-      if (exists[i]) std::copy(shard->begin(), shard->end(), mine.begin() + (u.offsets[i] + t.begin - lo));
+      if (exists[i] && t.end > t.begin)
+        std::copy(shard->begin(), shard->end(), mine.begin() + (u.offsets[i] + t.begin - lo));
     }
     std::vector<float> all(static_cast<std::size_t>(u.shard * dp_.size()));
     dp_.allgather(std::as_bytes(std::span<const float>(mine)), std::as_writable_bytes(std::span<float>(all)));
@@ -220,6 +231,10 @@ void hold_state(TrainedParameter& t, nn::Tensor value, nn::AdamWState adam) {
   }
   auto cut = [&](const nn::Tensor& whole) {
     if (whole.data.empty()) return nn::Tensor();
+    if (whole.numel() != nn::shape_numel(held_shape(*t.param)))
+      throw Error(Status::bad_config, t.param->name + ": the checkpoint holds " + std::to_string(whole.numel()) +
+                                          " elements of its state, the model " +
+                                          std::to_string(nn::shape_numel(held_shape(*t.param))));
     nn::Tensor shard({t.end - t.begin});
     std::copy(whole.data.begin() + t.begin, whole.data.begin() + t.end, shard.data.begin());
     return shard;

@@ -14,7 +14,8 @@
 // projector), which the stage work brackets around its calls into the module (before_call,
 // after_call). Each unit is its own flat buffer of its parameters' values (this rank's
 // tensor-parallel slices), in order, padded to a multiple of the group size; DP rank r owns
-// the r-th equal piece. Every collective goes through the communicator, non-blocking.
+// the r-th equal piece. Every collective goes through the plugin's non-blocking calls, waited
+// on at once (the wait is what the step reports).
 //
 // One instruction may call the module several times (once per image-side group of a
 // microbatch), and replicas see different groups; yet every rank of the DP group must run the

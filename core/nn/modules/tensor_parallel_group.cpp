@@ -46,6 +46,15 @@ Tensor gather_slices(const Parameter& p, const TensorParallel& from) {
   return whole;
 }
 
+// Every id a row of the whole table (each rank holds only its share: an id outside the
+// table would match none and silently embed as zeros).
+void check_ids(const Parameter& table, std::span<const int32_t> ids) {
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= table.full_shape[0])
+      throw Error(Status::invalid_argument, table.name + ": id " + std::to_string(ids[i]) + " at " + std::to_string(i) +
+                                                " is outside the vocabulary of " + std::to_string(table.full_shape[0]));
+}
+
 // The first id of this rank's share of a vocabulary of `vocab`, and the share's size.
 std::pair<int64_t, int64_t> vocab_share(int64_t vocab, const TensorParallel& tp) {
   const int64_t share = vocab / tp.size;
@@ -91,6 +100,7 @@ Tensor sequence_shard(const Tensor& x, const TensorParallel& tp) {
 Tensor sequence_allgather(const Tensor& shard, const TensorParallel& tp) {
   const auto [b, s, h, part] =
       sequence_split(shard, tp, shard.rank() == 3 ? shard.dim(1) * tp.size : 0, "sequence_allgather");
+  if (!tp.allgather) throw Error(Status::internal, "sequence parallelism: the group was detached (its owner is gone)");
   std::vector<float> all(static_cast<std::size_t>(shard.numel() * tp.size));  // rank-major, as reduce-scatter's
   tp.allgather(std::span<const float>(shard.data), all);
   Tensor out({b, s, h});
@@ -111,6 +121,8 @@ Tensor sequence_reduce_scatter(const Tensor& x, const TensorParallel& tp) {
       std::copy(from, from + part * h, all.data() + (static_cast<int64_t>(r) * b + i) * part * h);
     }
   Tensor out({b, part, h});
+  if (!tp.reduce_scatter)
+    throw Error(Status::internal, "sequence parallelism: the group was detached (its owner is gone)");
   tp.reduce_scatter(all, out.data);
   return out;
 }
@@ -217,6 +229,7 @@ Tensor vocab_parallel_embedding_forward(Ops& ops, const Parameter& table, std::s
                                         const TensorParallel& tp) {
   if (tp.size == 1) return gather_rows(ops, table.value, ids);
   expect_slice(table, 0, tp);
+  check_ids(table, ids);
   const auto [begin, share] = vocab_share(table.full_shape[0], tp);
   const int64_t width = table.full_shape[1];
   std::vector<int32_t> local, at;  // rows of the slice, and where each goes

@@ -5,7 +5,8 @@
 // of its input features, a vocabulary-parallel embedding or LM head the rows of its share of
 // the vocabulary. Gradients and optimizer state are of the slice alone. Every other parameter
 // (norms, position tables, row-parallel biases) is replicated: each rank computes the same
-// gradient for it from the same inputs, so no gradient crosses the TP group.
+// gradient for it from the same inputs, so no gradient crosses the TP group (under sequence
+// parallelism the norms see 1/size of the positions, and their gradients are summed).
 //
 // A module splits its parameters when given a TP group (set_tensor_parallel) and puts the
 // whole tensors back, gathering the slices over the group, when given size 1. Parameters are
@@ -77,7 +78,11 @@ class TensorParallelState {
  public:
   const TensorParallel& group() const { return tp_; }
   void set(TensorParallel tp, std::span<const TpSplit> splits, const std::string& who);
-  void detach() { tp_.allreduce_sum = nullptr; }
+  void detach() {
+    tp_.allreduce_sum = nullptr;
+    tp_.allgather = nullptr;
+    tp_.reduce_scatter = nullptr;
+  }
 
  private:
   TensorParallel tp_;
