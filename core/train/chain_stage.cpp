@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <deque>
-#include <set>
 #include <string>
 
 #include "core/bubble/encoder_tasks.hpp"
@@ -156,47 +155,26 @@ ChainStage::ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, co
 void ChainStage::make_zero(int stage) {
   if (stage == 0) return;
   const auto& chain = *model_.chain;
-  auto trainable = [](const std::vector<nn::Parameter*>& params) {
-    std::vector<nn::Parameter*> out;
-    for (nn::Parameter* p : params)
-      if (p->trainable) out.push_back(p);
-    return out;
-  };
-  // Each block a unit; the rest of the part (embeddings, norms, heads) one more.
-  auto units = [&](const std::vector<nn::Parameter*>& part, auto&& blocks) {
-    std::vector<ZeroUnitSpec> out;
-    std::set<const nn::Parameter*> in_blocks;
-    for (const nn::TransformerBlock* b : blocks) {
-      out.push_back({b, trainable(b->parameters())});
-      in_blocks.insert(b->parameters().begin(), b->parameters().end());
-    }
-    ZeroUnitSpec rest;
-    for (nn::Parameter* p : trainable(part))
-      if (!in_blocks.count(p)) rest.params.push_back(p);
-    out.push_back(std::move(rest));
-    return out;
-  };
   auto in_pipeline = [this](double seconds) {
     if (result_) result_->idle[static_cast<std::size_t>(sim::Cause::dp_shard)] += seconds;
   };
   if (llm_dp_) {
     std::vector<const nn::TransformerBlock*> blocks;
     for (int l = part_.first; l < part_.last; ++l) blocks.push_back(&chain.llm->block(l));
-    llm_zero_ = std::make_unique<ZeroModule>(llm_.name, stage, *llm_dp_,
-                                             units(chain.llm->part_parameters(part_), blocks), params_, in_pipeline);
+    llm_zero_ = std::make_unique<ZeroModule>(
+        llm_.name, stage, *llm_dp_, zero_units(chain.llm->part_parameters(part_), blocks), params_, in_pipeline);
     if (stage >= 2) chain.llm->set_block_hooks(llm_zero_.get());
   }
   if (vision_dp_ && !chain.vision->frozen()) {
     std::vector<const nn::TransformerBlock*> blocks;
     for (int l = 0; l < chain.vision->layers(); ++l) blocks.push_back(&chain.vision->block(l));
     vision_zero_ = std::make_unique<ZeroModule>(vision_.name, stage, *vision_dp_,
-                                                units(chain.vision->parameters(), blocks), params_, in_pipeline);
+                                                zero_units(chain.vision->parameters(), blocks), params_, in_pipeline);
     if (stage >= 2) chain.vision->set_block_hooks(vision_zero_.get());
   }
   if (projector_dp_ && !chain.projector->frozen())
-    projector_zero_ = std::make_unique<ZeroModule>(
-        projector_.name, stage, *projector_dp_,
-        units(chain.projector->parameters(), std::vector<const nn::TransformerBlock*>{}), params_, in_pipeline);
+    projector_zero_ = std::make_unique<ZeroModule>(projector_.name, stage, *projector_dp_,
+                                                   zero_units(chain.projector->parameters(), {}), params_, in_pipeline);
 }
 
 nn::TensorParallel ChainStage::tensor_parallel(runtime::Communicator& group, int rank, bool sequence_parallel) {

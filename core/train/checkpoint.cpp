@@ -124,17 +124,35 @@ void write_durably(const std::string& dir, const std::string& name, std::string_
   sync_directory(dir);
 }
 
-std::string read_whole(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
+// `path` opened for reading; CheckpointError(io) naming it otherwise (`missing`: the reason
+// when it does not exist).
+int open_for_reading(const std::string& path, const std::string& missing) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
     const int err = errno;
     throw CheckpointError(Status::io, path,
-                          err == ENOENT ? "missing" : std::string("cannot open: ") + std::strerror(err));
+                          err == ENOENT ? missing : std::string("cannot open: ") + std::strerror(err));
   }
+  return fd;
+}
+
+std::uint64_t file_size(const Fd& fd, const std::string& path) {
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0)
     throw CheckpointError(Status::io, path, std::string("cannot stat: ") + std::strerror(errno));
-  std::string bytes(static_cast<std::size_t>(st.st_size), '\0');
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+// The header of an open checkpoint file of `size` bytes.
+CheckpointHeader read_header(const Fd& fd, std::uint64_t size, const std::string& path) {
+  char head[kCheckpointHeaderBytes] = {};
+  const ssize_t h = ::pread(fd.get(), head, sizeof head, 0);
+  return decode_checkpoint_header(std::string_view(head, h > 0 ? static_cast<std::size_t>(h) : 0), size, path);
+}
+
+std::string read_whole(const std::string& path) {
+  const Fd fd(open_for_reading(path, "missing"));
+  std::string bytes(static_cast<std::size_t>(file_size(fd, path)), '\0');
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::read(fd.get(), bytes.data() + done, bytes.size() - done);
@@ -237,22 +255,10 @@ std::string manifest_entry(std::uint64_t size, std::uint32_t checksum) {
 
 // Size and stored checksum of a shard, its header checked, without reading its body.
 std::string shard_entry(const std::string& path, std::int64_t step, int rank, int world) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    const int err = errno;
-    throw CheckpointError(Status::io, path,
-                          err == ENOENT ? "missing: did rank " + std::to_string(rank) + " finish write_shard?"
-                                        : std::string("cannot open: ") + std::strerror(err));
-  }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0)
-    throw CheckpointError(Status::io, path, std::string("cannot stat: ") + std::strerror(errno));
-  const auto size = static_cast<std::uint64_t>(st.st_size);
-  char head[kCheckpointHeaderBytes] = {};
+  const Fd fd(open_for_reading(path, "missing: did rank " + std::to_string(rank) + " finish write_shard?"));
+  const std::uint64_t size = file_size(fd, path);
+  const CheckpointHeader header = read_header(fd, size, path);
   char tail[4] = {};
-  const ssize_t h = ::pread(fd.get(), head, sizeof head, 0);
-  const CheckpointHeader header =
-      decode_checkpoint_header(std::string_view(head, h > 0 ? static_cast<std::size_t>(h) : 0), size, path);
   if (header.kind != CheckpointKind::shard || header.step != step || header.rank != rank || header.world != world)
     throw CheckpointError(Status::bad_config, path,
                           "header says step " + std::to_string(header.step) + ", rank " + std::to_string(header.rank) +
@@ -279,20 +285,8 @@ void remove_step(const std::string& dir, std::int64_t step, const StepFiles& fil
 // shard for world 1, the manifest otherwise); read_shard validates the rest.
 int committed_world(const std::string& dir, std::int64_t step) {
   const std::string record = in_dir(dir, checkpoint_file_name(step));
-  Fd fd(::open(record.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    const int err = errno;
-    throw CheckpointError(Status::io, record,
-                          err == ENOENT ? "missing" : std::string("cannot open: ") + std::strerror(err));
-  }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0)
-    throw CheckpointError(Status::io, record, std::string("cannot stat: ") + std::strerror(errno));
-  char head[kCheckpointHeaderBytes] = {};
-  const ssize_t h = ::pread(fd.get(), head, sizeof head, 0);
-  return decode_checkpoint_header(std::string_view(head, h > 0 ? static_cast<std::size_t>(h) : 0),
-                                  static_cast<std::uint64_t>(st.st_size), record)
-      .world;
+  const Fd fd(open_for_reading(record, "missing"));
+  return read_header(fd, file_size(fd, record), record).world;
 }
 
 // latest_valid for `world` ranks, or (nullopt) for the world each checkpoint records.

@@ -1,7 +1,6 @@
 #include "core/train/clip_stage.hpp"
 
 #include <algorithm>
-#include <set>
 #include <string>
 
 #include "core/common/error.hpp"
@@ -157,22 +156,11 @@ void ClipStage::make_zero(int stage) {
     Tower& tower = towers_[t];
     if (!tower.dp) continue;
     // Each block of the part a unit; the rest (embeddings, final norm, head) one more.
-    std::vector<ZeroUnitSpec> units;
-    std::set<const nn::Parameter*> in_blocks;
-    for (int l = tower.part.first; l < tower.part.last; ++l) {
-      const nn::TransformerBlock& b = t == 0 ? clip.image_encoder->block(l) : clip.text_encoder->block(l);
-      ZeroUnitSpec unit{&b, {}};
-      for (nn::Parameter* p : b.parameters())
-        if (p->trainable) unit.params.push_back(p);
-      in_blocks.insert(b.parameters().begin(), b.parameters().end());
-      units.push_back(std::move(unit));
-    }
-    ZeroUnitSpec rest;
-    for (nn::Parameter* p : tower.params)
-      if (!in_blocks.count(p)) rest.params.push_back(p);
-    units.push_back(std::move(rest));
-    tower.zero =
-        std::make_unique<ZeroModule>(tower.role->name, stage, *tower.dp, std::move(units), params_, in_pipeline);
+    std::vector<const nn::TransformerBlock*> blocks;
+    for (int l = tower.part.first; l < tower.part.last; ++l)
+      blocks.push_back(t == 0 ? &clip.image_encoder->block(l) : &clip.text_encoder->block(l));
+    tower.zero = std::make_unique<ZeroModule>(tower.role->name, stage, *tower.dp, zero_units(tower.params, blocks),
+                                              params_, in_pipeline);
     if (stage >= 2) {
       if (t == 0)
         clip.image_encoder->set_block_hooks(tower.zero.get());

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/common/error.hpp"
+#include "core/nn/modules/tensor_parallel_group.hpp"
 #include "core/nn/tensor_parallel.hpp"
 
 namespace braid::train {
@@ -123,9 +124,7 @@ nn::Tensor slice_of(const nn::Tensor& whole, const nn::Parameter& p) {
   if (whole.shape != p.full_shape)
     throw Error(Status::bad_config, p.name + ": the checkpoint has shape " + nn::shape_string(whole.shape) +
                                         ", the model " + nn::shape_string(p.full_shape));
-  if (p.slice.whole()) return whole;
-  return p.slice.axis == 0 ? nn::column_parallel_shard(whole, p.slice.index, p.slice.count)
-                           : nn::row_parallel_shard(whole, p.slice.index, p.slice.count);
+  return nn::cut_slice(whole, p.slice);
 }
 
 WholeState::WholeState(const std::vector<CheckpointContents>& shards, std::string file)

@@ -1,6 +1,7 @@
 #include "core/train/zero.hpp"
 
 #include <algorithm>
+#include <set>
 #include <span>
 #include <utility>
 
@@ -12,6 +13,25 @@ nn::Shape held_shape(const nn::Parameter& p) {
   nn::Shape shape = p.full_shape;
   if (!p.slice.whole()) shape[static_cast<std::size_t>(p.slice.axis)] /= p.slice.count;
   return shape;
+}
+
+std::vector<ZeroUnitSpec> zero_units(const std::vector<nn::Parameter*>& part,
+                                     const std::vector<const nn::TransformerBlock*>& blocks) {
+  std::vector<ZeroUnitSpec> out;
+  std::set<const nn::Parameter*> in_blocks;
+  for (const nn::TransformerBlock* b : blocks) {
+    ZeroUnitSpec unit{b, {}};
+    for (nn::Parameter* p : b->parameters()) {
+      if (p->trainable) unit.params.push_back(p);
+      in_blocks.insert(p);
+    }
+    out.push_back(std::move(unit));
+  }
+  ZeroUnitSpec rest;
+  for (nn::Parameter* p : part)
+    if (p->trainable && !in_blocks.count(p)) rest.params.push_back(p);
+  out.push_back(std::move(rest));
+  return out;
 }
 
 ZeroModule::ZeroModule(std::string name, int stage, runtime::Communicator& dp, std::vector<ZeroUnitSpec> units,

@@ -45,6 +45,11 @@ struct ZeroUnitSpec {
   std::vector<nn::Parameter*> params;
 };
 
+// A module part's units: each of `blocks` one, with its trainable parameters; the trainable
+// parameters of `part` in no block (embeddings, norms, heads) one more.
+std::vector<ZeroUnitSpec> zero_units(const std::vector<nn::Parameter*>& part,
+                                     const std::vector<const nn::TransformerBlock*>& blocks);
+
 class ZeroModule : public nn::BlockHooks {
  public:
   // `params` holds a TrainedParameter for every parameter of the units (they must outlive this);

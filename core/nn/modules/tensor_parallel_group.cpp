@@ -55,10 +55,20 @@ void check_ids(const Parameter& table, std::span<const int32_t> ids) {
                                                 " is outside the vocabulary of " + std::to_string(table.full_shape[0]));
 }
 
-// The first id of this rank's share of a vocabulary of `vocab`, and the share's size.
-std::pair<int64_t, int64_t> vocab_share(int64_t vocab, const TensorParallel& tp) {
-  const int64_t share = vocab / tp.size;
-  return {tp.rank * share, share};
+// The ids of `ids` this rank's share of the vocabulary holds: their rows in the table's slice
+// and their positions in `ids`.
+struct LocalRows {
+  std::vector<int32_t> rows, at;
+};
+LocalRows local_rows(const Parameter& table, std::span<const int32_t> ids, const TensorParallel& tp) {
+  const int64_t share = table.full_shape[0] / tp.size, begin = tp.rank * share;
+  LocalRows out;
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] >= begin && ids[i] < begin + share) {
+      out.rows.push_back(row_id(ids[i] - begin));
+      out.at.push_back(row_id(static_cast<int64_t>(i)));
+    }
+  return out;
 }
 
 }  // namespace
@@ -135,6 +145,12 @@ void tp_allreduce(const TensorParallel& tp, Tensor& t) {
   tp.allreduce_sum(t);
 }
 
+Tensor cut_slice(const Tensor& whole, const TensorSlice& slice) {
+  if (slice.whole()) return whole;
+  return slice.axis == 0 ? column_parallel_shard(whole, slice.index, slice.count)
+                         : row_parallel_shard(whole, slice.index, slice.count);
+}
+
 void retarget_tensor_parallel(std::span<const TpSplit> splits, const TensorParallel& from, const TensorParallel& to) {
   for (const TpSplit& s : splits) {
     Parameter& p = *s.param;
@@ -145,8 +161,7 @@ void retarget_tensor_parallel(std::span<const TpSplit> splits, const TensorParal
       p.slice = {};
     }
     if (!want.whole()) {
-      p.value = want.axis == 0 ? column_parallel_shard(p.value, want.index, want.count)
-                               : row_parallel_shard(p.value, want.index, want.count);
+      p.value = cut_slice(p.value, want);
       p.slice = want;
     }
     if (p.trainable) p.grad = Tensor(p.value.shape);
@@ -230,16 +245,9 @@ Tensor vocab_parallel_embedding_forward(Ops& ops, const Parameter& table, std::s
   if (tp.size == 1) return gather_rows(ops, table.value, ids);
   expect_slice(table, 0, tp);
   check_ids(table, ids);
-  const auto [begin, share] = vocab_share(table.full_shape[0], tp);
-  const int64_t width = table.full_shape[1];
-  std::vector<int32_t> local, at;  // rows of the slice, and where each goes
-  for (std::size_t i = 0; i < ids.size(); ++i)
-    if (ids[i] >= begin && ids[i] < begin + share) {
-      local.push_back(row_id(ids[i] - begin));
-      at.push_back(row_id(static_cast<int64_t>(i)));
-    }
-  Tensor rows({static_cast<int64_t>(ids.size()), width});
-  if (!local.empty()) scatter_add_rows(ops, at, gather_rows(ops, table.value, local), rows);
+  const LocalRows local = local_rows(table, ids, tp);
+  Tensor rows({static_cast<int64_t>(ids.size()), table.full_shape[1]});
+  if (!local.rows.empty()) scatter_add_rows(ops, local.at, gather_rows(ops, table.value, local.rows), rows);
   tp_allreduce(tp, rows);
   return rows;
 }
@@ -255,14 +263,8 @@ void vocab_parallel_embedding_backward(Ops& ops, Parameter& table, std::span<con
     return;
   }
   expect_slice(table, 0, tp);
-  const auto [begin, share] = vocab_share(table.full_shape[0], tp);
-  std::vector<int32_t> local, at;
-  for (std::size_t i = 0; i < ids.size(); ++i)
-    if (ids[i] >= begin && ids[i] < begin + share) {
-      local.push_back(row_id(ids[i] - begin));
-      at.push_back(row_id(static_cast<int64_t>(i)));
-    }
-  if (!local.empty()) scatter_add_rows(ops, local, gather_rows(ops, d, at), *grad);
+  const LocalRows local = local_rows(table, ids, tp);
+  if (!local.rows.empty()) scatter_add_rows(ops, local.rows, gather_rows(ops, d, local.at), *grad);
 }
 
 float vocab_parallel_cross_entropy(Ops& ops, const Tensor& logits, std::span<const int32_t> targets, int64_t normalizer,

@@ -65,6 +65,9 @@ struct TpSplit {
   int axis = 0;
 };
 
+// Slice `slice` of a whole tensor (the tensor itself when the slice is all of it).
+Tensor cut_slice(const Tensor& whole, const TensorSlice& slice);
+
 // Makes every parameter of `splits` what `to` holds of it: its slice when to.size > 1, else the
 // whole tensor. A parameter sliced for `from` is first made whole by summing its slices over
 // from's group (every rank of that group must call this, in the same order); one already as
