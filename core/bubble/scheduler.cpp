@@ -406,6 +406,16 @@ double idle(const std::array<double, sim::kCauseCount>& b) {
   return t;
 }
 
+// Encoder task seconds per device per step, mean over the llm's stages (every stage has
+// the same devices): what each device's encoder work takes on its own.
+double encoder_seconds(const Colocated& c) {
+  double total = 0;
+  for (const auto& st : c.hosts)
+    for (const auto& h : st)
+      total += (h.forward_s + h.backward_s) * c.encoders[static_cast<std::size_t>(h.encoder)].microbatches;
+  return c.stages() > 0 ? total / c.stages() : 0;
+}
+
 }  // namespace
 
 std::vector<spec::Schedule> colocated_schedules() {
@@ -473,6 +483,18 @@ Schedules schedule(const cost::CostModel& cost, const plan::Plan& plan) {
     r.recovered_coarse = (before - idle(coarse.result.bubbles)) / before;
     r.recovered_fine = (before - idle(fine.result.bubbles)) / before;
   }
+  // Against the llm alone: H = encoder seconds that do not lengthen the step.
+  r.llm_step_s = llm_only.result.step_time_s;
+  r.llm_idle_s = idle(llm_only.result.bubbles);
+  r.encoder_s = encoder_seconds(c);
+  auto exploited = [&](const Tried& t, double* filled, double* hidden) {
+    const double h = std::max(0.0, r.encoder_s - (t.result.step_time_s - r.llm_step_s));
+    *filled = r.llm_idle_s > 0 ? h / r.llm_idle_s : 0;
+    *hidden = r.encoder_s > 0 ? h / r.encoder_s : 0;
+  };
+  exploited(plain, &r.bubble_filled.plain, &r.encoder_hidden.plain);
+  exploited(coarse, &r.bubble_filled.coarse, &r.encoder_hidden.coarse);
+  exploited(fine, &r.bubble_filled.fine, &r.encoder_hidden.fine);
   for (std::size_t s = 0; s < c.hosts.size(); ++s) {
     long long n = 0;
     for (const auto& h : c.hosts[s])

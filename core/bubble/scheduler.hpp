@@ -28,10 +28,33 @@
 
 namespace braid::bubble {
 
+// A figure of each schedule: encoder-first (plain), coarse, fine.
+struct PerSchedule {
+  double plain = 0, coarse = 0, fine = 0;
+};
+
 struct Report {
   double plain_step_s = 0, coarse_step_s = 0, fine_step_s = 0;
-  // Share of the plain schedule's idle device time each pass turned into work.
+  // Share of the plain (encoder-first) schedule's idle device time each pass turned into
+  // work. Its reference already holds the encoder: on every stage but the first, encoder
+  // first runs the forwards inside the PP warm-up wait and the backwards inside the
+  // cool-down, so this is what the passes add to that, not what the encoder fills.
   double recovered_coarse = 0, recovered_fine = 0;
+
+  // Against the llm alone (the colocated step with no encoder task: the llm's 1F1B, its
+  // DP and optimizer tail; Optimus' reference, whose bubbles the encoder is meant to
+  // fill). Per device, mean over devices:
+  double llm_step_s = 0;  // the llm alone's step
+  double llm_idle_s = 0;  // its idle seconds (all causes: DP, PP, TP waits)
+  double encoder_s = 0;   // encoder task seconds per step (compute and its own transfers)
+  // Encoder seconds inside llm bubbles, H = encoder_s - (step - llm_step_s) (>= 0): the
+  // encoder time that does not lengthen the step. Two shares of it, per schedule:
+  //   bubble_filled  = H / llm_idle_s  the llm bubble time that encoder work fills;
+  //   encoder_hidden = H / encoder_s   the encoder work that runs in llm bubbles. This is
+  //                    the quantity Optimus' published coarse/fine shares rise with (they
+  //                    grow as more GPUs leave each device less encoder work; see
+  //                    docs/bubble-scheduler.md).
+  PerSchedule bubble_filled, encoder_hidden;
   // Idle seconds per device by cause (sim::Cause order): plain schedule, fine schedule.
   std::array<double, sim::kCauseCount> bubbles_before{}, bubbles_after{};
   double scheduler_time_s = 0;

@@ -1,5 +1,6 @@
 #include "core/cost/cost_model.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/common/error.hpp"
@@ -8,14 +9,20 @@ namespace braid::cost {
 
 using spec::Role;
 
-CostModel::CostModel(const spec::RunSpec& run)
-    : run_(&run), device_(run.cluster, run.training.precision), comm_(run.cluster) {
+CostModel::CostModel(const spec::RunSpec& run) : CostModel(run, TrainedImages{}) {}
+
+CostModel::CostModel(const spec::RunSpec& run, TrainedImages images)
+    : run_(&run),
+      device_(run.cluster, run.training.precision, run.training.fp8),
+      comm_(run.cluster),
+      images_(std::move(images)) {
   const auto& model = run.model;
   const auto& data = run.data;
   const std::size_t n = model.modules.size();
   tokens_.assign(n, 0);
   grads_.assign(n, GradNeeds{});
   params_.assign(n, 0);
+  sees_images_.assign(n, false);
   for (std::size_t i = 0; i < n; ++i) {
     const auto& m = model.modules[i];
     params_[i] = spec::module_parameters(model, m);
@@ -48,6 +55,10 @@ CostModel::CostModel(const spec::RunSpec& run)
         break;
     }
     tokens_[i] = t;
+    sees_images_[i] = m.role == Role::encoder && m.modality == spec::Modality::image;
+    if (m.role != Role::loss)
+      for (const auto& in : m.inputs)
+        sees_images_[i] = sees_images_[i] || sees_images_[static_cast<std::size_t>(model.index_of(in))];
     // Backward runs where the module trains, or where an upstream module trains.
     bool upstream = false;
     for (const auto& in : m.inputs) {
@@ -75,7 +86,59 @@ const ModuleCost& CostModel::module(int m, int tp, int samples, const GroupShape
   std::lock_guard<std::mutex> lock(cache_mutex_);
   auto it = cache_.find(key);
   if (it != cache_.end()) return it->second;
-  return cache_.emplace(key, build(m, tp, samples, g)).first->second;
+  const bool by_side = !images_.sides.empty() && sees_images_[static_cast<std::size_t>(m)];
+  return cache_.emplace(key, by_side ? build_by_side(m, tp, samples, g) : build(m, tp, samples, g)).first->second;
+}
+
+std::size_t CostModel::for_each_pass(int samples,
+                                     const std::function<void(const CostModel& at_side, int members)>& visit) const {
+  // Up to 64 microbatches of consecutive samples: enough for a mean within a few percent.
+  constexpr std::size_t kMicrobatches = 64;
+  const std::size_t per = static_cast<std::size_t>(std::max(1, samples));
+  std::size_t count = 0;
+  for (std::size_t start = 0; start + per <= images_.sides.size() && count < kMicrobatches; start += per, ++count) {
+    std::map<int, int> members;  // side -> samples of this microbatch at that side
+    for (std::size_t i = start; i < start + per; ++i) ++members[images_.sides[i]];
+    for (const auto& [side, n] : members) {
+      const CostModel* at_side = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(side_mutex_);
+        auto& slot = at_side_[side];
+        if (!slot.second) {
+          slot.first = std::make_unique<spec::RunSpec>(*run_);
+          slot.first->data.image_resolution = side;
+          slot.second = std::make_unique<CostModel>(*slot.first);
+        }
+        at_side = slot.second.get();
+      }
+      visit(*at_side, n);
+    }
+  }
+  return count;
+}
+
+ModuleCost CostModel::build_by_side(int mi, int tp, int samples, const GroupShape& tp_group) const {
+  ModuleCost mean;
+  const std::size_t count = for_each_pass(samples, [&](const CostModel& at_side, int n) {
+    const ModuleCost& pass = at_side.module(mi, tp, n, tp_group);
+    mean.layers = pass.layers;
+    mean.layer += pass.layer;
+    mean.first += pass.first;
+    mean.last += pass.last;
+    mean.output_bytes += pass.output_bytes;
+  });
+  if (count == 0) return build(mi, tp, samples, tp_group);  // fewer trained sides than one microbatch
+  const double w = 1.0 / static_cast<double>(count);
+  mean.layer = mean.layer.times(w);
+  mean.first = mean.first.times(w);
+  mean.last = mean.last.times(w);
+  mean.output_bytes *= w;
+  // What a device holds does not depend on the images: the nominal build's parameters.
+  const ModuleCost held = build(mi, tp, samples, tp_group);
+  mean.layer.parameters = held.layer.parameters;
+  mean.first.parameters = held.first.parameters;
+  mean.last.parameters = held.last.parameters;
+  return mean;
 }
 
 ModuleCost CostModel::build(int mi, int tp, int samples, const GroupShape& tp_group) const {
@@ -132,6 +195,20 @@ std::vector<LayerKernel> CostModel::layer_kernels(int mi, int tp, int samples) c
   const auto& m = run_->model.modules[static_cast<std::size_t>(mi)];
   if (m.role == Role::projector || m.role == Role::loss || tp < 1)
     throw Error(Status::internal, m.name + " has no transformer layers to split into kernels");
+  if (!images_.sides.empty() && sees_images_[static_cast<std::size_t>(mi)]) {
+    std::vector<LayerKernel> mean;
+    const std::size_t count = for_each_pass(samples, [&](const CostModel& at_side, int n) {
+      const auto pass = at_side.layer_kernels(mi, tp, n);
+      if (mean.empty()) mean = std::vector<LayerKernel>(pass.size());
+      for (std::size_t k = 0; k < pass.size(); ++k) {
+        mean[k].name = pass[k].name;
+        mean[k].communication = pass[k].communication;
+        mean[k].cost += pass[k].cost;
+      }
+    });
+    for (auto& k : mean) k.cost = k.cost.times(1.0 / static_cast<double>(count));
+    if (count > 0) return mean;
+  }
   BlockContext ctx{&device_, &comm_, &run_->training, tp, group_shape(0, 1, tp, run_->cluster.devices_per_node),
                    grads(mi)};
   return transformer_layer_kernels(m, tokens(mi), samples, ctx);
@@ -178,6 +255,13 @@ double CostModel::gradient_sync_seconds(int m, double params, const GroupShape& 
     default:
       return 0;
   }
+}
+
+double CostModel::param_gather_seconds(int m, double params, const GroupShape& dp_group) const {
+  const auto& mod = run_->model.modules[static_cast<std::size_t>(m)];
+  const int zero = run_->training.zero_stage;
+  if (mod.frozen || dp_group.size <= 1 || zero < 1 || zero > 2) return 0;
+  return comm_.all_gather(params * device_.element_bytes(), dp_group);
 }
 
 double CostModel::sharded_traffic_seconds(int m, double params, const GroupShape& dp_group) const {

@@ -2,7 +2,9 @@
 // at a given tensor-parallel width, collectives, and training-state memory.
 #pragma once
 
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 #include <vector>
@@ -38,9 +40,20 @@ struct StateBytes {
   double total() const { return weights + gradients + optimizer; }
 };
 
+// The images a run trains on, as its dataset draws them: the side of each of its first
+// training samples. A microbatch runs one pass per distinct side (patch sequences of
+// different lengths do not stack), so the modules that see image tokens cost the sum of
+// those passes rather than one pass at the nominal size.
+struct TrainedImages {
+  std::vector<int> sides;  // pixels, of consecutive training samples
+};
+
 class CostModel {
  public:
   explicit CostModel(const spec::RunSpec& run);
+  // Prices the modules that see image tokens as the trainer runs `images` (the mean over the
+  // microbatches they make of each pass's cost); the planner's nominal sizes elsewhere.
+  CostModel(const spec::RunSpec& run, TrainedImages images);
   CostModel(const CostModel&) = delete;
   CostModel& operator=(const CostModel&) = delete;
 
@@ -75,6 +88,10 @@ class CostModel {
   // (ZeRO-0); reduce-scatter + all-gather of updated weights (ZeRO-1); the all-gather
   // alone (ZeRO-2, whose gradients were reduced per microbatch); nothing (ZeRO-3).
   double gradient_sync_seconds(int m, double params, const GroupShape& dp_group) const;
+  // The part of gradient_sync_seconds that all-gathers updated parameters (ZeRO-1 and 2,
+  // Megatron's distributed optimizer): what `overlap_param_gather` hides behind the next
+  // step's forward; the rest is the gradient reduction `overlap_grad_reduce` hides.
+  double param_gather_seconds(int m, double params, const GroupShape& dp_group) const;
   // DP collectives every microbatch: ZeRO-2 and 3 reduce-scatter gradients as they are
   // produced; ZeRO-3 also all-gathers the weights for forward and again for backward.
   double sharded_traffic_seconds(int m, double params, const GroupShape& dp_group) const;
@@ -85,6 +102,11 @@ class CostModel {
 
  private:
   ModuleCost build(int m, int tp, int samples, const GroupShape& tp_group) const;
+  // Calls `visit` for each pass (one image side, its members) of the trained microbatches of
+  // `samples`, with the cost model of that side; returns how many microbatches it covered.
+  std::size_t for_each_pass(int samples, const std::function<void(const CostModel& at_side, int members)>& visit) const;
+  // The mean over the trained microbatches of `samples` of their passes by image side.
+  ModuleCost build_by_side(int m, int tp, int samples, const GroupShape& tp_group) const;
 
   const spec::RunSpec* run_;
   DeviceModel device_;
@@ -92,6 +114,11 @@ class CostModel {
   std::vector<double> tokens_;
   std::vector<GradNeeds> grads_;
   std::vector<double> params_;
+  std::vector<bool> sees_images_;  // an image encoder, or fed by one
+  TrainedImages images_;
+  // The run at each trained side, and its cost model (nominal pricing), built on demand.
+  mutable std::map<int, std::pair<std::unique_ptr<spec::RunSpec>, std::unique_ptr<CostModel>>> at_side_;
+  mutable std::mutex side_mutex_;  // guards at_side_ (node-stable: models stay valid)
   double model_flops_per_sample_ = 0;
   mutable std::mutex cache_mutex_;
   mutable std::map<std::tuple<int, int, int, int, int>, ModuleCost> cache_;  // node-stable: references stay valid

@@ -3,24 +3,55 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/common/error.hpp"
+
 namespace braid::cost {
 
-DeviceModel::DeviceModel(const spec::ClusterSpec& cluster, spec::Precision precision)
-    : cluster_(&cluster), peak_(cluster.peak_flops(precision)), element_bytes_(spec::bytes_per_element(precision)) {}
+namespace {
 
-double DeviceModel::gemm_efficiency(double flops) const {
-  const auto& table = cluster_->efficiency.gemm;
-  double gflop = flops * 1e-9;
-  if (gflop <= table.front().first) return table.front().second;
-  if (gflop >= table.back().first) return table.back().second;
+// A [size, value] table interpolated in log(size), held flat beyond its ends: the GEMM
+// efficiency by GFLOP, the element-wise bandwidth by MiB.
+double interpolate(const std::vector<std::pair<double, double>>& table, double size) {
+  if (size <= table.front().first) return table.front().second;
+  if (size >= table.back().first) return table.back().second;
   for (std::size_t i = 1; i < table.size(); ++i) {
-    if (gflop <= table[i].first) {
+    if (size <= table[i].first) {
       double x0 = std::log(table[i - 1].first), x1 = std::log(table[i].first);
-      double w = (std::log(gflop) - x0) / (x1 - x0);
+      double w = (std::log(size) - x0) / (x1 - x0);
       return table[i - 1].second + w * (table[i].second - table[i - 1].second);
     }
   }
   return table.back().second;
+}
+
+}  // namespace
+
+DeviceModel::DeviceModel(const spec::ClusterSpec& cluster, spec::Precision precision, bool fp8)
+    : cluster_(&cluster),
+      peak_(cluster.peak_flops(precision)),
+      element_bytes_(spec::bytes_per_element(precision)),
+      fp8_(fp8) {
+  if (fp8 && cluster.peak_flops_fp8 <= 0)
+    throw Error(Status::bad_config, "cluster '" + cluster.name + "' gives no FP8 peak (device.peak_tflops.fp8)");
+}
+
+double DeviceModel::gemm_efficiency(double flops) const { return interpolate(cluster_->efficiency.gemm, flops * 1e-9); }
+
+double DeviceModel::fp8_gemm_efficiency(double flops) const {
+  const auto& fp8 = cluster_->efficiency.gemm_fp8;
+  return interpolate(fp8.empty() ? cluster_->efficiency.gemm : fp8, flops * 1e-9);
+}
+
+double DeviceModel::linear_gemm_seconds(double m, double n, double k) const {
+  if (!fp8_) return gemm_seconds(m, n, k);
+  if (m <= 0 || n <= 0 || k <= 0) return 0;
+  // TransformerEngine runs fprop, dgrad and wgrad of a linear layer as FP8 GEMMs (E4M3
+  // or E5M2 operands, one byte each) with higher-precision output
+  // (docs.nvidia.com/deeplearning/transformer-engine, "Using FP8 with Transformer Engine").
+  double flops = 2.0 * m * n * k;
+  double compute = flops / (cluster_->peak_flops_fp8 * fp8_gemm_efficiency(flops));
+  double bytes = m * k + k * n + element_bytes_ * m * n;
+  return std::max(compute, stream_seconds(bytes));
 }
 
 double DeviceModel::gemm_seconds(double m, double n, double k, double batch) const {
@@ -28,10 +59,16 @@ double DeviceModel::gemm_seconds(double m, double n, double k, double batch) con
   double one = 2.0 * m * n * k;
   double compute = batch * one / (peak_ * gemm_efficiency(one));
   double bytes = batch * element_bytes_ * (m * k + k * n + m * n);
-  return std::max(compute, memory_seconds(bytes));
+  return std::max(compute, stream_seconds(bytes));
 }
 
 double DeviceModel::memory_seconds(double bytes) const {
+  const auto& measured = cluster_->efficiency.elementwise;
+  if (!measured.empty()) return bytes / (interpolate(measured, bytes / (1024.0 * 1024.0)) * 1e9);
+  return stream_seconds(bytes);
+}
+
+double DeviceModel::stream_seconds(double bytes) const {
   return bytes / (cluster_->memory_bandwidth * cluster_->efficiency.memory);
 }
 

@@ -8,16 +8,26 @@ namespace braid::cost {
 
 class DeviceModel {
  public:
-  DeviceModel(const spec::ClusterSpec& cluster, spec::Precision precision);
+  // `fp8`: the linear layers' GEMMs run in FP8 (TransformerEngine); the cluster must give an FP8 peak.
+  DeviceModel(const spec::ClusterSpec& cluster, spec::Precision precision, bool fp8 = false);
 
   double peak_flops() const { return peak_; }
   double element_bytes() const { return element_bytes_; }
+  bool fp8() const { return fp8_; }
   // Achieved fraction of peak for one GEMM of `flops`.
   double gemm_efficiency(double flops) const;
+  // Same for an FP8 GEMM, as a fraction of the FP8 peak.
+  double fp8_gemm_efficiency(double flops) const;
   // `batch` independent products C[m,n] = A[m,k] B[k,n]: max(compute time, memory time).
   double gemm_seconds(double m, double n, double k, double batch = 1) const;
-  // Memory-bound kernels that move `bytes` through HBM.
+  // A GEMM of a linear layer (weights x activations): FP8 in, output in the training
+  // precision, when the run uses FP8; otherwise gemm_seconds.
+  double linear_gemm_seconds(double m, double n, double k) const;
+  // Element-wise kernels that move `bytes` through HBM: the cluster's measured element-wise
+  // rates where it has them (`braid calibrate`), else memory bandwidth x efficiency.memory.
   double memory_seconds(double bytes) const;
+  // Streaming `bytes` at memory bandwidth x efficiency.memory: a GEMM's memory roofline.
+  double stream_seconds(double bytes) const;
   // A fused (flash) attention kernel doing `flops`.
   double flash_attention_seconds(double flops, bool backward) const;
 
@@ -25,6 +35,7 @@ class DeviceModel {
   const spec::ClusterSpec* cluster_;
   double peak_;
   double element_bytes_;
+  bool fp8_;
 };
 
 }  // namespace braid::cost

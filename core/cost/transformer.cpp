@@ -1,5 +1,7 @@
 #include "core/cost/transformer.hpp"
 
+#include <algorithm>
+
 namespace braid::cost {
 namespace {
 
@@ -26,6 +28,37 @@ void add_elementwise(BlockCost& c, double bytes, const BlockContext& ctx) {
   c.forward_s += ctx.device->memory_seconds(bytes);
   if (ctx.grads.any()) c.backward_s += ctx.device->memory_seconds(2 * bytes);
 }
+
+// A linear layer of a transformer block, activations [m,k] x weight [k,n]: as add_gemm,
+// but with the run's FP8 setting. Under FP8 (TransformerEngine's Linear/LayerNormLinear)
+// its three GEMMs run at the FP8 peak and each input is first cast to FP8: the
+// activation in forward (read at the training precision, write one byte), the incoming
+// gradient in backward (add_elementwise doubles it for that); the weight's cast is
+// cached across the microbatches of a step (TE's `is_first_microbatch`), so free here.
+void add_linear(BlockCost& c, double m, double n, double k, const BlockContext& ctx) {
+  const DeviceModel& dev = *ctx.device;
+  if (!dev.fp8()) return add_gemm(c, m, n, k, 1, true, ctx);
+  double flops = 2 * m * n * k;
+  c.flops_forward += flops;
+  c.forward_s += dev.linear_gemm_seconds(m, n, k);
+  if (ctx.grads.any()) {
+    c.flops_backward += flops;
+    c.backward_s += dev.linear_gemm_seconds(m, k, n);
+    if (ctx.grads.weights) {
+      c.flops_backward += flops;
+      c.backward_s += dev.linear_gemm_seconds(k, n, m);
+    }
+  }
+  add_elementwise(c, m * k * (dev.element_bytes() + 1), ctx);
+}
+
+// Exposed part of a TP collective of `comm` seconds that userbuffers overlap with a
+// GEMM of `gemm` seconds: split into one chunk per TP rank, each chunk's transfer runs
+// under the GEMM of the previous one (TransformerEngine's split pipelined / ring-exchange
+// overlap, transformer_engine/pytorch/module/base.py `initialize_ub`), so the first
+// (all-gather) or last (reduce-scatter) chunk is never hidden, nor what the GEMM is too
+// short to cover.
+double overlapped(double comm, double gemm, double tp) { return std::max(comm / tp, comm - gemm); }
 
 double tp_all_reduce(double bytes, const BlockContext& ctx) {
   return ctx.tp > 1 ? ctx.comm->all_reduce(bytes, ctx.tp_group) : 0.0;
@@ -62,10 +95,10 @@ std::vector<LayerKernel> transformer_layer_kernels(const spec::ModuleSpec& m, do
               out = kernel("attention out"), reduce_attention = kernel("tp all-reduce (attention)", true),
               norm_mlp = kernel("norm+residual+activation (mlp)"), up = kernel("mlp up"), down = kernel("mlp down"),
               reduce_mlp = kernel("tp all-reduce (mlp)", true);
-  add_gemm(qkv.cost, M, (h + 2 * kv) / t, h, 1, true, ctx);         // fused QKV projection (column parallel)
-  add_gemm(out.cost, M, h, h / t, 1, true, ctx);                    // attention output (row parallel)
-  add_gemm(up.cost, M, (swiglu ? 2 : 1) * f / t, h, 1, true, ctx);  // MLP up (+ gate)
-  add_gemm(down.cost, M, h, f / t, 1, true, ctx);                   // MLP down
+  add_linear(qkv.cost, M, (h + 2 * kv) / t, h, ctx);         // fused QKV projection (column parallel)
+  add_linear(out.cost, M, h, h / t, ctx);                    // attention output (row parallel)
+  add_linear(up.cost, M, (swiglu ? 2 : 1) * f / t, h, ctx);  // MLP up (+ gate)
+  add_linear(down.cost, M, h, f / t, ctx);                   // MLP down
 
   // Attention core: softmax(QK^T) V over the local heads.
   const double heads_local = a / t * b;
@@ -83,18 +116,50 @@ std::vector<LayerKernel> transformer_layer_kernels(const spec::ModuleSpec& m, do
     add_gemm(core.cost, s, d, s, heads_local, false, ctx);  // context
     double probs = heads_local * s * s;
     add_elementwise(core.cost, 2 * probs * E + (dropout ? probs * (2 * E + 1) : 0), ctx);  // softmax (+ dropout)
+    // Unfused: scale, mask and softmax as three kernels (Megatron's --no-masked-softmax-fusion).
+    if (!train.fused_kernels) add_elementwise(core.cost, 4 * probs * E, ctx);
   }
 
   // Layer norms and residual adds (+ dropout), one of each per half; the MLP activation.
-  const double norm = (2 * sbh * E + 3 * sbh * E + (dropout ? sbh : 0)) / sp;
+  // This is the fused pricing (Megatron-LM since SC'21, sec. 4.2: bias+GeLU and
+  // bias+dropout+add fused, one pass each). Unfused, the bias add is its own pass
+  // (read + write) before the activation and before dropout, and dropout is a pass of its
+  // own before the residual add: 4 more element passes per half, 2 more on the MLP
+  // intermediate.
+  double norm = (2 * sbh * E + 3 * sbh * E + (dropout ? sbh : 0)) / sp;
+  double activation = (swiglu ? 3 : 2) * M * f / t * E;
+  if (!train.fused_kernels) {
+    norm += 4 * sbh * E / sp;
+    activation += 2 * M * f / t * E;
+  }
   add_elementwise(norm_attention.cost, norm, ctx);
-  add_elementwise(norm_mlp.cost, norm + (swiglu ? 3 : 2) * M * f / t * E, ctx);
+  add_elementwise(norm_mlp.cost, norm + activation, ctx);
 
-  // Two TP all-reduces each way (attention out, MLP out; their input gradients).
+  // Two TP all-reduces each way (attention out, MLP out; their input gradients); with
+  // sequence parallelism, an all-gather before the column-parallel GEMM and a
+  // reduce-scatter after the row-parallel one, the same bytes.
   const double ar = tp_all_reduce(sbh * E, ctx);
   for (LayerKernel* k : {&reduce_attention, &reduce_mlp}) {
     k->cost.comm_forward_s = ar;
     if (ctx.grads.any()) k->cost.comm_backward_s = ar;
+  }
+  // Userbuffers (Megatron-Core --tp-comm-overlap, TransformerEngine): the all-gather runs
+  // under the column-parallel GEMM that consumes it, the reduce-scatter under the
+  // row-parallel GEMM that produces it; in backward the gradient's all-gather under the
+  // row-parallel layer's dgrad and the reduce-scatter under the column-parallel layer's
+  // wgrad (TE's bulk overlap), each about half of that layer's backward.
+  if (train.tp_comm_overlap && sp > 1) {
+    const double ag = ctx.comm->all_gather(sbh * E, ctx.tp_group);
+    const double rs = ctx.comm->reduce_scatter(sbh * E, ctx.tp_group);
+    auto hide = [&](LayerKernel& k, const LayerKernel& column, const LayerKernel& row) {
+      k.cost.comm_forward_s = overlapped(ag, column.cost.forward_s, t) + overlapped(rs, row.cost.forward_s, t);
+      if (ctx.grads.any()) {
+        k.cost.comm_backward_s =
+            overlapped(ag, row.cost.backward_s / 2, t) + overlapped(rs, column.cost.backward_s / 2, t);
+      }
+    };
+    hide(reduce_attention, qkv, out);
+    hide(reduce_mlp, up, down);
   }
   std::vector<LayerKernel> ks = {norm_attention, qkv, core, out, reduce_attention, norm_mlp, up, down, reduce_mlp};
   static_assert(kLayerKernels == 9, "the kernels of a layer, as nn::TransformerBlock runs them");

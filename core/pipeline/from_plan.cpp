@@ -46,8 +46,7 @@ StageProgram stage_from(const cost::CostModel& cost, const StageLoad& l, const s
   st.first_device = devices.first_device;
   st.device_stride = devices.stride;
   // Exposed DP reduction, as the evaluators charge it.
-  st.reduce_grads_s =
-      cost.run().training.overlap_grad_reduce ? std::max(0.0, l.dp_sync_s - l.work.backward_time()) : l.dp_sync_s;
+  st.reduce_grads_s = l.exposed_dp_sync(cost.run().training);
   st.optimizer_s = l.optimizer_s;
   st.static_memory_bytes = l.memory.total();
   st.send_activation_s = st.send_grad_s = l.p2p_s / 2;
@@ -131,7 +130,7 @@ Program monolithic(const cost::CostModel& cost, const plan::Plan& plan, spec::Sc
     st.depth = s;
     st.send_activation_s = s + 1 < g.stages ? g.send_s[static_cast<std::size_t>(s)] : g.wrap_send_s;
     st.send_grad_s = s > 0 ? g.send_s[static_cast<std::size_t>(s - 1)] : g.wrap_send_s;
-    st.reduce_grads_s = g.tail(static_cast<std::size_t>(s), cost.run().training.overlap_grad_reduce) - l.optimizer_s;
+    st.reduce_grads_s = g.tail(static_cast<std::size_t>(s), cost.run().training) - l.optimizer_s;
     for (int c = 0; c < v; ++c) {
       st.units.push_back(unit_of(l, st.name, input / v, 1.0 / v));
       st.units.back().tp_collectives = collectives / v;

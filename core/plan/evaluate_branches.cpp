@@ -77,13 +77,12 @@ bool packs(const cost::CostModel& cost, const std::vector<const ModuleAnalysis*>
 
 void summarize_module(const cost::CostModel& cost, ModuleAnalysis& out, double microbatches) {
   const auto& p = out.placement;
-  const bool overlap = cost.run().training.overlap_grad_reduce;
   out.sum = out.longest = out.tail = out.hardware_flops = out.busy_seconds = out.peak_memory = 0;
   for (std::size_t s = 0; s < out.loads.size(); ++s) {
     const auto& l = out.loads[s];
     out.sum += l.time();
     out.longest = std::max(out.longest, l.time());
-    double dp = overlap ? std::max(0.0, l.dp_sync_s - l.work.backward_time()) : l.dp_sync_s;
+    double dp = l.exposed_dp_sync(cost.run().training);
     if (dp + l.optimizer_s > out.tail) {
       out.tail = dp + l.optimizer_s;
       out.tail_dp = dp;

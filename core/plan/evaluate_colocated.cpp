@@ -37,7 +37,7 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
   double tail = 0, hardware = 0, busy = 0;
   std::size_t tail_stage = 0;
   for (std::size_t s = 0; s < g.loads.size(); ++s) {
-    double t = g.tail(s, train.overlap_grad_reduce);
+    double t = g.tail(s, train);
     if (t > tail) {
       tail = t;
       tail_stage = s;

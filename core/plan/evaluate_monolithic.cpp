@@ -17,10 +17,9 @@ double MonolithicStages::span() const {
   return pipeline_span(times, microbatches, virtual_stages);
 }
 
-double MonolithicStages::tail(std::size_t s, bool overlap) const {
+double MonolithicStages::tail(std::size_t s, const spec::TrainingSpec& training) const {
   const auto& l = loads[s];
-  double dp = overlap ? std::max(0.0, l.dp_sync_s - l.work.backward_time()) : l.dp_sync_s;
-  return dp + l.optimizer_s;
+  return l.exposed_dp_sync(training) + l.optimizer_s;
 }
 
 bool analyze_monolithic(const cost::CostModel& cost, const Plan& plan, MonolithicStages& out, std::string* why) {
@@ -144,7 +143,7 @@ bool evaluate_monolithic(const cost::CostModel& cost, Plan& plan, std::string* w
   std::vector<double> acts;
   for (std::size_t s = 0; s < g.loads.size(); ++s) {
     const auto& l = g.loads[s];
-    double t = g.tail(s, train.overlap_grad_reduce);
+    double t = g.tail(s, train);
     if (t > tail) {
       tail = t;
       e.dp_comm_s = t - l.optimizer_s;

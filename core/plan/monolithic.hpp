@@ -22,7 +22,7 @@ struct MonolithicStages {
   // Step time without the DP/optimizer tail.
   double span() const;
   // Exposed DP sync + optimizer after the pipeline, by stage.
-  double tail(std::size_t stage, bool overlap_grad_reduce) const;
+  double tail(std::size_t stage, const spec::TrainingSpec& training) const;
 };
 
 // Validates the placements of `plan` as one grid and computes every stage's load.

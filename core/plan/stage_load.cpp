@@ -16,8 +16,17 @@ void StageLoad::add(const cost::CostModel& cost, int m, int layers, bool first, 
   memory.gradients += params * per.gradients;
   memory.optimizer += params * per.optimizer;
   dp_sync_s += cost.gradient_sync_seconds(m, params, dp_group);
+  dp_gather_s += cost.param_gather_seconds(m, params, dp_group);
   shard_comm_s += cost.sharded_traffic_seconds(m, params, dp_group);
   optimizer_s += cost.optimizer_seconds(m, params, dp_group.size);
+}
+
+double StageLoad::exposed_dp_sync(const spec::TrainingSpec& training) const {
+  const double reduce = dp_sync_s - dp_gather_s;
+  const double exposed_reduce = training.overlap_grad_reduce ? std::max(0.0, reduce - work.backward_time()) : reduce;
+  const double exposed_gather =
+      training.overlap_param_gather ? std::max(0.0, dp_gather_s - work.forward_time()) : dp_gather_s;
+  return exposed_reduce + exposed_gather;
 }
 
 std::string StageLoad::label() const {

@@ -17,6 +17,7 @@ struct StageLoad {
   double p2p_s = 0;         // sends + receives per microbatch on the critical path
   double shard_comm_s = 0;  // ZeRO-2/3 DP collectives per microbatch
   double dp_sync_s = 0;     // DP collectives once per step
+  double dp_gather_s = 0;   // ... of which the parameter all-gather (ZeRO-1/2)
   double optimizer_s = 0;
   MemoryBreakdown memory;               // static part: weights, gradients, optimizer, reserved
   const std::string* module = nullptr;  // for messages: "llm stage 3"; null in monolithic grids
@@ -27,6 +28,12 @@ struct StageLoad {
 
   double time() const { return work.forward_time() + work.backward_time() + p2p_s + shard_comm_s; }
   double compute() const { return work.compute_time(); }
+  // The DP collectives of a step left exposed after the pipeline: the gradient reduction
+  // hidden behind the last microbatch's backward with `overlap_grad_reduce` (Megatron-Core
+  // launches each bucket's reduction as its gradients are ready), the parameter
+  // all-gather behind the next step's first forward with `overlap_param_gather` (issued
+  // bucket by bucket, waited on in each module's forward pre-hook).
+  double exposed_dp_sync(const spec::TrainingSpec& training) const;
   // Adds `layers` layers of module `m` (+ its first/last extras) at (tp, dp, microbatch).
   void add(const cost::CostModel& cost, int m, int layers, bool first, bool last, int tp, int samples,
            const cost::GroupShape& dp_group);

@@ -50,21 +50,40 @@ LinkSpec parse_link(const Node& n, bool inter) {
   return link;
 }
 
-EfficiencyTable parse_efficiency(const Node& n) {
-  n.expect_keys({"gemm", "memory", "flash_attention_forward", "flash_attention_backward"});
-  EfficiencyTable t;
-  for (const auto& row : n.at("gemm").items()) {
+// A GEMM-efficiency table: [gflop, fraction of peak] rows by increasing size.
+std::vector<std::pair<double, double>> parse_gemm_table(const Node& n, const std::string& key) {
+  std::vector<std::pair<double, double>> table;
+  for (const auto& row : n.items()) {
     auto cells = row.items();
-    if (cells.size() != 2) row.fail("each gemm row is [gflop, fraction of peak]");
+    if (cells.size() != 2) row.fail("each " + key + " row is [gflop, fraction of peak]");
     double size = cells[0].as_positive();
     double eff = cells[1].as_fraction();
-    if (!t.gemm.empty() && size <= t.gemm.back().first) {
-      cells[0].fail("gemm rows must be sorted by increasing gflop");
+    if (!table.empty() && size <= table.back().first) {
+      cells[0].fail(key + " rows must be sorted by increasing gflop");
     }
-    t.gemm.emplace_back(size, eff);
+    table.emplace_back(size, eff);
   }
-  if (t.gemm.empty()) n.at("gemm").fail("needs at least one [gflop, fraction] row");
+  if (table.empty()) n.fail("needs at least one [gflop, fraction] row");
+  return table;
+}
+
+EfficiencyTable parse_efficiency(const Node& n) {
+  n.expect_keys({"gemm", "gemm_fp8", "memory", "elementwise", "flash_attention_forward", "flash_attention_backward"});
+  EfficiencyTable t;
+  t.gemm = parse_gemm_table(n.at("gemm"), "gemm");
+  if (auto f = n.find("gemm_fp8")) t.gemm_fp8 = parse_gemm_table(*f, "gemm_fp8");
   if (auto m = n.find("memory")) t.memory = m->as_fraction();
+  if (auto e = n.find("elementwise")) {
+    for (const auto& row : e->items()) {
+      auto cells = row.items();
+      if (cells.size() != 2) row.fail("each elementwise row is [MiB moved, GB/s achieved]");
+      double mib = cells[0].as_positive(), gbs = cells[1].as_positive();
+      if (!t.elementwise.empty() && mib <= t.elementwise.back().first)
+        cells[0].fail("elementwise rows must be sorted by increasing MiB");
+      t.elementwise.emplace_back(mib, gbs);
+    }
+    if (t.elementwise.empty()) e->fail("needs at least one [MiB, GB/s] row");
+  }
   if (auto f = n.find("flash_attention_forward")) t.flash_attention_forward = f->as_fraction();
   if (auto b = n.find("flash_attention_backward")) t.flash_attention_backward = b->as_fraction();
   return t;
@@ -87,10 +106,11 @@ ClusterSpec parse_cluster(const Node& root) {
   c.memory_bytes = dev.at("memory_gib").as_positive() * kGiB;
   c.memory_bandwidth = dev.at("memory_bandwidth_gbs").as_positive() * kGB;
   const Node peak = dev.at("peak_tflops");
-  peak.expect_keys({"fp32", "fp16", "bf16"});
+  peak.expect_keys({"fp32", "fp16", "bf16", "fp8"});
   c.peak_flops_fp32 = peak.at("fp32").as_positive() * 1e12;
   c.peak_flops_fp16 = peak.at("fp16").as_positive() * 1e12;
   c.peak_flops_bf16 = peak.at("bf16").as_positive() * 1e12;
+  if (auto f = peak.find("fp8")) c.peak_flops_fp8 = f->as_positive() * 1e12;
 
   const Node links = root.at("links");
   links.expect_keys({"intra_node", "inter_node"});
@@ -105,5 +125,7 @@ ClusterSpec parse_cluster(const Node& root) {
   }
   return c;
 }
+
+ClusterSpec load_cluster(const std::string& path) { return parse_cluster(load_document(path)); }
 
 }  // namespace braid::spec

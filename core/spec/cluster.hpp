@@ -25,7 +25,13 @@ struct LinkSpec {
 struct EfficiencyTable {
   // Achieved fraction of peak for one GEMM, by its size in GFLOP; interpolated in log(size).
   std::vector<std::pair<double, double>> gemm;
-  double memory = 0.8;                   // achieved fraction of HBM bandwidth for elementwise kernels
+  // Same for an FP8 GEMM (TransformerEngine), as a fraction of the FP8 peak; empty: `gemm`.
+  std::vector<std::pair<double, double>> gemm_fp8;
+  double memory = 0.8;  // achieved fraction of HBM bandwidth for elementwise kernels
+  // Achieved bandwidth (GB/s) of an element-wise kernel by the MiB it moves, interpolated in
+  // log(size), as `braid calibrate` measures it (caches make small kernels faster than
+  // memory); when given, it prices element-wise kernels instead of `memory`.
+  std::vector<std::pair<double, double>> elementwise;
   double flash_attention_forward = 0.6;  // fused attention kernels, fraction of peak
   double flash_attention_backward = 0.5;
 };
@@ -39,6 +45,7 @@ struct ClusterSpec {
   double memory_bytes = 0;      // per device
   double memory_bandwidth = 0;  // bytes/s
   double peak_flops_fp32 = 0, peak_flops_fp16 = 0, peak_flops_bf16 = 0;
+  double peak_flops_fp8 = 0;         // dense FP8 tensor-core peak; 0 where the device has none
   double reserved_memory_bytes = 0;  // runtime context, communicator buffers, fragmentation
   LinkSpec intra_node;
   LinkSpec inter_node;
@@ -49,5 +56,7 @@ struct ClusterSpec {
 };
 
 ClusterSpec parse_cluster(const Node& root);
+// Reads a cluster file (configs/clusters/*.yaml, or one `braid calibrate` wrote).
+ClusterSpec load_cluster(const std::string& path);
 
 }  // namespace braid::spec

@@ -66,7 +66,8 @@ std::string zero_stage_problem(long long v) {
 // Each field on its own (types, ranges, choices); check_training adds the relations.
 TrainingSpec parse_training(const Node& n) {
   n.expect_keys({"global_batch", "microbatch", "contrastive_batch", "precision", "zero_stage", "recompute", "attention",
-                 "sequence_parallel", "schedule", "virtual_stages", "overlap_grad_reduce"});
+                 "sequence_parallel", "schedule", "virtual_stages", "overlap_grad_reduce", "overlap_param_gather",
+                 "tp_comm_overlap", "fused_kernels", "fp8"});
   TrainingSpec t;
   t.global_batch = n.at("global_batch").as_int_at_least(1);
   t.microbatch = static_cast<int>(n.at("microbatch").as_int_at_least(1));
@@ -92,6 +93,10 @@ TrainingSpec parse_training(const Node& n) {
   if (auto s = n.find("schedule")) t.schedule = *parse_schedule(s->as_choice(run_schedule_names()));
   if (auto v = n.find("virtual_stages")) t.virtual_stages = static_cast<int>(v->as_int_at_least(1));
   if (auto o = n.find("overlap_grad_reduce")) t.overlap_grad_reduce = o->as_bool();
+  if (auto o = n.find("overlap_param_gather")) t.overlap_param_gather = o->as_bool();
+  if (auto o = n.find("tp_comm_overlap")) t.tp_comm_overlap = o->as_bool();
+  if (auto f = n.find("fused_kernels")) t.fused_kernels = f->as_bool();
+  if (auto f = n.find("fp8")) t.fp8 = f->as_bool();
   return t;
 }
 
@@ -275,6 +280,11 @@ RunSpec parse_root(const Node& root, const std::string& base_dir) {
     root.at("training").at("contrastive_batch").fail("only applies to models with a contrastive loss");
   }
   if (auto problem = check_training(run.training, run.model)) field_at(root, problem->field).fail(problem->message);
+  if (run.training.fp8 && run.cluster.peak_flops_fp8 <= 0) {
+    root.at("training")
+        .at("fp8")
+        .fail("cluster '" + run.cluster.name + "' gives no FP8 peak: add `fp8` to device.peak_tflops in its file");
+  }
   run.data = parse_data(root.at("data"), run.model);
   if (auto problem = check_input_sizes(run.data, run.model)) field_at(root, problem->field).fail(problem->message);
   if (auto t = root.find("trainer")) run.trainer = parse_trainer(*t);
@@ -317,6 +327,19 @@ std::optional<FieldProblem> check_training(const TrainingSpec& t, const ModelSpe
     return problem("virtual_stages", "virtual stages need 'schedule: interleaved'");
   if (t.schedule == Schedule::interleaved && t.virtual_stages < 2)
     return problem("schedule", "the interleaved schedule needs virtual_stages of at least 2");
+  // Megatron-LM refuses the same combinations (megatron/training/arguments.py): the
+  // parameter all-gather exists only with the distributed optimizer and is overlapped
+  // only together with the gradient reduction; userbuffers overlap the all-gather and
+  // reduce-scatter of sequence parallelism, so TP overlap needs it.
+  if (t.overlap_param_gather && (t.zero_stage < 1 || t.zero_stage > 2))
+    return problem("overlap_param_gather",
+                   "needs zero_stage 1 or 2 (the distributed optimizer's parameter all-gather)");
+  if (t.overlap_param_gather && !t.overlap_grad_reduce)
+    return problem("overlap_param_gather", "needs overlap_grad_reduce: true, as in Megatron-LM");
+  if (t.tp_comm_overlap && !t.sequence_parallel)
+    return problem("tp_comm_overlap", "needs sequence_parallel: true (it overlaps sequence parallelism's collectives)");
+  if (t.fp8 && t.precision == Precision::fp32)
+    return problem("fp8", "FP8 GEMMs need mixed precision (precision bf16 or fp16)");
   return std::nullopt;
 }
 

@@ -29,7 +29,16 @@ struct TrainingSpec {
   bool sequence_parallel = false;
   Schedule schedule = Schedule::one_f_one_b;  // the run file takes 1f1b, interleaved or gpipe
   int virtual_stages = 1;                     // interleaved 1F1B model chunks per device
-  bool overlap_grad_reduce = false;           // DP gradient reduction overlapped with the last backward
+  // Megatron-Core / TransformerEngine overlaps and kernels. Defaults are those of
+  // Megatron-LM's arguments (megatron/training/arguments.py: --overlap-grad-reduce,
+  // --overlap-param-gather, --tp-comm-overlap and --fp8-format are off unless given; the
+  // fused kernels are on unless --no-bias-gelu-fusion etc.), so a run file that does not
+  // name them prices what a plain `pretrain_gpt.py` run does.
+  bool overlap_grad_reduce = false;   // DP gradient reduce-scatter / all-reduce behind the last backward
+  bool overlap_param_gather = false;  // ZeRO-1/2 parameter all-gather behind the next step's first forward
+  bool tp_comm_overlap = false;       // userbuffers: SP all-gather / reduce-scatter chunked behind the TP GEMMs
+  bool fused_kernels = true;          // fused norm, bias+activation, bias+dropout+add, softmax, cross-entropy
+  bool fp8 = false;                   // TransformerEngine FP8 GEMMs in the transformer layers' linears
 };
 
 enum class SizeKind { fixed, lognormal, histogram };

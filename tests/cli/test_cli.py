@@ -326,6 +326,13 @@ class SimulateBubbleTest(CliTestCase):
         self.assertGreater(r["tp_bubble_tasks"], 0)
         self.assertGreater(r["encoder_tasks_per_device"], 0)
         self.assertGreaterEqual(r["scheduler_time_s"], 0)
+        # Against the llm alone: H = encoder_s - (step - llm step), over encoder_s and over the llm's idle time.
+        alone = r["llm_alone"]
+        for name, step in (("colocated", t["colocated"]), ("coarse", t["coarse"]), ("fine", t["fine"])):
+            h = max(0.0, r["encoder_s"] - (step - alone["step_time_s"]))
+            self.assertAlmostEqual(r["encoder_in_bubbles_fraction"][name], h / r["encoder_s"], delta=1e-9)
+            self.assertAlmostEqual(r["llm_bubble_filled_fraction"][name], h / alone["idle_s"], delta=1e-9)
+        self.assertEqual(r["optimus_published_fraction"], {"coarse": 0.687, "fine": 0.85})
         # The planner's own plan is scored by its fine schedule.
         chosen = self.report("--strategy", "optimus")
         self.assertAlmostEqual(chosen["estimate_iteration_time_s"], chosen["bubble_report"]["step_time_s"]["fine"],

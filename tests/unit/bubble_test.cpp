@@ -107,6 +107,57 @@ TEST(Bubble, FinePassRecoversAtLeastAsMuchAsCoarseAndBothBeatEncoderFirst) {
     EXPECT_NO_THROW(bubble::check(s.layout, bubble::program_named(s, schedule)));
 }
 
+// The shares measured against the llm alone (Optimus' reference), recomputed by hand
+// from the programs: the llm alone's step from its own emitted program, the encoder's
+// seconds from the fine program's EncoderTask instructions, and H = encoder seconds
+// minus what the schedule adds to the llm alone's step.
+TEST(Bubble, EncoderSharesInBubblesAreMeasuredAgainstTheLlmAlone) {
+  for (auto [tp, pp] : {std::pair{0, 0}, std::pair{8, 2}}) {
+    SCOPED_TRACE(pp);
+    auto c = optimus_case("vit22b-gpt175b-1536gpu.yaml", tp, pp);
+    const auto s = bubble::schedule(*c.cost, c.plan);
+    const auto& r = s.report;
+    const sim::Result alone = sim::simulate(bubble::emit(s.layout, {}, /*without_encoders=*/true).program);
+    EXPECT_NEAR(r.llm_step_s, alone.step_time_s, 1e-9 * alone.step_time_s);
+    double idle = 0;
+    for (double b : alone.bubbles) idle += b;
+    EXPECT_NEAR(r.llm_idle_s, idle, 1e-9 * idle);
+
+    double encoder = 0;
+    for (const auto& st : s.fine.stages) {
+      for (const auto& i : st.instructions) {
+        if (i.op != Op::encoder_task) continue;
+        const auto& u = st.units[static_cast<std::size_t>(i.unit)];
+        encoder += (i.flags & pipeline::kBackwardTask) ? u.backward_s + u.backward_tp_s + u.shard_comm_s
+                                                       : u.forward_s + u.forward_tp_s;
+      }
+    }
+    encoder /= static_cast<double>(s.fine.stages.size());
+    EXPECT_NEAR(r.encoder_s, encoder, 1e-9 * encoder);
+    EXPECT_GT(encoder, 0);
+
+    // No schedule beats the llm alone: the encoder only adds work and dependencies.
+    for (double step : {r.plain_step_s, r.coarse_step_s, r.fine_step_s}) EXPECT_GE(step, r.llm_step_s * (1 - 1e-12));
+    const double h = std::max(0.0, encoder - (r.fine_step_s - r.llm_step_s));
+    EXPECT_NEAR(r.encoder_hidden.fine, h / encoder, 1e-9);
+    EXPECT_NEAR(r.bubble_filled.fine, h / idle, 1e-9);
+    EXPECT_LE(r.encoder_hidden.plain, r.encoder_hidden.coarse + 1e-12);
+    EXPECT_LE(r.encoder_hidden.coarse, r.encoder_hidden.fine + 1e-12);
+    EXPECT_LE(r.encoder_hidden.fine, 1.0);
+    EXPECT_LE(r.bubble_filled.fine, 1.0);
+  }
+}
+
+// Encoder first on a colocated plan hides none of the encoder: on stage 0 it has no
+// warm-up to hide in, so the whole of its forwards delays the llm, and its backwards
+// follow the llm's last. The step is the llm alone plus all of a device's encoder work.
+TEST(Bubble, EncoderFirstHidesNoEncoderWork) {
+  auto c = optimus_case("vit22b-gpt175b-1536gpu.yaml");
+  const auto r = bubble::schedule(*c.cost, c.plan).report;
+  EXPECT_NEAR(r.plain_step_s - r.llm_step_s, r.encoder_s, 0.05 * r.encoder_s);
+  EXPECT_LT(r.encoder_hidden.plain, 0.05);
+}
+
 class BrokenSchedule : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/cost/cost_model.hpp"
+#include "core/orchestrate/planning.hpp"
 #include "tests/unit/support.hpp"
 
 namespace braid {
@@ -232,6 +233,34 @@ TEST(Cost, FrozenEncoderRunsNoBackward) {
   EXPECT_EQ(vision.layer.activation_bytes, 0.0);
   EXPECT_TRUE(cost.grads(1).weights);            // the projector trains
   EXPECT_DOUBLE_EQ(cost.tokens(2), 576 + 1472);  // image tokens + text tokens reach the llm
+}
+
+// Each Megatron-Core setting moves the estimate the way it should, from the same model:
+// userbuffers hide TP collectives, FP8 shortens the linear layers' GEMMs, unfused
+// kernels cost more element passes, the overlapped parameter all-gather leaves less DP
+// time exposed.
+TEST(Cost, MegatronCoreSettingsEachPriceTheirMechanism) {
+  auto base = test::load("megatron-core-h100/llama2-70b-64gpu.yaml");
+  auto estimate = [](const spec::RunSpec& run) {
+    cost::CostModel cost(run);
+    return orchestrate::make_plan(cost, plan::PlanRequest{plan::Strategy::megatron, {4, 4, 0}, {}}).best.estimate;
+  };
+  const auto all = estimate(base);
+  auto run = base;
+  run.training.tp_comm_overlap = false;
+  const auto no_ub = estimate(run);
+  EXPECT_GT(no_ub.tp_comm_s, 1.5 * all.tp_comm_s);
+  EXPECT_GT(no_ub.iteration_time_s, all.iteration_time_s);
+  run = base;
+  run.training.fp8 = false;
+  const auto bf16 = estimate(run);
+  EXPECT_GT(bf16.compute_s, 1.3 * all.compute_s);
+  run = base;
+  run.training.fused_kernels = false;
+  EXPECT_GT(estimate(run).compute_s, all.compute_s);
+  run = base;
+  run.training.overlap_param_gather = false;
+  EXPECT_GT(estimate(run).dp_comm_s, all.dp_comm_s);
 }
 
 }  // namespace

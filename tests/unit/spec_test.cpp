@@ -113,6 +113,29 @@ TEST(Spec, TypedTrainingChecksMatchTheReader) {
   EXPECT_EQ(problem->field, "data.audio.tokens");
 }
 
+// The Megatron-Core overlaps and FP8 default off (fused kernels on), and refuse the
+// combinations Megatron-LM refuses, at the field's line.
+TEST(Spec, OverlapAndFp8SettingsDefaultOffAndRefuseWhatMegatronRefuses) {
+  auto run = parse(clip_run(kTraining));
+  EXPECT_FALSE(run.training.overlap_param_gather);
+  EXPECT_FALSE(run.training.tp_comm_overlap);
+  EXPECT_FALSE(run.training.fp8);
+  EXPECT_TRUE(run.training.fused_kernels);
+  auto with = [](const std::string& extra) { return clip_run("  global_batch: 1024\n  microbatch: 32\n" + extra); };
+  expect_error([&] { parse(with("  tp_comm_overlap: true\n")); }, Status::bad_config,
+               {"training.tp_comm_overlap: needs sequence_parallel: true"});
+  expect_error([&] { parse(with("  overlap_param_gather: true\n")); }, Status::bad_config,
+               {"training.overlap_param_gather: needs overlap_grad_reduce: true"});
+  expect_error([&] { parse(with("  zero_stage: 3\n  overlap_grad_reduce: true\n  overlap_param_gather: true\n")); },
+               Status::bad_config, {"training.overlap_param_gather: needs zero_stage 1 or 2"});
+  expect_error([&] { parse(with("  fp8: yes please\n")); }, Status::bad_config, {"training.fp8"});
+  expect_error([&] { parse(with("  fp8: true\n")); }, Status::bad_config,
+               {"training.fp8: cluster", "gives no FP8 peak: add `fp8` to device.peak_tflops"});
+  auto h100 = test::load("megatron-core-h100/llama2-70b-64gpu.yaml");
+  EXPECT_TRUE(h100.training.fp8 && h100.training.tp_comm_overlap && h100.training.overlap_param_gather);
+  EXPECT_DOUBLE_EQ(h100.cluster.peak_flops_fp8, 1979e12);
+}
+
 TEST(Spec, ValidInlineRunParses) {
   auto run = parse(clip_run(kTraining));
   EXPECT_EQ(run.model.modules.size(), 3u);

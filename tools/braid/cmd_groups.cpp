@@ -68,7 +68,7 @@ int run_groups(const std::vector<std::string>& args) {
     return kExitBadInput;
   }
 
-  const spec::RunSpec run = spec::load_run(plan_opts.config);
+  const spec::RunSpec run = plan_opts.load_run();
   const cost::CostModel cost(run);
   const plan::Plan plan = orchestrate::make_plan(cost, plan_opts.request(run)).best;
   runtime::Topology topology;

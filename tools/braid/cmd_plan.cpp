@@ -56,7 +56,7 @@ int run_plan(const std::vector<std::string>& args) {
     return kExitBadInput;
   }
 
-  const spec::RunSpec run = spec::load_run(plan_opts.config);
+  const spec::RunSpec run = plan_opts.load_run();
   const cost::CostModel cost(run);
   const plan::PlanRequest request = plan_opts.request(run);
   const plan::PlanResult result = orchestrate::make_plan(cost, request);

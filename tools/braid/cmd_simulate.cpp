@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "core/bubble/published.hpp"
 #include "core/bubble/scheduler.hpp"
 #include "core/common/error.hpp"
 #include "core/common/text.hpp"
@@ -44,10 +45,23 @@ std::string bubbles_text(const std::array<double, sim::kCauseCount>& b) {
   return out.empty() ? "none" : out;
 }
 
-nlohmann::ordered_json bubble_report_json(const bubble::Report& b) {
+nlohmann::ordered_json per_schedule_json(const bubble::PerSchedule& p) {
+  return {{"colocated", p.plain}, {"coarse", p.coarse}, {"fine", p.fine}};
+}
+
+// `published`: Optimus' own shares for this run, when the paper has the run.
+nlohmann::ordered_json bubble_report_json(const bubble::Report& b,
+                                          const std::optional<bubble::PublishedShare>& published) {
   nlohmann::ordered_json j;
   j["step_time_s"] = {{"colocated", b.plain_step_s}, {"coarse", b.coarse_step_s}, {"fine", b.fine_step_s}};
   j["recovered_fraction"] = {{"coarse", b.recovered_coarse}, {"fine", b.recovered_fine}};
+  j["llm_alone"] = {{"step_time_s", b.llm_step_s}, {"idle_s", b.llm_idle_s}};
+  j["encoder_s"] = b.encoder_s;
+  j["llm_bubble_filled_fraction"] = per_schedule_json(b.bubble_filled);
+  j["encoder_in_bubbles_fraction"] = per_schedule_json(b.encoder_hidden);
+  j["optimus_published_fraction"] =
+      published ? nlohmann::ordered_json{{"coarse", published->coarse}, {"fine", published->fine}}
+                : nlohmann::ordered_json(nullptr);
   j["bubbles_before"] = bubbles_json(b.bubbles_before);
   j["bubbles_after"] = bubbles_json(b.bubbles_after);
   j["scheduler_time_s"] = b.scheduler_time_s;
@@ -57,7 +71,8 @@ nlohmann::ordered_json bubble_report_json(const bubble::Report& b) {
   return j;
 }
 
-void print_bubble_report(const bubble::Report& b) {
+void print_bubble_report(const bubble::Report& b, const std::optional<bubble::PublishedShare>& published) {
+  auto pct = [](double x) { return fixed(100 * x, 1) + "%"; };
   auto gain = [&](double t) { return fixed(100 * (1 - t / b.plain_step_s), 1) + "% faster"; };
   std::cout << "\nbubble scheduler (optimus): " << b.encoder_tasks << " encoder tasks per device, " << b.rounds
             << " placements simulated in " << seconds(b.scheduler_time_s) << "\n"
@@ -68,7 +83,21 @@ void print_bubble_report(const bubble::Report& b) {
             << "  fine               " << seconds(b.fine_step_s) << "   " << gain(b.fine_step_s) << ", "
             << fixed(100 * b.recovered_fine, 1) << "% recovered, " << b.tp_bubble_tasks << " tasks inside TP waits\n"
             << "  idle before        " << bubbles_text(b.bubbles_before) << "\n"
-            << "  idle after         " << bubbles_text(b.bubbles_after) << "\n";
+            << "  idle after         " << bubbles_text(b.bubbles_after) << "\n"
+            << "  against the llm alone (" << seconds(b.llm_step_s) << " step, " << seconds(b.llm_idle_s)
+            << " idle per device; encoder work " << seconds(b.encoder_s) << " per device):\n"
+            << "  " << pad("", 19) << pad("encoder-first", 14, true) << pad("coarse", 10, true) << pad("fine", 10, true)
+            << "\n"
+            << "  " << pad("encoder in bubbles", 19) << pad(pct(b.encoder_hidden.plain), 14, true)
+            << pad(pct(b.encoder_hidden.coarse), 10, true) << pad(pct(b.encoder_hidden.fine), 10, true)
+            << "   (share of the encoder work that does not lengthen the step)\n"
+            << "  " << pad("llm bubble filled", 19) << pad(pct(b.bubble_filled.plain), 14, true)
+            << pad(pct(b.bubble_filled.coarse), 10, true) << pad(pct(b.bubble_filled.fine), 10, true)
+            << "   (share of the llm alone's idle time the encoder work fills)\n";
+  if (published)
+    std::cout << "  " << pad("optimus (paper)", 19) << pad("-", 14, true) << pad(pct(published->coarse), 10, true)
+              << pad(pct(published->fine), 10, true) << "   (published, " << published->gpus << " GPUs, "
+              << published->microbatches << " microbatches)\n";
 }
 
 }  // namespace
@@ -120,7 +149,7 @@ int run_simulate(const std::vector<std::string>& args) {
     return kExitBadInput;
   }
 
-  const spec::RunSpec run = spec::load_run(plan_opts.config);
+  const spec::RunSpec run = plan_opts.load_run();
   const cost::CostModel cost(run);
   const plan::PlanRequest request = plan_opts.request(run);
   const plan::PlanResult result = orchestrate::make_plan(cost, request);
@@ -154,6 +183,7 @@ int run_simulate(const std::vector<std::string>& args) {
   if (vm.count("data")) data_report = simulate_data(cost, chosen, program);
 
   const double estimate = chosen.estimate.iteration_time_s;
+  const auto published = bubble::optimus_published(run.model.name, run.devices(), run.training.global_batch);
   if (format == "json") {
     nlohmann::ordered_json j;
     j["strategy"] = plan::strategy_name(chosen.strategy);
@@ -181,7 +211,7 @@ int run_simulate(const std::vector<std::string>& args) {
     j["events"] = r.events;
     j["simulation_s"] = elapsed;
     if (!trace.empty()) j["trace"] = trace;
-    if (scheduled) j["bubble_report"] = bubble_report_json(scheduled->report);
+    if (scheduled) j["bubble_report"] = bubble_report_json(scheduled->report, published);
     if (data_report) j["data_report"] = data_report_json(*data_report);
     std::cout << j.dump(2) << "\n";
     return kExitOk;
@@ -206,7 +236,7 @@ int run_simulate(const std::vector<std::string>& args) {
               << pad(seconds(s.busy_s), 12, true) << pad(seconds(s.idle_s), 12, true)
               << pad(fixed(s.peak_memory_bytes / kGiB, 1), 10, true) << "  " << bubbles_text(s.bubbles) << "\n";
   }
-  if (scheduled) print_bubble_report(scheduled->report);
+  if (scheduled) print_bubble_report(scheduled->report, published);
   if (data_report) print_data_report(std::cout, *data_report);
   if (vm.count("gantt")) std::cout << "\n" << sim::gantt(program, r);
   std::cout << "\nsimulated " << r.events << " instructions in " << seconds(elapsed) << " ("

@@ -139,7 +139,7 @@ int run_train(const std::vector<std::string>& args) {
   };
   try {
     train::TrainOptions o;
-    o.run = train::fit_cluster_to_world(spec::load_run(plan_opts.config), world.size());
+    o.run = train::fit_cluster_to_world(plan_opts.load_run(), world.size());
     const cost::CostModel cost(o.run);
     o.plan = orchestrate::make_plan(cost, plan_opts.request(o.run)).best;
     o.steps = steps;

@@ -10,7 +10,10 @@ namespace braid::cli {
 void PlanOptions::add_to(po::options_description& opts) {
   opts.add_options()("config,c", po::value(&config)->value_name("RUN.yaml"),
                      "run file: model, cluster, training settings (required)")(
-      "strategy,s", po::value(&strategy)->value_name("NAME"), "auto | megatron | distmm | disttrain | optimus")(
+      "cluster", po::value(&cluster_file)->value_name("FILE"),
+      "price the run on this cluster file instead of the run's own (e.g. one `braid calibrate` wrote); the "
+      "run's node count is kept")("strategy,s", po::value(&strategy)->value_name("NAME"),
+                                  "auto | megatron | distmm | disttrain | optimus")(
       "tp", po::value(&tp)->value_name("N"),
       "tensor-parallel width (megatron: the whole model; disttrain, optimus: the llm; distmm: the largest encoder)")(
       "pp", po::value(&pp)->value_name("N"), "pipeline stages (same scope as --tp)")(
@@ -31,6 +34,16 @@ std::string PlanOptions::problem(const po::variables_map& vm) const {
   if (!plan_file.empty() && vm.count("strategy")) return "--plan evaluates a given plan; it does not take --strategy";
   if (!plan_file.empty() && (tp || pp || dp)) return "--plan evaluates a given plan; it does not take --tp/--pp/--dp";
   return "";
+}
+
+spec::RunSpec PlanOptions::load_run() const {
+  spec::RunSpec run = spec::load_run(config);
+  if (!cluster_file.empty()) {
+    const int nodes = run.cluster.nodes;
+    run.cluster = spec::load_cluster(cluster_file);
+    run.cluster.nodes = nodes;
+  }
+  return run;
 }
 
 plan::PlanRequest PlanOptions::request(const spec::RunSpec& run) const {
