@@ -2,6 +2,10 @@
 """The runtime against the simulator: measured steps of `braid train` under mpiexec next to the
 simulated step of the very program the ranks executed, per schedule.
 
+First `braid calibrate` measures this machine under the same launch (2 and 4 ranks) and writes
+a cluster file; every run below is priced on it (`braid train --cluster`). With --nominal the
+runs keep their own cluster (configs/clusters/cpu-host.yaml: nominal figures) instead.
+
 Cases (each schedule's step is the mean of the run's steps after the first, on the slowest rank,
 from the summary line `braid train` writes to its metrics file; the simulated step is the one
 the same run computes for its program):
@@ -9,21 +13,25 @@ the same run computes for its program):
   mllm-2     tiny-mllm-4px, colocated (Optimus): the encoder on both ranks, the llm in 2 stages;
              encoder-first, optimus-coarse, optimus-fine, optimus-online
   mllm-4     the same with the llm also TP 2, on 4 ranks
+  pipe-2     tiny-mllm in 2 pipeline stages (megatron): 1f1b, gpipe
+  pipe-4     the same with 2 data-parallel replicas, on 4 ranks
   clip-2     tiny-clip with both towers in 2 pipeline stages, 4 contrastive groups per step;
              batch-sync, distmm-pipe, two-phase
+  clip-4     the same with 2 data-parallel replicas, on 4 ranks
+  dp-2, dp-4 tiny-clip data parallel (batch-sync) and tiny-mllm data parallel (1f1b)
   data       tiny-clip data parallel on 2 ranks, with and without the prefetching workers:
              the time each rank waits for its samples per step
 
-Reports measured/simulated per schedule (the absolute gap is the cost model's: configs/
-clusters/cpu-host.yaml holds nominal figures) and whether the two rank the schedules alike
-(every pair the simulator sets more than 1% apart is ordered the same way when measured).
+Reports measured/simulated per schedule (goal with the calibrated file: within 15% for every
+schedule) and whether the two rank the schedules alike (every pair the simulator sets more than
+1% apart is ordered the same way when measured).
 For Optimus: the speed-up of optimus-fine and optimus-online over encoder-first, measured and
 predicted; goals: the measured gain is at least 80% of the predicted gain, and online is at
 least as fast as fine. The schedules only reorder work: their losses must agree (relative
 1e-4) or the run fails.
 
 usage: runtime_bench.py --braid build/tools/braid --mpiexec "mpiexec --oversubscribe" [--steps N] [--repeats R]
-                        [--quick] [--format table|json]
+                        [--quick] [--nominal] [--format table|json]
 """
 
 import argparse
@@ -36,21 +44,38 @@ import tempfile
 
 SOURCE_DIR = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 MLLM = os.path.join(SOURCE_DIR, "configs/runs/tiny-mllm-4px.yaml")
+MLLM_PLAIN = os.path.join(SOURCE_DIR, "configs/runs/tiny-mllm.yaml")
 CLIP = os.path.join(SOURCE_DIR, "configs/runs/tiny-clip.yaml")
 OPTIMUS = ["encoder-first", "optimus-coarse", "optimus-fine", "optimus-online"]
 CONTRASTIVE = ["batch-sync", "distmm-pipe", "two-phase"]
+PIPELINE = ["1f1b", "gpipe"]
+WITHIN = 0.15  # the goal: |measured / simulated - 1| at most this, with the calibrated cluster file
 
-CLIP_PP2 = """strategy: megatron
+
+def clip_pp2(dp):
+    """Both CLIP towers in 2 pipeline stages, `dp` replicas."""
+    return f"""strategy: megatron
 layout: monolithic
-devices: 2
+devices: {2 * dp}
 schedule: batch-sync
 virtual_stages: 1
 modules:
-  - {name: image_encoder, role: encoder, tp: 1, pp: 2, dp: 1, first_device: 0, devices: 2, first_stage: 0,
-     microbatch_size: 8, layers_per_stage: [1, 1]}
-  - {name: text_encoder, role: encoder, tp: 1, pp: 2, dp: 1, first_device: 0, devices: 2, first_stage: 0,
-     microbatch_size: 8, layers_per_stage: [1, 1]}
+  - {{name: image_encoder, role: encoder, tp: 1, pp: 2, dp: {dp}, first_device: 0, devices: {2 * dp}, first_stage: 0,
+     microbatch_size: 8, layers_per_stage: [1, 1]}}
+  - {{name: text_encoder, role: encoder, tp: 1, pp: 2, dp: {dp}, first_device: 0, devices: {2 * dp}, first_stage: 0,
+     microbatch_size: 8, layers_per_stage: [1, 1]}}
 """
+
+
+def calibrate(args, ranks, directory):
+    """Measures this machine under a launch of `ranks`; returns the cluster file's path."""
+    path = os.path.join(directory, f"cluster-{ranks}.yaml")
+    cmd = [*shlex.split(args.mpiexec), "-n", str(ranks), args.braid, "calibrate", "--out", path, "--quiet",
+           *(["--quick"] if args.quick else [])]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=SOURCE_DIR)
+    if r.returncode != 0:
+        sys.exit(f"runtime_bench: {' '.join(cmd)} failed:\n{r.stdout}{r.stderr}")
+    return path
 
 
 def clip_groups_run(directory):
@@ -67,10 +92,11 @@ def clip_groups_run(directory):
 
 
 def train(args, ranks, config, extra, directory, name):
-    """Runs braid train; returns (its summary line, its losses)."""
+    """Runs braid train (on the calibrated cluster file of `ranks`, if any); returns (its summary line, its losses)."""
     metrics = os.path.join(directory, name + ".jsonl")
+    cluster = ["--cluster", args.clusters[ranks]] if ranks in args.clusters else []
     cmd = [*shlex.split(args.mpiexec), "-n", str(ranks), args.braid, "train", "--config", config, "--steps",
-           str(args.steps), "--threads", "1", "--quiet", "--metrics", metrics, *extra]
+           str(args.steps), "--threads", "1", "--quiet", "--metrics", metrics, *cluster, *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=SOURCE_DIR)
     if r.returncode != 0:
         sys.exit(f"runtime_bench: {' '.join(cmd)} failed:\n{r.stdout}{r.stderr}")
@@ -116,9 +142,11 @@ def schedules_case(args, directory, name, ranks, config, base, schedules):
         rows[s] = {"measured_step_s": summary["measured_step_s"], "simulated_step_s": summary["simulated_step_s"],
                    "measured_over_simulated": summary["measured_over_simulated"],
                    "measured_idle_s": summary["measured_idle_s"], "losses": losses}
-    same_training(rows, name)
+    if len(rows) > 1:
+        same_training(rows, name)
     out = {"ranks": ranks, "schedules": {s: {k: v for k, v in r.items() if k != "losses"} for s, r in rows.items()},
-           "ranking_agrees": ranking_agrees(rows)}
+           "ranking_agrees": ranking_agrees(rows),
+           "within_15_percent": all(abs(r["measured_over_simulated"] - 1) <= WITHIN for r in rows.values())}
     if schedules == OPTIMUS:
         first = rows["encoder-first"]
         out["speedup"] = {}
@@ -141,19 +169,35 @@ def main():
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--repeats", type=int, default=3, help="runs of each schedule; the median one counts")
     p.add_argument("--quick", action="store_true", help="4 steps of the 2-rank cases, once: checks they run and agree")
+    p.add_argument("--nominal", action="store_true",
+                   help="price the runs on their own cluster file (nominal figures) instead of calibrating")
     p.add_argument("--format", choices=["table", "json"], default="table")
     args = p.parse_args()
     if args.quick:
         args.steps, args.repeats = 4, 1
-    result = {"steps": args.steps, "repeats": args.repeats, "cores": os.cpu_count(), "cases": {}}
+    result = {"steps": args.steps, "repeats": args.repeats, "cores": os.cpu_count(),
+              "cluster": "run's own (nominal)" if args.nominal else "calibrated", "cases": {}}
     with tempfile.TemporaryDirectory() as d:
-        plan = os.path.join(d, "clip-pp2.yaml")
-        with open(plan, "w") as f:
-            f.write(CLIP_PP2)
-        cases = [("mllm-2", 2, MLLM, ["--strategy", "optimus", "--pp", "2"], OPTIMUS),
-                 ("clip-2", 2, clip_groups_run(d), ["--plan", plan], CONTRASTIVE)]
-        if not args.quick:
-            cases.insert(1, ("mllm-4", 4, MLLM, ["--strategy", "optimus", "--pp", "2", "--tp", "2"], OPTIMUS))
+        plans = {}
+        for dp in [1, 2]:
+            plans[dp] = os.path.join(d, f"clip-pp2-dp{dp}.yaml")
+            with open(plans[dp], "w") as f:
+                f.write(clip_pp2(dp))
+        clip_groups = clip_groups_run(d)
+        cases = []
+        for ranks in [2] if args.quick else [2, 4]:
+            optimus = ["--strategy", "optimus", "--pp", "2"] + (["--tp", "2"] if ranks == 4 else [])
+            pipe = ["--strategy", "megatron", "--pp", "2", "--dp", str(ranks // 2)]
+            cases += [(f"mllm-{ranks}", ranks, MLLM, optimus, OPTIMUS),
+                      (f"pipe-{ranks}", ranks, MLLM_PLAIN, pipe, PIPELINE),
+                      (f"clip-{ranks}", ranks, clip_groups, ["--plan", plans[ranks // 2]], CONTRASTIVE),
+                      (f"dp-clip-{ranks}", ranks, CLIP, [], ["batch-sync"]),
+                      (f"dp-mllm-{ranks}", ranks, MLLM_PLAIN, [], ["1f1b"])]
+        args.clusters = {}
+        if not args.nominal:
+            for ranks in sorted({c[1] for c in cases}):
+                print(f"runtime_bench: braid calibrate on {ranks} ranks ...", file=sys.stderr, flush=True)
+                args.clusters[ranks] = calibrate(args, ranks, d)
         for name, ranks, config, base, schedules in cases:
             print(f"runtime_bench: {name} ...", file=sys.stderr, flush=True)
             result["cases"][name] = schedules_case(args, d, name, ranks, config, base, schedules)
@@ -167,16 +211,18 @@ def main():
         print(json.dumps(result, indent=2))
         return
     print(f"measured (mean of steps 2-{args.steps} on the slowest rank, median of {args.repeats} runs) against "
-          f"simulated, the same program; {result['cores']} cores")
+          f"simulated, the same program, on the {result['cluster']} cluster file; {result['cores']} cores")
     for name, case in result["cases"].items():
         crowded = case["ranks"] > (result["cores"] or 1)
-        print(f"\n{name}: {case['ranks']} ranks" + (" (more ranks than cores: they take turns, the figures say "
-                                                      "little)" if crowded else ""))
+        print(f"\n{name}: {case['ranks']} ranks" + (" (more ranks than cores: they take turns, as they did while "
+                                                      "calibrating)" if crowded else ""))
         print(f"  {'schedule':<16} {'measured':>10} {'simulated':>10} {'measured/sim':>13}")
         for s, r in case["schedules"].items():
             print(f"  {s:<16} {r['measured_step_s'] * 1e3:>8.2f}ms {r['simulated_step_s'] * 1e3:>8.2f}ms "
                   f"{r['measured_over_simulated']:>13.2f}")
-        print(f"  ranking of the schedules agrees: {'yes' if case['ranking_agrees'] else 'no'}")
+        if len(case["schedules"]) > 1:
+            print(f"  ranking of the schedules agrees: {'yes' if case['ranking_agrees'] else 'no'}")
+        print(f"  every schedule within {WITHIN:.0%}: {'yes' if case['within_15_percent'] else 'no'}")
         for s, v in case.get("speedup", {}).items():
             print(f"  {s} over encoder-first: measured {v['measured']:.3f}x, predicted {v['predicted']:.3f}x "
                   f"({v['share_of_predicted_gain'] * 100:.0f}% of the predicted gain)")

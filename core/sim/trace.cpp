@@ -1,14 +1,11 @@
 #include "core/sim/trace.hpp"
 
-#include <unistd.h>
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/common/error.hpp"
+#include "core/common/file.hpp"
 
 namespace braid::sim {
 
@@ -107,19 +104,7 @@ std::string chrome_trace(const pipeline::Program& p, const Result& r, const std:
 
 void write_chrome_trace(const std::string& path, const pipeline::Program& p, const Result& r,
                         const std::string& generator) {
-  // A name of its own, so concurrent writers of one path do not collide before the rename.
-  static std::atomic<unsigned> counter{0};
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(Status::io, "cannot write the trace to '" + tmp + "'");
-    out << chrome_trace(p, r, generator);
-    out.flush();
-    if (!out) throw Error(Status::io, "error while writing the trace to '" + tmp + "'");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw Error(Status::io, "cannot move the trace into place at '" + path + "': " + ec.message());
+  write_file_atomically(path, chrome_trace(p, r, generator), "trace");
 }
 
 std::string gantt(const pipeline::Program& p, const Result& r, int width) {

@@ -721,6 +721,69 @@ class Cli(unittest.TestCase):
         self.assertRegex(text, r"\r\033\[Kstep 3/3  loss [\d.]+ [^\n]*\neval at step 3: ")
 
 
+class Calibrate(unittest.TestCase):
+    """braid calibrate under mpiexec writes a cluster file that plan, simulate and train read."""
+
+    def calibrate(self, ranks, *args):
+        cmd = [*MPIEXEC, "-n", str(ranks), CLI, "calibrate", "--quick", *args]
+        return subprocess.run(cmd, cwd=SOURCE_DIR, capture_output=True, text=True, timeout=600)
+
+    def test_writes_a_cluster_file_the_trainer_prices_its_program_on(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "here.yaml")
+            r = self.calibrate(2, "--out", path, "--format", "json")
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            report = json.loads(r.stdout)
+            self.assertEqual(report["processes"], 2)
+            self.assertGreater(report["fitted"]["peak_flops"], 0)
+            self.assertGreater(len(report["timings"]["gemm"]), 3)
+            self.assertEqual({t["op"] for t in report["timings"]["intra_node"]}, {"p2p", "all-reduce", "all-gather"})
+            with open(path) as f:
+                text = f.read()
+            # It says what was measured, when and on what.
+            self.assertRegex(text, r"# Measured by `braid calibrate` on \S+ at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
+            self.assertIn("2 process(es) on 1 host(s)", text)
+            self.assertIn("devices_per_node: 2", text)
+            # The trainer's simulated step moves with the cluster it is priced on.
+            steps = {}
+            for name, extra in [("nominal", []), ("calibrated", ["--cluster", path])]:
+                metrics = os.path.join(d, name + ".jsonl")
+                check(self, train(2, "--config", CLIP, "--steps", "2", "--quiet", "--metrics", metrics, *extra))
+                with open(metrics) as f:
+                    summary = [json.loads(line) for line in f if '"summary"' in line][-1]
+                steps[name] = summary["simulated_step_s"]
+            self.assertNotAlmostEqual(steps["nominal"], steps["calibrated"], places=6)
+            # plan and simulate take it too.
+            r = subprocess.run([CLI, "simulate", "--config", CLIP, "--cluster", path, "--strategy", "megatron",
+                                "--tp", "1", "--pp", "1", "--format", "json"], cwd=SOURCE_DIR, capture_output=True,
+                               text=True, timeout=120)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_the_cluster_file_is_written_whole_or_not_at_all(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "kept.yaml")
+            with open(path, "w") as f:
+                f.write("earlier\n")
+            r = self.calibrate(2, "--out", os.path.join(d, "missing", "x.yaml"))
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("cannot write the cluster file", r.stderr)
+            with open(path) as f:
+                self.assertEqual(f.read(), "earlier\n")
+            self.assertEqual(os.listdir(d), ["kept.yaml"])
+
+    def test_one_process_and_bad_options_are_refused_with_the_reason(self):
+        r = subprocess.run([CLI, "calibrate", "--quick"], cwd=SOURCE_DIR, capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("one process measures no links: launch it with mpiexec -n 2", r.stderr)
+        r = subprocess.run([CLI, "calibrate", "--format", "yaml"], cwd=SOURCE_DIR, capture_output=True, text=True)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--format must be table or json", r.stderr)
+        r = subprocess.run([CLI, "train", "--config", CLIP, "--cluster", "/nonexistent.yaml"], cwd=SOURCE_DIR,
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("/nonexistent.yaml", r.stderr)
+
+
 class Memory(unittest.TestCase):
     """Each rank measures its peak bytes by kind; rank 0 prints them and writes them to the
     metrics file next to the cost model's prediction for the same plan and rank."""

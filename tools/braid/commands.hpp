@@ -13,6 +13,7 @@ int run_simulate(const std::vector<std::string>& args);
 int run_data(const std::vector<std::string>& args);
 int run_groups(const std::vector<std::string>& args);
 int run_train(const std::vector<std::string>& args);
+int run_calibrate(const std::vector<std::string>& args);
 
 // Exit status for a braid::Error status, and the one place errors are printed.
 int report_error(int status, const std::string& message);

@@ -39,6 +39,7 @@ const char* kUsage =
     "  simulate  simulate a plan's pipeline programs: step time, idle time by cause, traces\n"
     "  groups    the process groups of a plan on N ranks: grids, tp/dp/pp groups, links\n"
     "  train     train the run's reference model on generated data (one process or mpiexec)\n"
+    "  calibrate measure this machine (under mpiexec) into a cluster file for --cluster\n"
     "  info      version, ABI, build options, devices\n"
     "  data      show samples of the generated image-caption dataset (captions, thumbnails)\n"
     "\n"
@@ -70,6 +71,7 @@ int main(int argc, char** argv) {
     if (command == "simulate") return run_simulate(args);
     if (command == "data") return run_data(args);
     if (command == "groups") return run_groups(args);
+    if (command == "calibrate") return run_calibrate(args);
     if (command == "train") return run_train(args);
   } catch (const braid::Error& e) {
     return report_error(static_cast<int>(e.status()), e.what());

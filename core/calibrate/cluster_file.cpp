@@ -1,0 +1,200 @@
+#include "core/calibrate/cluster_file.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "core/common/text.hpp"
+
+namespace braid::calibrate {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kGiB = 1024.0 * kMiB;
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Four significant digits, the way a person writes a measured figure.
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+// Rows of [size, value] by increasing size, points of equal size averaged.
+std::vector<std::pair<double, double>> table(const std::vector<std::pair<double, double>>& points) {
+  std::map<double, std::pair<double, int>> by_size;
+  for (const auto& [size, value] : points) {
+    auto& cell = by_size[size];
+    cell.first += value;
+    ++cell.second;
+  }
+  std::vector<std::pair<double, double>> rows;
+  for (const auto& [size, cell] : by_size) rows.emplace_back(size, cell.first / cell.second);
+  return rows;
+}
+
+std::string rows_yaml(const std::vector<std::pair<double, double>>& rows, const std::string& indent) {
+  std::string out;
+  for (const auto& [size, value] : rows) out += indent + "- [" + num(size) + ", " + num(value) + "]\n";
+  return out;
+}
+
+std::string link_yaml(const LinkFit& f, bool inter, const std::string& what) {
+  std::string out = "    # " + what + "\n";
+  out += "    bandwidth_gbs: " + num(f.bandwidth / 1e9) + "\n";
+  out += "    efficiency: 1           # the fitted bandwidth is the achieved one\n";
+  out += "    latency_us: " + num(f.latency * 1e6) + "\n";
+  if (inter) out += "    nics_per_node: 1        # not measurable from here: one port per node assumed\n";
+  return out;
+}
+
+}  // namespace
+
+Fitted fit(const Calibration& c) {
+  Fitted f;
+  for (const auto& t : c.gemms) f.peak_flops = std::max(f.peak_flops, t.work / t.seconds);
+  std::vector<std::pair<double, double>> gemm;
+  // Each case is a linear layer's forward and backward: three GEMMs of work / 3.
+  for (const auto& t : c.gemms) gemm.emplace_back(t.work / 3 * 1e-9, t.work / t.seconds / f.peak_flops);
+  f.gemm = table(gemm);
+  f.memory_bandwidth = c.memory.work / c.memory.seconds;
+  std::vector<std::pair<double, double>> elementwise;
+  // Each case is layer norm and GELU each way and an add over arrays of n floats: work is
+  // 60 n bytes, a forward kernel moves 8 n (the size the cost model prices it at).
+  for (const auto& t : c.elementwise) elementwise.emplace_back(t.work * 8 / 60 / kMiB, t.work / t.seconds / 1e9);
+  f.elementwise = table(elementwise);
+  std::vector<double> forward, backward;
+  for (const auto& t : c.attention)
+    (t.what.find("backward") != std::string::npos ? backward : forward).push_back(t.work / t.seconds / f.peak_flops);
+  f.attention_forward = std::min(1.0, median(forward));
+  f.attention_backward = std::min(1.0, median(backward));
+  f.intra = fit_link(c.intra, false);
+  if (!c.inter.empty()) f.inter = fit_link(c.inter, true);
+  return f;
+}
+
+std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::string& name) {
+  std::string y;
+  y += "# Measured by `braid calibrate` on " + c.host + " at " + c.when_utc + ":\n";
+  y += "# " + std::to_string(c.processes) + " process(es) on " + std::to_string(c.nodes) + " host(s) (" +
+       std::to_string(c.per_node) + " per host), " + std::to_string(c.threads) +
+       " thread(s) each, all measuring at once;\n";
+  y += "# CPU: " + c.cpu + "; communication: " + c.communication + ".\n";
+  y += "# Every figure is the cost model's own parameter fitted to timings of braid's host ops (core/nn)\n";
+  y += "# and of its communication plugin on this machine" + std::string(c.quick ? " (--quick: short ladders)" : "") +
+       "; `braid calibrate --format json` lists the timings.\n";
+  y += "name: " + name + "\n";
+  y += "nodes: " + std::to_string(c.nodes) + "\n";
+  y += "devices_per_node: " + std::to_string(c.per_node) + "\n";
+  y += "device:\n";
+  y += "  name: \"" + c.cpu + ", one process (float32, OpenBLAS)\"\n";
+  y += "  # The host's RAM shared by the processes on it.\n";
+  y += "  memory_gib: " + num(c.memory_per_process_bytes / kGiB) + "\n";
+  y += "  # STREAM-style triad over arrays far larger than the caches, every process at once.\n";
+  y += "  memory_bandwidth_gbs: " + num(f.memory_bandwidth / 1e9) + "\n";
+  y += "  # The best rate of the linear op's GEMMs below (the host ops compute in float32 at any\n";
+  y += "  # precision, so every precision gets the float32 figure).\n";
+  const std::string peak = num(f.peak_flops / 1e12);
+  y += "  peak_tflops: {fp32: " + peak + ", fp16: " + peak + ", bf16: " + peak + "}\n";
+  y += "links:\n";
+  y += "  intra_node:\n";
+  y += link_yaml(f.intra, false,
+                 "Alpha-beta fit (least squares in log time) of p2p ping-pong, all-reduce and all-gather\n"
+                 "    # between processes on one host; worst point off by " +
+                     num(100 * f.intra.worst_error) + "%.");
+  y += "  inter_node:\n";
+  if (f.inter) {
+    y += link_yaml(*f.inter, true,
+                   "The same fit between hosts; worst point off by " + num(100 * f.inter->worst_error) + "%.");
+  } else {
+    y += link_yaml(f.intra, true, "Not measured (one host): the intra-host figures.");
+  }
+  y += "efficiency:\n";
+  y += "  # Linear op forward + backward (three GEMMs) at a ladder of shapes: [GFLOP of one GEMM,\n";
+  y += "  # fraction of peak_tflops].\n";
+  y += "  gemm:\n" + rows_yaml(f.gemm, "    ");
+  y += "  # Layer norm and GELU forward and backward, a residual add: [MiB a forward kernel moves,\n";
+  y += "  # GB/s of the bytes the cost model charges (a backward: twice its forward's)].\n";
+  y += "  elementwise:\n" + rows_yaml(f.elementwise, "    ");
+  y += "  # The triad's own rate: GEMMs stream their operands at it (the memory roofline).\n";
+  y += "  memory: 1\n";
+  y += "  # The host's materialised attention (median over shapes), as a fraction of peak_tflops,\n";
+  y += "  # for runs that ask for `attention: flash`.\n";
+  y += "  flash_attention_forward: " + num(f.attention_forward) + "\n";
+  y += "  flash_attention_backward: " + num(f.attention_backward) + "\n";
+  y += "# Resident memory of one process before it held any tensor (runtime, MPI, OpenBLAS).\n";
+  y += "memory_reserved_gib: " + num(c.reserved_bytes / kGiB) + "\n";
+  return y;
+}
+
+nlohmann::ordered_json to_json(const Calibration& c, const Fitted& f) {
+  auto timings = [](const std::vector<Timing>& ts) {
+    auto a = nlohmann::ordered_json::array();
+    for (const auto& t : ts) a.push_back({{"what", t.what}, {"work", t.work}, {"seconds", t.seconds}});
+    return a;
+  };
+  auto links = [](const std::vector<LinkTiming>& ts) {
+    auto a = nlohmann::ordered_json::array();
+    for (const auto& t : ts)
+      a.push_back({{"op", link_op_name(t.op)}, {"members", t.members}, {"bytes", t.bytes}, {"seconds", t.seconds}});
+    return a;
+  };
+  auto fit_json = [](const LinkFit& l) {
+    return nlohmann::ordered_json{{"bandwidth_bytes_per_s", l.bandwidth},
+                                  {"latency_s", l.latency},
+                                  {"worst_error", l.worst_error},
+                                  {"points", l.points}};
+  };
+  nlohmann::ordered_json j;
+  j["host"] = c.host;
+  j["cpu"] = c.cpu;
+  j["measured_at"] = c.when_utc;
+  j["communication"] = c.communication;
+  j["processes"] = c.processes;
+  j["nodes"] = c.nodes;
+  j["processes_per_node"] = c.per_node;
+  j["threads"] = c.threads;
+  j["quick"] = c.quick;
+  j["fitted"] = {{"peak_flops", f.peak_flops},
+                 {"gemm", f.gemm},
+                 {"memory_bandwidth_bytes_per_s", f.memory_bandwidth},
+                 {"elementwise_mib_gbs", f.elementwise},
+                 {"attention_forward", f.attention_forward},
+                 {"attention_backward", f.attention_backward},
+                 {"intra_node", fit_json(f.intra)}};
+  if (f.inter) j["fitted"]["inter_node"] = fit_json(*f.inter);
+  j["timings"] = {
+      {"gemm", timings(c.gemms)},          {"memory", timings({c.memory})}, {"elementwise", timings(c.elementwise)},
+      {"attention", timings(c.attention)}, {"intra_node", links(c.intra)},  {"inter_node", links(c.inter)}};
+  return j;
+}
+
+std::string summary(const Calibration& c, const Fitted& f) {
+  std::string s;
+  s += "calibrated " + c.host + ": " + std::to_string(c.processes) + " process(es), " + std::to_string(c.nodes) +
+       " host(s), " + std::to_string(c.threads) + " thread(s) each\n";
+  s += "  GEMM peak (best measured)   " + num(f.peak_flops / 1e9) + " GFLOP/s per process; " +
+       num(100 * f.gemm.front().second) + "% of it at " + num(f.gemm.front().first * 1e9 / 1e3) + " kFLOP, " +
+       num(100 * f.gemm.back().second) + "% at " + num(f.gemm.back().first) + " GFLOP\n";
+  s += "  memory bandwidth (triad)    " + num(f.memory_bandwidth / 1e9) + " GB/s per process\n";
+  s += "  element-wise kernels        " + num(f.elementwise.front().second) + " GB/s at " +
+       num(f.elementwise.front().first * 1024) + " KiB, " + num(f.elementwise.back().second) + " GB/s at " +
+       num(f.elementwise.back().first) + " MiB\n";
+  s += "  attention (materialised)    forward " + num(100 * f.attention_forward) + "%, backward " +
+       num(100 * f.attention_backward) + "% of peak\n";
+  auto link = [&](const char* name, const LinkFit& l) {
+    s += std::string("  ") + name + num(l.latency * 1e6) + " us latency, " + num(l.bandwidth / 1e9) + " GB/s (fit of " +
+         std::to_string(l.points) + " timings, worst off by " + num(100 * l.worst_error) + "%)\n";
+  };
+  link("links within a host         ", f.intra);
+  if (f.inter) link("links between hosts         ", *f.inter);
+  return s;
+}
+
+}  // namespace braid::calibrate

@@ -1,0 +1,49 @@
+// What `braid calibrate` measured, turned into the figures of a cluster file (the format of
+// configs/clusters/*.yaml) that the planner, the simulator and `braid train` read: the
+// cost model's own parameters fitted to the machine it ran on.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/calibrate/links.hpp"
+#include "core/calibrate/measure.hpp"
+
+namespace braid::calibrate {
+
+struct Calibration {
+  // Where and when.
+  std::string host, cpu, when_utc, communication;
+  int processes = 1, nodes = 1, per_node = 1, threads = 1;
+  bool quick = false;
+  double memory_per_process_bytes = 0;  // the host's RAM shared by the processes on it
+  double reserved_bytes = 0;            // resident before any tensor: runtime, MPI, BLAS buffers
+  // Raw timings, slowest-process-averaged where every process measured.
+  std::vector<Timing> gemms, elementwise, attention;
+  Timing memory;
+  std::vector<LinkTiming> intra, inter;  // inter: empty on one host
+};
+
+// The cost-model figures derived from the timings.
+struct Fitted {
+  double peak_flops = 0;                                 // the best GEMM rate measured
+  std::vector<std::pair<double, double>> gemm;           // [gflop of one GEMM, fraction of peak]
+  double memory_bandwidth = 0;                           // bytes/s
+  std::vector<std::pair<double, double>> elementwise;    // [MiB moved, GB/s]
+  double attention_forward = 0, attention_backward = 0;  // fraction of peak
+  LinkFit intra;
+  std::optional<LinkFit> inter;
+};
+
+Fitted fit(const Calibration& c);
+// The cluster file: figures with comments saying what was measured, when and on what.
+std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::string& name);
+// Every timing and fitted figure, for --format json.
+nlohmann::ordered_json to_json(const Calibration& c, const Fitted& f);
+// A short human summary of the fitted figures.
+std::string summary(const Calibration& c, const Fitted& f);
+
+}  // namespace braid::calibrate

@@ -1,0 +1,162 @@
+#include "core/calibrate/links.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <optional>
+
+#include "core/cost/comm.hpp"
+
+namespace braid::calibrate {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<double> message_sizes(bool quick) {
+  std::vector<double> sizes;  // bytes, multiples of 8 so that doubles fill them
+  for (double b = 8; b <= (quick ? 262144.0 : 4194304.0); b *= 8) sizes.push_back(b);
+  return sizes;
+}
+
+// Repetitions of one case: every process must run the same count (no time-based loops,
+// or the ranks would disagree), enough to fill milliseconds at small sizes.
+int repetitions(double bytes, bool quick) {
+  double reps = (quick ? 2e5 : 2e6) / (bytes + 4096.0);
+  return static_cast<int>(std::clamp(reps, 3.0, quick ? 50.0 : 400.0));
+}
+
+template <typename F>
+double timed(runtime::Communicator& world, int reps, F&& run) {
+  std::vector<double> batches;
+  run();  // warm: connections, registration of buffers
+  for (int b = 0; b < 3; ++b) {
+    world.barrier();
+    const auto start = Clock::now();
+    for (int i = 0; i < reps; ++i) run();
+    double t[1] = {std::chrono::duration<double>(Clock::now() - start).count() / reps};
+    world.allreduce(std::span<double>(t), runtime::ReduceOp::max);
+    batches.push_back(t[0]);
+  }
+  std::sort(batches.begin(), batches.end());
+  return batches[1];
+}
+
+}  // namespace
+
+const char* link_op_name(LinkOp op) {
+  switch (op) {
+    case LinkOp::p2p:
+      return "p2p";
+    case LinkOp::all_reduce:
+      return "all-reduce";
+    case LinkOp::all_gather:
+      return "all-gather";
+  }
+  return "?";
+}
+
+int link_case_count(bool quick) { return static_cast<int>(3 * message_sizes(quick).size()); }
+
+std::vector<LinkTiming> measure_links(runtime::World& world, const std::vector<int>& pair,
+                                      const std::vector<int>& group, bool quick, const CaseHook& between) {
+  runtime::Communicator& all = world.communicator();
+  const int me = world.rank();
+  const auto sizes = message_sizes(quick);
+  const int cases = link_case_count(quick);
+  std::vector<LinkTiming> out;
+  int index = 0;
+  for (double bytes : sizes) {
+    between(index++, cases, "p2p " + std::to_string(static_cast<long long>(bytes)) + " B");
+    std::vector<std::byte> buffer(static_cast<std::size_t>(bytes));
+    const int reps = repetitions(bytes, quick);
+    double round_trip = timed(all, reps, [&] {
+      if (me == pair[0]) {
+        all.send(buffer, pair[1], 7);
+        all.recv(buffer, pair[1], 8);
+      } else if (me == pair[1]) {
+        all.recv(buffer, pair[0], 7);
+        all.send(buffer, pair[0], 8);
+      }
+    });
+    out.push_back({LinkOp::p2p, 2, bytes, round_trip / 2});
+  }
+  const bool member = std::binary_search(group.begin(), group.end(), me);
+  std::optional<runtime::Communicator> sub;
+  if (member) sub.emplace(world.group(group));
+  const int n = static_cast<int>(group.size());
+  for (double bytes : sizes) {
+    between(index++, cases, "all-reduce " + std::to_string(static_cast<long long>(bytes)) + " B");
+    std::vector<double> data(static_cast<std::size_t>(bytes) / sizeof(double), 1.0);
+    double t = timed(all, repetitions(bytes, quick), [&] {
+      if (sub) sub->allreduce(std::span<double>(data));
+    });
+    out.push_back({LinkOp::all_reduce, n, bytes, t});
+  }
+  for (double bytes : sizes) {
+    between(index++, cases, "all-gather " + std::to_string(static_cast<long long>(bytes)) + " B");
+    // The gathered output is `bytes`, rounded down to whole pieces of 8 bytes per member.
+    const std::size_t piece = std::max<std::size_t>(8, static_cast<std::size_t>(bytes) / n / 8 * 8);
+    std::vector<std::byte> send(piece), recv(piece * static_cast<std::size_t>(n));
+    double t = timed(all, repetitions(bytes, quick), [&] {
+      if (sub) sub->allgather(send, recv);
+    });
+    out.push_back({LinkOp::all_gather, n, static_cast<double>(recv.size()), t});
+  }
+  return out;
+}
+
+LinkFit fit_link(const std::vector<LinkTiming>& points, bool cross_node) {
+  spec::ClusterSpec cluster;
+  cluster.devices_per_node = cross_node ? 1 : 1 << 20;
+  // The link not being fitted is made free, so the formulas see only the one that is.
+  spec::LinkSpec& link = cross_node ? cluster.inter_node : cluster.intra_node;
+  spec::LinkSpec& other = cross_node ? cluster.intra_node : cluster.inter_node;
+  other = spec::LinkSpec{1e18, 0, 1, 1};
+  link.efficiency = 1;
+  link.nics_per_node = 1;
+  auto model = [&](const LinkTiming& p) {
+    const cost::CommModel comm(cluster);
+    const cost::GroupShape g =
+        cross_node ? cost::GroupShape{p.members, 1, p.members} : cost::GroupShape{p.members, p.members, 1};
+    switch (p.op) {
+      case LinkOp::p2p:
+        return comm.p2p(p.bytes, cross_node);
+      case LinkOp::all_reduce:
+        return comm.all_reduce(p.bytes, g);
+      case LinkOp::all_gather:
+        return comm.all_gather(p.bytes, g);
+    }
+    return 0.0;
+  };
+  auto error = [&](double bandwidth, double latency, double* worst) {
+    link.bandwidth = bandwidth;
+    link.latency = latency;
+    double sum = 0;
+    for (const auto& p : points) {
+      if (p.seconds <= 0 || (p.op != LinkOp::p2p && p.members < 2)) continue;
+      double r = std::log(model(p) / p.seconds);
+      sum += r * r;
+      if (worst) *worst = std::max(*worst, std::abs(std::exp(r) - 1));
+    }
+    return sum;
+  };
+  // A log grid (5% steps) from 10 ns to 10 ms and from 10 MB/s to 10 TB/s.
+  LinkFit best;
+  double best_error = -1;
+  for (double latency = 1e-8; latency <= 1e-2; latency *= 1.05)
+    for (double bandwidth = 1e7; bandwidth <= 1e13; bandwidth *= 1.05) {
+      double e = error(bandwidth, latency, nullptr);
+      if (best_error < 0 || e < best_error) {
+        best_error = e;
+        best.bandwidth = bandwidth;
+        best.latency = latency;
+      }
+    }
+  best.worst_error = 0;
+  error(best.bandwidth, best.latency, &best.worst_error);
+  best.points = static_cast<int>(points.size());
+  return best;
+}
+
+}  // namespace braid::calibrate

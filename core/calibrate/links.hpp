@@ -1,0 +1,46 @@
+// The links of the machine `braid calibrate` runs on, measured through the communication
+// plugin (the same path the trainer's collectives take) and fitted to the cost model's
+// alpha-beta formulas (cost::CommModel), so that the cluster file prices p2p, all-reduce
+// and all-gather as measured.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/calibrate/measure.hpp"
+#include "core/runtime/world.hpp"
+
+namespace braid::calibrate {
+
+enum class LinkOp { p2p, all_reduce, all_gather };
+
+struct LinkTiming {
+  LinkOp op = LinkOp::p2p;
+  int members = 2;   // processes taking part
+  double bytes = 0;  // the message (p2p), the reduced buffer or the gathered output
+  double seconds = 0;
+};
+
+// Latency per step and bandwidth (bytes/s, efficiency included) of one kind of link.
+struct LinkFit {
+  double bandwidth = 0;
+  double latency = 0;
+  double worst_error = 0;  // largest |model / measured - 1| over the points
+  int points = 0;
+};
+
+// Ping-pong between world ranks `pair[0]` and `pair[1]`, then all-reduce and all-gather over
+// `group` (world ranks, ascending). Every process of the world calls it with the same
+// arguments; those outside the pair or the group wait. Times are rank pair[0]'s (p2p: half a
+// round trip) and the slowest member's (collectives), valid on every process.
+std::vector<LinkTiming> measure_links(runtime::World& world, const std::vector<int>& pair,
+                                      const std::vector<int>& group, bool quick, const CaseHook& between);
+int link_case_count(bool quick);
+
+// The latency and bandwidth that make the cost model's formulas closest to `points` (least
+// squares in log(time)): within a node when `cross_node` is false, else between nodes.
+LinkFit fit_link(const std::vector<LinkTiming>& points, bool cross_node);
+
+const char* link_op_name(LinkOp op);
+
+}  // namespace braid::calibrate

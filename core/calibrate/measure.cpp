@@ -1,0 +1,176 @@
+#include "core/calibrate/measure.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+
+#include "core/nn/host_ops.hpp"
+
+namespace braid::calibrate {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double min_seconds(const ComputeOptions& o) { return o.quick ? 0.005 : 0.04; }
+int batches(const ComputeOptions& o) { return o.quick ? 3 : 5; }
+
+// A deterministic fill, not zeros: denormals and exact zeros take other paths in some kernels.
+nn::Tensor filled(nn::Shape shape) {
+  nn::Tensor t(std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.data[static_cast<std::size_t>(i)] = 0.01f * static_cast<float>(i % 97) - 0.4f;
+  return t;
+}
+
+struct GemmShape {
+  int64_t rows, width;
+};
+
+// Rows x width activations through a width x width weight: per-head products of small
+// attention (16 x 16) and the few rows of a small pass up to the widest layers the host
+// models train. Only shapes whose forward + backward stays under a second of one core are kept.
+std::vector<GemmShape> gemm_shapes(const ComputeOptions& o) {
+  const std::vector<int64_t> widths =
+      o.quick ? std::vector<int64_t>{8, 16, 64, 256} : std::vector<int64_t>{8, 16, 32, 64, 128, 256, 512, 1024};
+  const std::vector<int64_t> rows =
+      o.quick ? std::vector<int64_t>{4, 16, 256, 2048} : std::vector<int64_t>{4, 16, 64, 256, 1024, 4096};
+  const double cap = o.quick ? 2e8 : 4e9;
+  std::vector<GemmShape> shapes;
+  for (int64_t w : widths)
+    for (int64_t r : rows)
+      if (6.0 * r * w * w <= cap) shapes.push_back({r, w});
+  return shapes;
+}
+
+std::vector<int64_t> elementwise_sizes(const ComputeOptions& o) {
+  std::vector<int64_t> sizes;  // elements, rows of 128 features: from the few rows of a small
+  // microbatch's pass (per-call costs dominate there) to arrays far beyond the caches
+  for (int64_t n = 256; n <= (o.quick ? (1 << 20) : (1 << 24)); n *= 4) sizes.push_back(n);
+  return sizes;
+}
+
+struct AttentionShape {
+  int64_t batch, seq, heads, head_dim;
+};
+
+std::vector<AttentionShape> attention_shapes(const ComputeOptions& o) {
+  if (o.quick) return {{8, 16, 4, 16}, {2, 64, 4, 32}};
+  return {{16, 16, 4, 16}, {8, 64, 4, 32}, {2, 256, 4, 32}, {1, 512, 8, 64}};
+}
+
+}  // namespace
+
+double time_call(const std::function<void()>& run, double min_seconds, int batch_count) {
+  run();  // warm: first-touch page faults, OpenBLAS buffers
+  std::vector<double> means;
+  for (int b = 0; b < batch_count; ++b) {
+    int calls = 0;
+    const auto start = Clock::now();
+    double elapsed = 0;
+    do {
+      run();
+      ++calls;
+      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    } while (elapsed < min_seconds);
+    means.push_back(elapsed / calls);
+  }
+  std::nth_element(means.begin(), means.begin() + static_cast<std::ptrdiff_t>(means.size() / 2), means.end());
+  return means[means.size() / 2];
+}
+
+int compute_case_count(const ComputeOptions& o) {
+  return static_cast<int>(gemm_shapes(o).size() + 1 + elementwise_sizes(o).size() + 2 * attention_shapes(o).size());
+}
+
+std::vector<Timing> measure_gemms(const ComputeOptions& o, const CaseHook& between) {
+  nn::HostOps ops(o.threads);
+  std::vector<Timing> out;
+  const auto shapes = gemm_shapes(o);
+  int index = 0;
+  for (const auto& s : shapes) {
+    const std::string what =
+        "gemm " + std::to_string(s.rows) + "x" + std::to_string(s.width) + "x" + std::to_string(s.width);
+    between(index++, static_cast<int>(shapes.size()), what);
+    nn::Tensor x = filled({s.rows, s.width}), w = filled({s.width, s.width}), y, dx;
+    nn::Tensor dy = filled({s.rows, s.width}), dw({s.width, s.width});
+    double t = time_call(
+        [&] {
+          ops.linear_forward(x, w, nullptr, y);
+          ops.linear_backward(x, w, dy, &dx, &dw, nullptr);
+        },
+        min_seconds(o), batches(o));
+    out.push_back({what, 6.0 * static_cast<double>(s.rows) * s.width * s.width, t});
+  }
+  return out;
+}
+
+Timing measure_memory_bandwidth(const ComputeOptions& o, const CaseHook& between) {
+  between(0, 1, "memory bandwidth");
+  // Each array 8x the last-level caches of common servers (32-64 MiB): DRAM, not cache.
+  const std::size_t n = o.quick ? (std::size_t{1} << 23) : (std::size_t{1} << 26);
+  std::vector<float> a(n, 0.0f), b(n, 1.0f), c(n, 2.0f);
+  const float scale = 0.5f;
+  double t = time_call(
+      [&] {
+        for (std::size_t i = 0; i < n; ++i) a[i] = b[i] + scale * c[i];
+      },
+      min_seconds(o), batches(o));
+  // Reads b and c, writes a (write-allocate traffic not counted, as STREAM reports it).
+  return {"triad " + std::to_string(n * 4 >> 20) + " MiB arrays", 3.0 * 4.0 * static_cast<double>(n), t};
+}
+
+std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook& between) {
+  nn::HostOps ops(o.threads);
+  std::vector<Timing> out;
+  const auto sizes = elementwise_sizes(o);
+  int index = 0;
+  for (int64_t n : sizes) {
+    const int64_t features = 128, rows = n / features;
+    const std::string what = "element-wise " + std::to_string(n * 4 >> 10) + " KiB";
+    between(index++, static_cast<int>(sizes.size()), what);
+    nn::Tensor x = filled({rows, features}), dy = filled({rows, features}), gamma({features}, 1.0f), beta({features});
+    nn::Tensor y, dx, dgamma({features}), dbeta({features}), g, dg, sum = filled({rows, features});
+    nn::LayerNormSaved saved;
+    double t = time_call(
+        [&] {
+          ops.layernorm_forward(x, gamma, beta, 1e-5f, y, saved);
+          ops.layernorm_backward(x, gamma, saved, dy, &dx, &dgamma, &dbeta);
+          ops.gelu_forward(x, g);
+          ops.gelu_backward(x, dy, dg);
+          ops.add(sum, x);
+        },
+        min_seconds(o), batches(o));
+    // Bytes as the cost model counts them (cost/transformer.cpp, add_elementwise): a kernel's
+    // forward reads and writes n floats once each, its backward twice that; the add, 3 arrays.
+    out.push_back({what, 4.0 * static_cast<double>(n) * (3 * (2 + 2) + 3), t});
+  }
+  return out;
+}
+
+std::vector<Timing> measure_attention(const ComputeOptions& o, const CaseHook& between) {
+  nn::HostOps ops(o.threads);
+  std::vector<Timing> out;
+  const auto shapes = attention_shapes(o);
+  int index = 0;
+  for (const auto& s : shapes) {
+    const int64_t width = s.heads * s.head_dim;
+    const std::string shape = "b" + std::to_string(s.batch) + " s" + std::to_string(s.seq) + " h" +
+                              std::to_string(s.heads) + " d" + std::to_string(s.head_dim);
+    nn::Tensor q = filled({s.batch, s.seq, width}), k = filled({s.batch, s.seq, width}),
+               v = filled({s.batch, s.seq, width}), dout = filled({s.batch, s.seq, width});
+    nn::Tensor y, dq, dk, dv;
+    nn::AttentionSaved saved;
+    const nn::AttentionOptions options{s.heads, false};
+    const double flops = 4.0 * static_cast<double>(s.seq) * s.seq * s.head_dim * s.heads * s.batch;
+    between(index++, static_cast<int>(2 * shapes.size()), "attention forward " + shape);
+    double forward = time_call([&] { ops.attention_forward(q, k, v, options, y, saved); }, min_seconds(o), batches(o));
+    out.push_back({"attention forward " + shape, flops, forward});
+    between(index++, static_cast<int>(2 * shapes.size()), "attention backward " + shape);
+    double backward = time_call([&] { ops.attention_backward(q, k, v, options, saved, dout, dq, dk, dv); },
+                                min_seconds(o), batches(o));
+    out.push_back({"attention backward " + shape, 2.5 * flops, backward});
+  }
+  return out;
+}
+
+}  // namespace braid::calibrate

@@ -1,0 +1,49 @@
+// What `braid calibrate` measures on one process: the reference ops of core/nn timed at a
+// ladder of sizes (GEMMs through the linear op, element-wise kernels, attention) and the
+// memory bandwidth, while every process of the launch measures the same case at once (the
+// caller holds them in step), so shared caches, memory channels and oversubscribed cores
+// show in the figures as they do in a training step.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace braid::calibrate {
+
+// One timed case: what was run, how much work it is, and the seconds one run took.
+struct Timing {
+  std::string what;
+  double work = 0;  // FLOPs (GEMMs, attention) or bytes moved (memory, element-wise)
+  double seconds = 0;
+};
+
+struct ComputeOptions {
+  int threads = 1;     // host threads per process, as `braid train --threads`
+  bool quick = false;  // smaller ladders and shorter timings (tests, CI)
+};
+
+// Calls `between(case index, case count, name)` before each case; the caller uses it to
+// keep the processes in step (a barrier) and to show progress.
+using CaseHook = std::function<void(int index, int count, const std::string& what)>;
+
+// The time of one call of `run`: repeats it for at least `min_seconds` per batch, and
+// returns the median over `batches` batches of the mean call time.
+double time_call(const std::function<void()>& run, double min_seconds, int batches = 5);
+
+// Forward + backward of the linear op (y = x W^T; dx and dW) at a ladder of shapes, from
+// the per-head products of small attention up to the largest layers a host trains.
+std::vector<Timing> measure_gemms(const ComputeOptions& o, const CaseHook& between);
+// Triad a = b + s c over arrays far larger than the caches: bytes/s of one process.
+Timing measure_memory_bandwidth(const ComputeOptions& o, const CaseHook& between);
+// Layer norm and GELU forward and backward, and a residual add, at a ladder of sizes;
+// work is the bytes the cost model charges them (its backward: twice the forward's).
+std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook& between);
+// Materialised softmax attention (the host's): forward and backward, model FLOPs as the
+// cost model counts them (4 s^2 d per head forward; the backward priced as 2.5x that).
+std::vector<Timing> measure_attention(const ComputeOptions& o, const CaseHook& between);
+
+// How many cases each measure_* runs (for a progress bar that knows its end).
+int compute_case_count(const ComputeOptions& o);
+
+}  // namespace braid::calibrate

@@ -1,0 +1,125 @@
+// braid calibrate's fits: the alpha-beta fit recovers the latency and bandwidth behind
+// timings the cost model's own formulas made, and a cluster file written from timings
+// prices the measured cases as they were measured once the cost model reads it back.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/calibrate/cluster_file.hpp"
+#include "core/cost/comm.hpp"
+#include "core/cost/device.hpp"
+#include "core/spec/cluster.hpp"
+
+namespace braid {
+namespace {
+
+using calibrate::LinkOp;
+using calibrate::LinkTiming;
+
+spec::ClusterSpec one_link(double bandwidth, double latency) {
+  spec::ClusterSpec c;
+  c.devices_per_node = 64;
+  c.intra_node = spec::LinkSpec{bandwidth, latency, 1, 0};
+  c.inter_node = spec::LinkSpec{bandwidth / 10, latency * 5, 1, 1};
+  return c;
+}
+
+std::vector<LinkTiming> timings_of(const spec::ClusterSpec& c, int members) {
+  const cost::CommModel comm(c);
+  const cost::GroupShape g{members, members, 1};
+  std::vector<LinkTiming> t;
+  for (double bytes = 8; bytes <= 4e6; bytes *= 8) {
+    t.push_back({LinkOp::p2p, 2, bytes, comm.p2p(bytes, false)});
+    t.push_back({LinkOp::all_reduce, members, bytes, comm.all_reduce(bytes, g)});
+    t.push_back({LinkOp::all_gather, members, bytes, comm.all_gather(bytes, g)});
+  }
+  return t;
+}
+
+TEST(Calibrate, LinkFitRecoversTheAlphaBetaBehindTheTimings) {
+  for (int members : {2, 4}) {
+    const auto points = timings_of(one_link(3e9, 2e-6), members);
+    const calibrate::LinkFit f = calibrate::fit_link(points, false);
+    EXPECT_NEAR(f.bandwidth / 3e9, 1, 0.06) << members << " members";
+    EXPECT_NEAR(f.latency / 2e-6, 1, 0.06) << members << " members";
+    EXPECT_LT(f.worst_error, 0.06);
+    EXPECT_EQ(f.points, static_cast<int>(points.size()));
+  }
+}
+
+TEST(Calibrate, LinkFitReportsHowFarTheWorstPointIs) {
+  auto points = timings_of(one_link(3e9, 2e-6), 4);
+  points[4].seconds *= 3;  // one slow all-reduce
+  const calibrate::LinkFit f = calibrate::fit_link(points, false);
+  EXPECT_GT(f.worst_error, 0.5);
+}
+
+// Timings of a made-up machine: GEMMs at efficiencies that grow with size, element-wise
+// kernels at rates that fall with size, attention, links.
+calibrate::Calibration made_up() {
+  calibrate::Calibration c;
+  c.host = "testhost";
+  c.cpu = "Test CPU";
+  c.when_utc = "2026-01-01T00:00:00Z";
+  c.communication = "mpi plugin (test)";
+  c.processes = 2;
+  c.per_node = 2;
+  c.memory_per_process_bytes = 8.0 * (1 << 30);
+  c.reserved_bytes = 20.0 * (1 << 20);
+  const double peak = 80e9;
+  for (double w : {16.0, 64.0, 256.0}) {
+    const double work = 6 * 256 * w * w, eff = 0.2 + 0.8 * w / 256;
+    c.gemms.push_back({"gemm", work, work / (peak * eff)});
+  }
+  for (double n : {4096.0, 65536.0, 1048576.0}) {
+    const double work = 60 * n, rate = 6e9 - 1e3 * n;
+    c.elementwise.push_back({"element-wise", work, work / rate});
+  }
+  c.memory = {"triad", 3 * 4 * 1e8, 3 * 4 * 1e8 / 15e9};
+  c.attention = {{"attention forward", 1e6, 1e6 / (0.2 * peak)}, {"attention backward", 2.5e6, 2.5e6 / (0.8 * peak)}};
+  c.intra = timings_of(one_link(2e9, 1e-6), 2);
+  return c;
+}
+
+TEST(Calibrate, TheClusterFilePricesTheMeasuredCasesAsMeasured) {
+  const calibrate::Calibration c = made_up();
+  const calibrate::Fitted f = calibrate::fit(c);
+  EXPECT_DOUBLE_EQ(f.peak_flops, 80e9);
+  const std::string yaml = calibrate::cluster_yaml(c, f, "made-up");
+  EXPECT_NE(yaml.find("# Measured by `braid calibrate` on testhost at 2026-01-01T00:00:00Z"), std::string::npos);
+  const spec::ClusterSpec cluster = spec::parse_cluster(spec::parse_document(yaml, "<calibrated>"));
+  EXPECT_EQ(cluster.name, "made-up");
+  EXPECT_EQ(cluster.devices_per_node, 2);
+  const cost::DeviceModel device(cluster, spec::Precision::bf16);
+  // Each GEMM case is three GEMMs of rows x width x width (the linear op's forward and backward).
+  for (std::size_t i = 0; i < c.gemms.size(); ++i) {
+    const double w = std::sqrt(c.gemms[i].work / 6 / 256);
+    EXPECT_NEAR(3 * device.gemm_seconds(256, w, w) / c.gemms[i].seconds, 1, 0.01) << "width " << w;
+  }
+  // An element-wise case is layer norm and GELU each way and an add: five kernels whose bytes,
+  // as the cost model counts them, sum to the case's work at the case's rate.
+  for (const auto& t : c.elementwise) {
+    const double forward_bytes = t.work * 8 / 60;
+    const double rate = forward_bytes / device.memory_seconds(forward_bytes);
+    EXPECT_NEAR(rate / (t.work / t.seconds), 1, 0.01);
+  }
+  EXPECT_NEAR(device.flash_attention_seconds(1e6, false) / c.attention[0].seconds, 1, 0.01);
+  EXPECT_NEAR(device.flash_attention_seconds(2.5e6, true) / c.attention[1].seconds, 1, 0.01);
+  const cost::CommModel comm(cluster);
+  for (const auto& t : c.intra) {
+    if (t.op != LinkOp::p2p) continue;
+    EXPECT_NEAR(comm.p2p(t.bytes, false) / t.seconds, 1, 0.1) << t.bytes << " bytes";
+  }
+}
+
+TEST(Calibrate, TheJsonCarriesEveryTimingAndFit) {
+  const calibrate::Calibration c = made_up();
+  const auto j = calibrate::to_json(c, calibrate::fit(c));
+  EXPECT_EQ(j["timings"]["gemm"].size(), c.gemms.size());
+  EXPECT_EQ(j["timings"]["intra_node"].size(), c.intra.size());
+  EXPECT_DOUBLE_EQ(j["fitted"]["peak_flops"].get<double>(), 80e9);
+  EXPECT_FALSE(j["fitted"].contains("inter_node"));  // one host
+}
+
+}  // namespace
+}  // namespace braid

@@ -1,0 +1,256 @@
+// braid calibrate: measures the machine it runs on (every process of an mpiexec launch) and
+// writes a cluster file the planner, the simulator and `braid train --cluster` read.
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <thread>
+
+#include "core/calibrate/cluster_file.hpp"
+#include "core/common/error.hpp"
+#include "core/common/file.hpp"
+#include "core/runtime/world.hpp"
+#include "tools/braid/commands.hpp"
+
+namespace po = boost::program_options;
+
+namespace braid::cli {
+namespace {
+
+const char* kCalibrateUsage =
+    "usage: mpiexec -n N braid calibrate [--out FILE] [options]\n"
+    "\n"
+    "Measures the machine it runs on and writes a cluster file (the format of\n"
+    "configs/clusters/*.yaml) that `braid plan`, `braid simulate` and `braid train` take with\n"
+    "--cluster FILE. Every process of the launch measures at once, as they train:\n"
+    "  - GEMMs: the linear op's forward and backward (OpenBLAS) at a ladder of shapes, as\n"
+    "    the efficiency table by GEMM size and the best rate as the peak;\n"
+    "  - memory bandwidth: a triad over arrays far larger than the caches;\n"
+    "  - element-wise kernels (layer norm, GELU, residual add) at a ladder of sizes;\n"
+    "  - attention: the host's materialised softmax attention, forward and backward;\n"
+    "  - links: p2p ping-pong, all-reduce and all-gather through the communication plugin\n"
+    "    (MPI), fitted to the cost model's alpha-beta formulas; between hosts too when the\n"
+    "    launch spans several.\n"
+    "The file says what was measured, when and on what. Links need two processes or more.\n"
+    "\n"
+    "options";
+
+struct Host {
+  std::string name, cpu;
+  double memory_bytes = 0, resident_bytes = 0;
+};
+
+// "key : value" lines of a /proc file: the value of the first line starting with `key`.
+std::string proc_field(const char* path, const std::string& key) {
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(key, 0) != 0) continue;
+    auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    auto value = line.substr(colon + 1);
+    value.erase(0, value.find_first_not_of(" \t"));
+    return value;
+  }
+  return "";
+}
+
+Host this_host() {
+  Host h;
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  h.name = name;
+  h.cpu = proc_field("/proc/cpuinfo", "model name");
+  if (h.cpu.empty()) h.cpu = "unknown CPU";
+  h.cpu += " (" + std::to_string(std::thread::hardware_concurrency()) + " hardware threads)";
+  h.memory_bytes = std::atof(proc_field("/proc/meminfo", "MemTotal").c_str()) * 1024;
+  h.resident_bytes = std::atof(proc_field("/proc/self/status", "VmRSS").c_str()) * 1024;
+  return h;
+}
+
+std::string utc_now() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// Rank 0's progress: one bar rewritten in place on a terminal, a line per phase elsewhere.
+class Progress {
+ public:
+  Progress(bool show, int total) : show_(show), live_(show && isatty(STDERR_FILENO)), total_(total) {}
+  void step(const std::string& phase, const std::string& what) {
+    ++done_;
+    if (!show_) return;
+    if (live_) {
+      const int width = 30, filled = total_ > 0 ? width * done_ / total_ : width;
+      std::fprintf(stderr, "\r\033[Kcalibrate [%s%s] %3d%% %s",
+                   std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                   std::string(static_cast<std::size_t>(width - filled), '.').c_str(),
+                   100 * done_ / std::max(1, total_), what.c_str());
+    } else if (phase != phase_) {
+      std::fprintf(stderr, "calibrate: %s (%d of %d measurements done)\n", phase.c_str(), done_ - 1, total_);
+    }
+    phase_ = phase;
+  }
+  void finish() {
+    if (live_) std::fprintf(stderr, "\r\033[K");
+  }
+
+ private:
+  bool show_, live_;
+  int total_, done_ = 0;
+  std::string phase_;
+};
+
+// Each process's figures averaged over the world: what one process achieves while all run.
+void average_seconds(runtime::Communicator& world, std::vector<calibrate::Timing>& timings) {
+  std::vector<double> s;
+  for (const auto& t : timings) s.push_back(t.seconds);
+  world.allreduce(std::span<double>(s));
+  for (std::size_t i = 0; i < s.size(); ++i) timings[i].seconds = s[i] / world.size();
+}
+
+}  // namespace
+
+int run_calibrate(const std::vector<std::string>& args) {
+  std::string out = "-", name, format = "table";
+  int threads = 0;
+  po::options_description opts(kCalibrateUsage);
+  opts.add_options()("help,h", "show this help")("out,o", po::value(&out)->value_name("FILE"),
+                                                 "write the cluster file here (default: - , standard output)")(
+      "name", po::value(&name)->value_name("NAME"), "the cluster's name in the file (default: calibrated-<host>)")(
+      "threads", po::value(&threads)->value_name("N"),
+      "host threads per process, as braid train --threads (default: the host's cores / processes on it)")(
+      "quick", "short ladders and timings (a rough file in seconds; for tests)")("quiet,q",
+                                                                                 "no progress on standard error")(
+      "format,f", po::value(&format)->value_name("FMT"),
+      "the summary: table (default) | json (every timing and fitted figure)");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(opts).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "braid calibrate: error: %s\n(see 'braid calibrate --help')\n", e.what());
+    return kExitBadInput;
+  }
+  if (vm.count("help")) {
+    std::cout << opts
+              << "\nexamples:\n  mpiexec -n 4 braid calibrate --out my-cluster.yaml\n"
+                 "  mpiexec -n 4 braid train --config configs/runs/tiny-clip.yaml --cluster my-cluster.yaml\n";
+    return kExitOk;
+  }
+  std::string problem;
+  if (format != "table" && format != "json") problem = "--format must be table or json, not '" + format + "'";
+  if (problem.empty() && threads < 0) problem = "--threads must be >= 0";
+  if (problem.empty() && out == "-" && format == "json")
+    problem = "--format json prints to standard output: give the cluster file a place with --out FILE";
+  if (!problem.empty()) {
+    std::fprintf(stderr, "braid calibrate: error: %s\n(see 'braid calibrate --help')\n", problem.c_str());
+    return kExitBadInput;
+  }
+
+  runtime::World world = runtime::World::from_plugin("mpi");
+  runtime::Communicator& all = world.communicator();
+  const int rank = world.rank(), size = world.size();
+  try {
+    if (size < 2)
+      throw Error(Status::invalid_argument,
+                  "one process measures no links: launch it with mpiexec -n 2 (or more), one process per device "
+                  "as braid train runs");
+    const Host host = this_host();
+    // Which host each rank is on: hostnames over an all-gather, in fixed-size records.
+    constexpr std::size_t kName = 256;
+    std::vector<char> mine(kName, '\0'), names(kName * static_cast<std::size_t>(size));
+    std::copy_n(host.name.begin(), std::min(host.name.size(), kName - 1), mine.begin());
+    all.allgather(std::as_bytes(std::span<const char>(mine)), std::as_writable_bytes(std::span<char>(names)));
+    std::map<std::string, std::vector<int>> ranks_on;
+    std::vector<std::string> host_of;
+    for (int r = 0; r < size; ++r) {
+      host_of.emplace_back(names.data() + static_cast<std::size_t>(r) * kName);
+      ranks_on[host_of.back()].push_back(r);
+    }
+    std::vector<int> firsts;  // the first rank of each host, ascending
+    for (const auto& [h, rs] : ranks_on) firsts.push_back(rs.front());
+    std::sort(firsts.begin(), firsts.end());
+    const std::vector<int>& local = ranks_on[host_of[0]];
+
+    calibrate::Calibration c;
+    c.host = host.name;
+    c.cpu = host.cpu;
+    c.when_utc = utc_now();
+    c.communication = world.bootstrap();
+    c.processes = size;
+    c.nodes = static_cast<int>(ranks_on.size());
+    for (const auto& [h, rs] : ranks_on) c.per_node = std::max(c.per_node, static_cast<int>(rs.size()));
+    c.threads =
+        threads > 0
+            ? threads
+            : std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, world.local_size()));
+    c.quick = vm.count("quick") > 0;
+    c.memory_per_process_bytes = host.memory_bytes / std::max(1, world.local_size());
+    double resident[1] = {host.resident_bytes};
+    all.allreduce(std::span<double>(resident), runtime::ReduceOp::max);
+    c.reserved_bytes = resident[0];
+
+    const calibrate::ComputeOptions compute{c.threads, c.quick};
+    const int link_sets = (local.size() >= 2 ? 1 : 0) + (firsts.size() >= 2 ? 1 : 0);
+    Progress progress(rank == 0 && !vm.count("quiet"),
+                      calibrate::compute_case_count(compute) + link_sets * calibrate::link_case_count(c.quick));
+    auto hook = [&](const std::string& phase, bool barrier) {
+      return [&, phase, barrier](int, int, const std::string& what) {
+        if (barrier) all.barrier();  // every process on the same case at once
+        progress.step(phase, what);
+      };
+    };
+    c.gemms = calibrate::measure_gemms(compute, hook("GEMMs", true));
+    c.memory = calibrate::measure_memory_bandwidth(compute, hook("memory bandwidth", true));
+    c.elementwise = calibrate::measure_elementwise(compute, hook("element-wise kernels", true));
+    c.attention = calibrate::measure_attention(compute, hook("attention", true));
+    for (auto* timings : {&c.gemms, &c.elementwise, &c.attention}) average_seconds(all, *timings);
+    std::vector<calibrate::Timing> memory = {c.memory};
+    average_seconds(all, memory);
+    c.memory = memory.front();
+    // Links inside rank 0's host (its first two ranks; collectives over all of them), then
+    // between hosts (their first ranks).
+    if (local.size() >= 2)
+      c.intra =
+          calibrate::measure_links(world, {local[0], local[1]}, local, c.quick, hook("links within a host", false));
+    if (firsts.size() >= 2)
+      c.inter =
+          calibrate::measure_links(world, {firsts[0], firsts[1]}, firsts, c.quick, hook("links between hosts", false));
+    if (c.intra.empty()) c.intra = c.inter;  // one process per host: only the network was measured
+    progress.finish();
+
+    if (rank == 0) {
+      const calibrate::Fitted fitted = calibrate::fit(c);
+      const std::string yaml = calibrate::cluster_yaml(c, fitted, name.empty() ? "calibrated-" + c.host : name);
+      if (out == "-") {
+        std::cout << yaml << std::flush;
+        std::cerr << calibrate::summary(c, fitted);
+      } else {
+        write_file_atomically(out, yaml, "cluster file");
+        if (format == "json")
+          std::cout << calibrate::to_json(c, fitted).dump(2) << "\n";
+        else
+          std::cout << calibrate::summary(c, fitted) << "wrote " << out << "\n";
+      }
+    }
+    all.barrier();
+    return kExitOk;
+  } catch (const Error& e) {
+    int code =
+        report_error(static_cast<int>(e.status()), (size > 1 ? "rank " + std::to_string(rank) + ": " : "") + e.what());
+    if (size > 1) world.abort(code);
+    return code;
+  }
+}
+
+}  // namespace braid::cli
