@@ -1,7 +1,8 @@
 // Calibration: braid's predicted throughput for published Megatron-LM runs, each
 // evaluated as published (its TP, PP and settings), against the published figure.
 //  - the ten GPT runs of Megatron-LM's SC'21 weak-scaling table on A100 (TFLOP/s per GPU);
-//  - seven Megatron-Core runs of NeMo 24.07's DGX-H100 FP8 table (tokens/s per GPU).
+//  - seven Megatron-Core runs of NeMo 24.07's DGX-H100 FP8 table (tokens/s per GPU);
+//  - five Megatron-Core GPT-3 175B runs of NVIDIA/dgxc-benchmarking on DGX-H100, BF16 (tokens/s per GPU).
 // Goal: every row within +-10%. The tables are printed.
 #include <cmath>
 #include <cstdio>
@@ -81,20 +82,21 @@ struct H100Row {
   double tokens, model_tflops;  // published per GPU
 };
 
-std::vector<H100Row> h100_rows() {
+// The rows of one of configs/runs/megatron-core-h100's CSVs (same columns); each row's run file is
+// <model>-<gpus>gpu<suffix>.yaml.
+std::vector<H100Row> h100_rows(const std::string& csv, const std::string& suffix) {
   std::vector<H100Row> rows;
-  for (const auto& f : csv_rows("configs/runs/megatron-core-h100/published.csv")) {
-    rows.push_back({f[0], "megatron-core-h100/" + f[0] + "-" + f[1] + "gpu.yaml", std::stoi(f[1]), std::stoi(f[5]),
-                    std::stoi(f[6]), std::stoi(f[8]), std::stoi(f[4]), std::stod(f[9]), std::stod(f[10])});
+  for (const auto& f : csv_rows("configs/runs/megatron-core-h100/" + csv)) {
+    rows.push_back({f[0], "megatron-core-h100/" + f[0] + "-" + f[1] + "gpu" + suffix + ".yaml", std::stoi(f[1]),
+                    std::stoi(f[5]), std::stoi(f[6]), std::stoi(f[8]), std::stoi(f[4]), std::stod(f[9]),
+                    std::stod(f[10])});
   }
   return rows;
 }
 
 // Compared on tokens/s per GPU, the quantity NeMo measures; the model TFLOP/s column is
 // printed as published next to braid's tokens scaled by the source's own FLOPs per token.
-TEST(Calibration, MegatronCoreH100Within10Percent) {
-  auto rows = h100_rows();
-  ASSERT_EQ(rows.size(), 7u);
+void check_h100(const std::vector<H100Row>& rows, bool fp8) {
   std::printf("\n  %-10s %5s %3s %3s %3s %11s %11s %8s %12s\n", "model", "gpus", "tp", "pp", "vp", "published",
               "predicted", "error", "model TFLOP/s");
   double worst = 0;
@@ -102,6 +104,7 @@ TEST(Calibration, MegatronCoreH100Within10Percent) {
     auto run = test::load(r.run);
     ASSERT_EQ(run.devices(), r.gpus) << r.run;
     ASSERT_EQ(run.training.virtual_stages, r.vp) << r.run;
+    ASSERT_EQ(run.training.fp8, fp8) << r.run;
     cost::CostModel cost(run);
     auto result = orchestrate::make_plan(cost, plan::PlanRequest{plan::Strategy::megatron, {r.tp, r.pp, 0}, {}});
     const double predicted = result.best.estimate.samples_per_s * r.seq / r.gpus;
@@ -114,6 +117,21 @@ TEST(Calibration, MegatronCoreH100Within10Percent) {
   std::printf(
       "  worst error %.1f%% (tokens/s per GPU; model TFLOP/s published / braid at the source's FLOPs per token)\n\n",
       100 * worst);
+}
+
+// NeMo 24.07's DGX-H100 table, FP8 (configs/runs/megatron-core-h100/published.csv).
+TEST(Calibration, MegatronCoreH100Within10Percent) {
+  auto rows = h100_rows("published.csv", "");
+  ASSERT_EQ(rows.size(), 7u);
+  check_h100(rows, true);
+}
+
+// NVIDIA/dgxc-benchmarking's GPT-3 175B, NeMo 24.12, DGX-H100, BF16
+// (configs/runs/megatron-core-h100/published-bf16.csv).
+TEST(Calibration, MegatronCoreH100Bf16Within10Percent) {
+  auto rows = h100_rows("published-bf16.csv", "-bf16");
+  ASSERT_EQ(rows.size(), 5u);
+  check_h100(rows, false);
 }
 
 }  // namespace
