@@ -39,6 +39,16 @@ std::vector<std::pair<double, double>> table(const std::vector<std::pair<double,
   return rows;
 }
 
+// A YAML double-quoted scalar: names and CPU strings may hold ':' or '#'.
+std::string quoted(const std::string& text) {
+  std::string out = "\"";
+  for (char ch : text) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out + "\"";
+}
+
 std::string rows_yaml(const std::vector<std::pair<double, double>>& rows, const std::string& indent) {
   std::string out;
   for (const auto& [size, value] : rows) out += indent + "- [" + num(size) + ", " + num(value) + "]\n";
@@ -89,11 +99,11 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
   y += "# Every figure is the cost model's own parameter fitted to timings of braid's host ops (core/nn)\n";
   y += "# and of its communication plugin on this machine" + std::string(c.quick ? " (--quick: short ladders)" : "") +
        "; `braid calibrate --format json` lists the timings.\n";
-  y += "name: " + name + "\n";
+  y += "name: " + quoted(name) + "\n";
   y += "nodes: " + std::to_string(c.nodes) + "\n";
   y += "devices_per_node: " + std::to_string(c.per_node) + "\n";
   y += "device:\n";
-  y += "  name: \"" + c.cpu + ", one process (float32, OpenBLAS)\"\n";
+  y += "  name: " + quoted(c.cpu + ", one process (float32, OpenBLAS)") + "\n";
   y += "  # The host's RAM shared by the processes on it.\n";
   y += "  memory_gib: " + num(c.memory_per_process_bytes / kGiB) + "\n";
   y += "  # STREAM-style triad over arrays far larger than the caches, every process at once.\n";
@@ -119,8 +129,8 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
   y += "  # Linear op forward + backward (three GEMMs) at a ladder of shapes: [GFLOP of one GEMM,\n";
   y += "  # fraction of peak_tflops].\n";
   y += "  gemm:\n" + rows_yaml(f.gemm, "    ");
-  y += "  # Layer norm and GELU forward and backward, a residual add: [MiB a forward kernel moves,\n";
-  y += "  # GB/s of the bytes the cost model charges (a backward: twice its forward's)].\n";
+  y += "  # Layer norm and GELU forward and backward, a residual add: [MiB of one kernel call, GB/s\n";
+  y += "  # of the bytes the cost model charges them (a backward: twice its forward's)].\n";
   y += "  elementwise:\n" + rows_yaml(f.elementwise, "    ");
   y += "  # The triad's own rate: GEMMs stream their operands at it (the memory roofline).\n";
   y += "  memory: 1\n";

@@ -21,7 +21,8 @@ struct Calibration {
   bool quick = false;
   double memory_per_process_bytes = 0;  // the host's RAM shared by the processes on it
   double reserved_bytes = 0;            // resident before any tensor: runtime, MPI, BLAS buffers
-  // Raw timings, slowest-process-averaged where every process measured.
+  // Raw timings: compute, the mean over the processes (all measuring at once); links, the
+  // slowest member's.
   std::vector<Timing> gemms, elementwise, attention;
   Timing memory;
   std::vector<LinkTiming> intra, inter;  // inter: empty on one host

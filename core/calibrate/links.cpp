@@ -115,8 +115,8 @@ LinkFit fit_link(const std::vector<LinkTiming>& points, bool cross_node) {
   other = spec::LinkSpec{1e18, 0, 1, 1};
   link.efficiency = 1;
   link.nics_per_node = 1;
+  const cost::CommModel comm(cluster);  // reads `link` as the search below sets it
   auto model = [&](const LinkTiming& p) {
-    const cost::CommModel comm(cluster);
     const cost::GroupShape g =
         cross_node ? cost::GroupShape{p.members, 1, p.members} : cost::GroupShape{p.members, p.members, 1};
     switch (p.op) {

@@ -142,7 +142,7 @@ std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook&
         min_seconds(o), batches(o));
     // Bytes as the cost model counts them (cost/transformer.cpp, add_elementwise): a kernel's
     // forward reads and writes n floats once each, its backward twice that; the add, 3 arrays.
-    out.push_back({what, 4.0 * static_cast<double>(n) * (3 * (2 + 2) + 3), t});
+    out.push_back({what, 4.0 * static_cast<double>(n) * (2 * (2 + 4) + 3), t});
   }
   return out;
 }

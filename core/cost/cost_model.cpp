@@ -55,8 +55,9 @@ CostModel::CostModel(const spec::RunSpec& run, TrainedImages images)
         break;
     }
     tokens_[i] = t;
+    // A generator's tokens come from the image it generates, not from the input images.
     sees_images_[i] = m.role == Role::encoder && m.modality == spec::Modality::image;
-    if (m.role != Role::loss)
+    if (m.role != Role::loss && m.role != Role::generator)
       for (const auto& in : m.inputs)
         sees_images_[i] = sees_images_[i] || sees_images_[static_cast<std::size_t>(model.index_of(in))];
     // Backward runs where the module trains, or where an upstream module trains.
@@ -90,8 +91,9 @@ const ModuleCost& CostModel::module(int m, int tp, int samples, const GroupShape
   return cache_.emplace(key, by_side ? build_by_side(m, tp, samples, g) : build(m, tp, samples, g)).first->second;
 }
 
-std::size_t CostModel::for_each_pass(int samples,
-                                     const std::function<void(const CostModel& at_side, int members)>& visit) const {
+std::size_t CostModel::for_each_pass(
+    int samples,
+    const std::function<void(const CostModel& at_side, int members, std::size_t microbatch)>& visit) const {
   // Up to 64 microbatches of consecutive samples: enough for a mean within a few percent.
   constexpr std::size_t kMicrobatches = 64;
   const std::size_t per = static_cast<std::size_t>(std::max(1, samples));
@@ -111,7 +113,7 @@ std::size_t CostModel::for_each_pass(int samples,
         }
         at_side = slot.second.get();
       }
-      visit(*at_side, n);
+      visit(*at_side, n, count);
     }
   }
   return count;
@@ -119,13 +121,24 @@ std::size_t CostModel::for_each_pass(int samples,
 
 ModuleCost CostModel::build_by_side(int mi, int tp, int samples, const GroupShape& tp_group) const {
   ModuleCost mean;
-  const std::size_t count = for_each_pass(samples, [&](const CostModel& at_side, int n) {
+  // Activations are kept for the largest microbatch, not the mean one: per microbatch, the
+  // sum of its passes'; the most of any.
+  std::size_t current = 0;
+  double layer = 0, first = 0, last = 0, most_layer = 0, most_first = 0, most_last = 0;
+  const std::size_t count = for_each_pass(samples, [&](const CostModel& at_side, int n, std::size_t microbatch) {
+    if (microbatch != current) {
+      current = microbatch;
+      layer = first = last = 0;
+    }
     const ModuleCost& pass = at_side.module(mi, tp, n, tp_group);
     mean.layers = pass.layers;
     mean.layer += pass.layer;
     mean.first += pass.first;
     mean.last += pass.last;
     mean.output_bytes += pass.output_bytes;
+    most_layer = std::max(most_layer, layer += pass.layer.activation_bytes);
+    most_first = std::max(most_first, first += pass.first.activation_bytes);
+    most_last = std::max(most_last, last += pass.last.activation_bytes);
   });
   if (count == 0) return build(mi, tp, samples, tp_group);  // fewer trained sides than one microbatch
   const double w = 1.0 / static_cast<double>(count);
@@ -133,6 +146,9 @@ ModuleCost CostModel::build_by_side(int mi, int tp, int samples, const GroupShap
   mean.first = mean.first.times(w);
   mean.last = mean.last.times(w);
   mean.output_bytes *= w;
+  mean.layer.activation_bytes = most_layer;
+  mean.first.activation_bytes = most_first;
+  mean.last.activation_bytes = most_last;
   // What a device holds does not depend on the images: the nominal build's parameters.
   const ModuleCost held = build(mi, tp, samples, tp_group);
   mean.layer.parameters = held.layer.parameters;
@@ -197,7 +213,7 @@ std::vector<LayerKernel> CostModel::layer_kernels(int mi, int tp, int samples) c
     throw Error(Status::internal, m.name + " has no transformer layers to split into kernels");
   if (!images_.sides.empty() && sees_images_[static_cast<std::size_t>(mi)]) {
     std::vector<LayerKernel> mean;
-    const std::size_t count = for_each_pass(samples, [&](const CostModel& at_side, int n) {
+    const std::size_t count = for_each_pass(samples, [&](const CostModel& at_side, int n, std::size_t) {
       const auto pass = at_side.layer_kernels(mi, tp, n);
       if (mean.empty()) mean = std::vector<LayerKernel>(pass.size());
       for (std::size_t k = 0; k < pass.size(); ++k) {

@@ -103,9 +103,13 @@ class CostModel {
  private:
   ModuleCost build(int m, int tp, int samples, const GroupShape& tp_group) const;
   // Calls `visit` for each pass (one image side, its members) of the trained microbatches of
-  // `samples`, with the cost model of that side; returns how many microbatches it covered.
-  std::size_t for_each_pass(int samples, const std::function<void(const CostModel& at_side, int members)>& visit) const;
-  // The mean over the trained microbatches of `samples` of their passes by image side.
+  // `samples`, with the cost model of that side and the microbatch's index; returns how many
+  // microbatches it covered.
+  std::size_t for_each_pass(
+      int samples,
+      const std::function<void(const CostModel& at_side, int members, std::size_t microbatch)>& visit) const;
+  // The mean over the trained microbatches of `samples` of their passes by image side (times,
+  // FLOPs); the largest microbatch's activations.
   ModuleCost build_by_side(int m, int tp, int samples, const GroupShape& tp_group) const;
 
   const spec::RunSpec* run_;

@@ -28,7 +28,8 @@ struct EfficiencyTable {
   // Same for an FP8 GEMM (TransformerEngine), as a fraction of the FP8 peak; empty: `gemm`.
   std::vector<std::pair<double, double>> gemm_fp8;
   double memory = 0.8;  // achieved fraction of HBM bandwidth for elementwise kernels
-  // Achieved bandwidth (GB/s) of an element-wise kernel by the MiB it moves, interpolated in
+  // Achieved bandwidth (GB/s) of an element-wise kernel call by the MiB it moves (as the cost
+  // model counts them; a backward call looks up its own, doubled, size), interpolated in
   // log(size), as `braid calibrate` measures it (caches make small kernels faster than
   // memory); when given, it prices element-wise kernels instead of `memory`.
   std::vector<std::pair<double, double>> elementwise;

@@ -759,17 +759,30 @@ class Calibrate(unittest.TestCase):
                                text=True, timeout=120)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
-    def test_the_cluster_file_is_written_whole_or_not_at_all(self):
+    def test_an_unwritable_place_is_refused_before_measuring_and_nothing_is_left(self):
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "kept.yaml")
             with open(path, "w") as f:
                 f.write("earlier\n")
-            r = self.calibrate(2, "--out", os.path.join(d, "missing", "x.yaml"))
-            self.assertNotEqual(r.returncode, 0)
-            self.assertIn("cannot write the cluster file", r.stderr)
+            for out, why in [(os.path.join(d, "missing", "x.yaml"), "no directory"), (d, "it is a directory")]:
+                r = self.calibrate(2, "--out", out, "--format", "json")
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertEqual(r.stderr.count("cannot write the cluster file"), 1, r.stderr)  # said once, by rank 0
+                self.assertIn(f"cannot write the cluster file to '{out}': {why}", r.stderr)
+                self.assertEqual(r.stdout, "")  # refused before measuring: no report
             with open(path) as f:
                 self.assertEqual(f.read(), "earlier\n")
             self.assertEqual(os.listdir(d), ["kept.yaml"])
+
+    def test_a_name_with_yaml_syntax_reads_back(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "named.yaml")
+            r = self.calibrate(2, "--out", path, "--name", 'lab: rack "7" # east', "--quiet")
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            r = subprocess.run([CLI, "plan", "--config", CLIP, "--cluster", path, "--strategy", "megatron", "--tp", "1",
+                                "--pp", "1", "--format", "json"], cwd=SOURCE_DIR, capture_output=True, text=True,
+                               timeout=120)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
     def test_one_process_and_bad_options_are_refused_with_the_reason(self):
         r = subprocess.run([CLI, "calibrate", "--quick"], cwd=SOURCE_DIR, capture_output=True, text=True, timeout=120)

@@ -263,5 +263,42 @@ TEST(Cost, MegatronCoreSettingsEachPriceTheirMechanism) {
   EXPECT_GT(estimate(run).dp_comm_s, all.dp_comm_s);
 }
 
+// The trainer's images: a microbatch runs one pass per image side. Priced as those passes,
+// the modules that see image tokens cost the mean microbatch and keep the largest one's
+// activations; a module that sees no image (CLIP's text tower) keeps its nominal price.
+TEST(Cost, TrainedImagesArePricedAsTheirPassesBySide) {
+  auto run = test::load("tiny-clip.yaml");  // 32 px nominal, 8 px patches, microbatches of 16
+  const int image = run.model.index_of("image_encoder"), text = run.model.index_of("text_encoder");
+  const cost::CostModel nominal(run);
+  // Every image at the nominal side: one pass per microbatch, the nominal price.
+  const cost::CostModel same(run, cost::TrainedImages{std::vector<int>(64, 32)});
+  EXPECT_DOUBLE_EQ(same.module(image, 1, 16).layer.forward_s, nominal.module(image, 1, 16).layer.forward_s);
+  // Microbatches alternately all 16 px and all 32 px: the mean of the two prices, the 32 px one's activations.
+  std::vector<int> sides;
+  for (int mb = 0; mb < 4; ++mb) sides.insert(sides.end(), 16, mb % 2 ? 32 : 16);
+  const cost::CostModel mixed(run, cost::TrainedImages{sides});
+  auto small_run = run;
+  small_run.data.image_resolution = 16;
+  const cost::CostModel small(small_run);
+  const auto& big = nominal.module(image, 1, 16).layer;
+  const auto& got = mixed.module(image, 1, 16).layer;
+  EXPECT_NEAR(got.forward_s, (big.forward_s + small.module(image, 1, 16).layer.forward_s) / 2, 1e-12);
+  EXPECT_NEAR(got.flops_backward, (big.flops_backward + small.module(image, 1, 16).layer.flops_backward) / 2, 1);
+  EXPECT_DOUBLE_EQ(got.activation_bytes, big.activation_bytes);
+  EXPECT_DOUBLE_EQ(got.parameters, big.parameters);
+  // One microbatch of both sides: two passes of 8, each its own smaller GEMMs.
+  std::vector<int> halves(8, 16);
+  halves.insert(halves.end(), 8, 32);
+  const cost::CostModel split(run, cost::TrainedImages{halves});
+  EXPECT_NEAR(split.module(image, 1, 16).layer.forward_s,
+              nominal.module(image, 1, 8).layer.forward_s + small.module(image, 1, 8).layer.forward_s, 1e-12);
+  // The text tower sees no image.
+  EXPECT_DOUBLE_EQ(mixed.module(text, 1, 16).layer.forward_s, nominal.module(text, 1, 16).layer.forward_s);
+  // The kernels of a layer follow the same passes.
+  double kernels = 0;
+  for (const auto& k : mixed.layer_kernels(image, 1, 16)) kernels += k.cost.forward_s;
+  EXPECT_NEAR(kernels, got.forward_s, 1e-12);
+}
+
 }  // namespace
 }  // namespace braid

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -17,6 +18,7 @@
 #include "core/common/file.hpp"
 #include "core/runtime/world.hpp"
 #include "tools/braid/commands.hpp"
+#include "tools/braid/rank_error.hpp"
 
 namespace po = boost::program_options;
 
@@ -165,6 +167,26 @@ int run_calibrate(const std::vector<std::string>& args) {
       throw Error(Status::invalid_argument,
                   "one process measures no links: launch it with mpiexec -n 2 (or more), one process per device "
                   "as braid train runs");
+    // Before minutes of measuring: the file must have a place to go (checked on rank 0, the
+    // writer; every rank learns the answer, so all stop together without an abort).
+    int writable[1] = {1};
+    std::string why;
+    if (rank == 0 && out != "-") {
+      const std::filesystem::path target(out), dir = target.has_parent_path() ? target.parent_path() : ".";
+      if (std::filesystem::is_directory(target))
+        why = "it is a directory";
+      else if (!std::filesystem::is_directory(dir))
+        why = "no directory '" + dir.string() + "'";
+      else if (::access(dir.c_str(), W_OK) != 0)
+        why = "directory '" + dir.string() + "' is not writable";
+      writable[0] = why.empty() ? 1 : 0;
+    }
+    all.broadcast(std::as_writable_bytes(std::span<int>(writable)), 0);
+    if (!writable[0]) {
+      if (rank == 0)
+        report_error(static_cast<int>(Status::io), "cannot write the cluster file to '" + out + "': " + why);
+      return kExitBadInput;
+    }
     const Host host = this_host();
     // Which host each rank is on: hostnames over an all-gather, in fixed-size records.
     constexpr std::size_t kName = 256;
@@ -245,11 +267,8 @@ int run_calibrate(const std::vector<std::string>& args) {
     }
     all.barrier();
     return kExitOk;
-  } catch (const Error& e) {
-    int code =
-        report_error(static_cast<int>(e.status()), (size > 1 ? "rank " + std::to_string(rank) + ": " : "") + e.what());
-    if (size > 1) world.abort(code);
-    return code;
+  } catch (const std::exception&) {
+    return fail_rank(world, std::current_exception());
   }
 }
 

@@ -14,6 +14,7 @@
 #include "core/train/trainer.hpp"
 #include "tools/braid/commands.hpp"
 #include "tools/braid/plan_options.hpp"
+#include "tools/braid/rank_error.hpp"
 
 namespace po = boost::program_options;
 
@@ -121,22 +122,7 @@ int run_train(const std::vector<std::string>& args) {
 
   runtime::World world = runtime::World::from_plugin("mpi");
   const int rank = world.rank();
-  // Reports an error of this rank; with several ranks, ends them all at once: the others may
-  // be waiting for this one in a receive or a collective.
-  const auto fail = [&](const std::exception_ptr& error) {
-    int code = kExitInternal;
-    try {
-      std::rethrow_exception(error);
-    } catch (const Error& e) {
-      const std::string where = world.size() > 1 ? "rank " + std::to_string(rank) + ": " : "";
-      code = report_error(static_cast<int>(e.status()), where + e.what());
-    } catch (const std::exception& e) {
-      code = report_error(static_cast<int>(Status::internal),
-                          "rank " + std::to_string(rank) + ": internal error: " + e.what());
-    }
-    if (world.size() > 1) world.abort(code);
-    return code;
-  };
+  const auto fail = [&](const std::exception_ptr& error) { return fail_rank(world, error); };
   try {
     train::TrainOptions o;
     o.run = train::fit_cluster_to_world(plan_opts.load_run(), world.size());
