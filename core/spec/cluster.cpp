@@ -50,40 +50,40 @@ LinkSpec parse_link(const Node& n, bool inter) {
   return link;
 }
 
-// A GEMM-efficiency table: [gflop, fraction of peak] rows by increasing size.
-std::vector<std::pair<double, double>> parse_gemm_table(const Node& n, const std::string& key) {
+// What one kind of [size, value] table holds, for its messages.
+struct TableKind {
+  const char* size;    // "gflop", "MiB"
+  const char* row;     // "[gflop, fraction of peak]"
+  const char* short_;  // "[gflop, fraction]"
+  bool fraction;       // values are fractions of a peak (else positive rates)
+};
+constexpr TableKind kGemmTable{"gflop", "[gflop, fraction of peak]", "[gflop, fraction]", true};
+constexpr TableKind kElementwiseTable{"MiB", "[MiB moved, GB/s achieved]", "[MiB, GB/s]", false};
+
+// A [size, value] table (GEMM efficiency by GFLOP, element-wise rate by MiB): rows by increasing size.
+std::vector<std::pair<double, double>> parse_table(const Node& n, const std::string& key, const TableKind& kind) {
   std::vector<std::pair<double, double>> table;
   for (const auto& row : n.items()) {
     auto cells = row.items();
-    if (cells.size() != 2) row.fail("each " + key + " row is [gflop, fraction of peak]");
+    if (cells.size() != 2) row.fail("each " + key + " row is " + kind.row);
     double size = cells[0].as_positive();
-    double eff = cells[1].as_fraction();
+    double value = kind.fraction ? cells[1].as_fraction() : cells[1].as_positive();
     if (!table.empty() && size <= table.back().first) {
-      cells[0].fail(key + " rows must be sorted by increasing gflop");
+      cells[0].fail(key + " rows must be sorted by increasing " + kind.size);
     }
-    table.emplace_back(size, eff);
+    table.emplace_back(size, value);
   }
-  if (table.empty()) n.fail("needs at least one [gflop, fraction] row");
+  if (table.empty()) n.fail(std::string("needs at least one ") + kind.short_ + " row");
   return table;
 }
 
 EfficiencyTable parse_efficiency(const Node& n) {
   n.expect_keys({"gemm", "gemm_fp8", "memory", "elementwise", "flash_attention_forward", "flash_attention_backward"});
   EfficiencyTable t;
-  t.gemm = parse_gemm_table(n.at("gemm"), "gemm");
-  if (auto f = n.find("gemm_fp8")) t.gemm_fp8 = parse_gemm_table(*f, "gemm_fp8");
+  t.gemm = parse_table(n.at("gemm"), "gemm", kGemmTable);
+  if (auto f = n.find("gemm_fp8")) t.gemm_fp8 = parse_table(*f, "gemm_fp8", kGemmTable);
   if (auto m = n.find("memory")) t.memory = m->as_fraction();
-  if (auto e = n.find("elementwise")) {
-    for (const auto& row : e->items()) {
-      auto cells = row.items();
-      if (cells.size() != 2) row.fail("each elementwise row is [MiB moved, GB/s achieved]");
-      double mib = cells[0].as_positive(), gbs = cells[1].as_positive();
-      if (!t.elementwise.empty() && mib <= t.elementwise.back().first)
-        cells[0].fail("elementwise rows must be sorted by increasing MiB");
-      t.elementwise.emplace_back(mib, gbs);
-    }
-    if (t.elementwise.empty()) e->fail("needs at least one [MiB, GB/s] row");
-  }
+  if (auto e = n.find("elementwise")) t.elementwise = parse_table(*e, "elementwise", kElementwiseTable);
   if (auto f = n.find("flash_attention_forward")) t.flash_attention_forward = f->as_fraction();
   if (auto b = n.find("flash_attention_backward")) t.flash_attention_backward = b->as_fraction();
   return t;
