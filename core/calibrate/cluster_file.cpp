@@ -86,6 +86,13 @@ Fitted fit(const Calibration& c) {
   f.attention_backward = std::min(1.0, median(backward));
   f.intra = fit_link(c.intra, false);
   if (!c.inter.empty()) f.inter = fit_link(c.inter, true);
+  if (!c.crowded_gemms.empty() && c.crowded_gemms.size() == c.gemms.size()) {
+    const double oversubscribed = double(c.per_node) * c.threads / c.cores;
+    std::vector<double> slower;
+    for (std::size_t i = 0; i < c.gemms.size(); ++i)
+      slower.push_back(c.crowded_gemms[i].seconds / (c.gemms[i].seconds * oversubscribed));
+    f.shared_core_efficiency = std::clamp(1 / median(slower), 0.05, 1.0);
+  }
   return f;
 }
 
@@ -93,8 +100,11 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
   std::string y;
   y += "# Measured by `braid calibrate` on " + c.host + " at " + c.when_utc + ":\n";
   y += "# " + std::to_string(c.processes) + " process(es) on " + std::to_string(c.nodes) + " host(s) (" +
-       std::to_string(c.per_node) + " per host), " + std::to_string(c.threads) +
-       " thread(s) each, all measuring at once;\n";
+       std::to_string(c.per_node) + " per host), " + std::to_string(c.threads) + " thread(s) each, " +
+       (c.per_turn >= c.per_node ? std::string("all measuring at once")
+                                 : "measuring compute " + std::to_string(c.per_turn) + " at a time per host (" +
+                                       std::to_string(c.cores) + " cores)") +
+       ";\n";
   y += "# CPU: " + c.cpu + "; communication: " + c.communication + ".\n";
   y += "# Every figure is the cost model's own parameter fitted to timings of braid's host ops (core/nn)\n";
   y += "# and of its communication plugin on this machine" + std::string(c.quick ? " (--quick: short ladders)" : "") +
@@ -106,7 +116,8 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
   y += "  name: " + quoted(c.cpu + ", one process (float32, OpenBLAS)") + "\n";
   y += "  # The host's RAM shared by the processes on it.\n";
   y += "  memory_gib: " + num(c.memory_per_process_bytes / kGiB) + "\n";
-  y += "  # STREAM-style triad over arrays far larger than the caches, every process at once.\n";
+  y += "  # STREAM-style triad over arrays far larger than the caches, " +
+       std::string(c.per_turn >= c.per_node ? "every process at once" : "as many processes at once as cores") + ".\n";
   y += "  memory_bandwidth_gbs: " + num(f.memory_bandwidth / 1e9) + "\n";
   y += "  # The best rate of the linear op's GEMMs below (the host ops compute in float32 at any\n";
   y += "  # precision, so every precision gets the float32 figure).\n";
@@ -140,6 +151,16 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
   y += "  flash_attention_backward: " + num(f.attention_backward) + "\n";
   y += "# Resident memory of one process before it held any tensor (runtime, MPI, OpenBLAS).\n";
   y += "memory_reserved_gib: " + num(c.reserved_bytes / kGiB) + "\n";
+  if (c.per_turn < c.per_node) {
+    y += "# More threads than cores on a host: the compute figures above are those of a process\n";
+    y += "# measuring while the others waited; the simulator slows down work that runs side by side.\n";
+    y += "shared_cores:\n";
+    y += "  cores_per_node: " + std::to_string(c.cores) + "\n";
+    y += "  threads_per_device: " + std::to_string(c.threads) + "\n";
+    y += "  # The GEMM ladder with every process at once against in turns: the share of the cores'\n";
+    y += "  # time that turns into work when more threads than cores compute (time-slicing, caches).\n";
+    y += "  efficiency: " + num(f.shared_core_efficiency) + "\n";
+  }
   return y;
 }
 
@@ -170,6 +191,8 @@ nlohmann::ordered_json to_json(const Calibration& c, const Fitted& f) {
   j["nodes"] = c.nodes;
   j["processes_per_node"] = c.per_node;
   j["threads"] = c.threads;
+  j["cores_per_node"] = c.cores;
+  j["measuring_at_once_per_node"] = c.per_turn;
   j["quick"] = c.quick;
   j["fitted"] = {{"peak_flops", f.peak_flops},
                  {"gemm", f.gemm},
@@ -177,11 +200,13 @@ nlohmann::ordered_json to_json(const Calibration& c, const Fitted& f) {
                  {"elementwise_mib_gbs", f.elementwise},
                  {"attention_forward", f.attention_forward},
                  {"attention_backward", f.attention_backward},
+                 {"shared_core_efficiency", f.shared_core_efficiency},
                  {"intra_node", fit_json(f.intra)}};
   if (f.inter) j["fitted"]["inter_node"] = fit_json(*f.inter);
-  j["timings"] = {
-      {"gemm", timings(c.gemms)},          {"memory", timings({c.memory})}, {"elementwise", timings(c.elementwise)},
-      {"attention", timings(c.attention)}, {"intra_node", links(c.intra)},  {"inter_node", links(c.inter)}};
+  j["timings"] = {{"gemm", timings(c.gemms)},          {"gemm_every_process_at_once", timings(c.crowded_gemms)},
+                  {"memory", timings({c.memory})},     {"elementwise", timings(c.elementwise)},
+                  {"attention", timings(c.attention)}, {"intra_node", links(c.intra)},
+                  {"inter_node", links(c.inter)}};
   return j;
 }
 

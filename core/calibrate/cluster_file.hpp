@@ -18,12 +18,16 @@ struct Calibration {
   // Where and when.
   std::string host, cpu, when_utc, communication;
   int processes = 1, nodes = 1, per_node = 1, threads = 1;
+  int cores = 1;     // hardware threads of a host
+  int per_turn = 1;  // processes of a host measuring compute at once (per_node, or fewer on shared cores)
   bool quick = false;
   double memory_per_process_bytes = 0;  // the host's RAM shared by the processes on it
   double reserved_bytes = 0;            // resident before any tensor: runtime, MPI, BLAS buffers
   // Raw timings: compute, the mean over the processes (all measuring at once); links, the
   // slowest member's.
   std::vector<Timing> gemms, elementwise, attention;
+  // On shared cores (per_turn < per_node): the GEMM ladder again, every process at once.
+  std::vector<Timing> crowded_gemms;
   Timing memory;
   std::vector<LinkTiming> intra, inter;  // inter: empty on one host
 };
@@ -37,6 +41,9 @@ struct Fitted {
   double attention_forward = 0, attention_backward = 0;  // fraction of peak
   LinkFit intra;
   std::optional<LinkFit> inter;
+  // Shared cores: the share of its cores' time a host turns into work when every process
+  // computes at once (1 / the median of crowded time over turn time x oversubscription).
+  double shared_core_efficiency = 1;
 };
 
 Fitted fit(const Calibration& c);

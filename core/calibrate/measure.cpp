@@ -78,6 +78,8 @@ double time_call(const std::function<void()>& run, double min_seconds, int batch
   return means[means.size() / 2];
 }
 
+int gemm_case_count(const ComputeOptions& o) { return static_cast<int>(gemm_shapes(o).size()); }
+
 int compute_case_count(const ComputeOptions& o) {
   return static_cast<int>(gemm_shapes(o).size() + 1 + elementwise_sizes(o).size() + 2 * attention_shapes(o).size());
 }

@@ -43,7 +43,9 @@ std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook&
 // cost model counts them (4 s^2 d per head forward; the backward priced as 2.5x that).
 std::vector<Timing> measure_attention(const ComputeOptions& o, const CaseHook& between);
 
-// How many cases each measure_* runs (for a progress bar that knows its end).
+// How many cases each measure_* runs (for a progress bar that knows its end), and how many
+// of them measure_gemms runs.
 int compute_case_count(const ComputeOptions& o);
+int gemm_case_count(const ComputeOptions& o);
 
 }  // namespace braid::calibrate

@@ -96,6 +96,11 @@ void finish(const cost::CostModel& cost, Program& p) {
   p.peak_flops = cost.device().peak_flops();
   p.devices = 0;
   for (const auto& s : p.stages) p.devices += s.replicas * s.devices_per_replica;
+  const spec::ClusterSpec& cluster = cost.run().cluster;
+  p.devices_per_node = cluster.devices_per_node;
+  p.cores_per_node = cluster.cores_per_node;
+  p.threads_per_device = cluster.threads_per_device;
+  p.shared_core_efficiency = cluster.shared_core_efficiency;
 }
 
 Program monolithic(const cost::CostModel& cost, const plan::Plan& plan, spec::Schedule schedule) {

@@ -135,6 +135,12 @@ struct Program {
   double model_flops = 0;   // per step, all devices (MFU numerator)
   double peak_flops = 0;    // per device
   int devices = 0;
+  // Devices that share their node's CPU cores (spec::ClusterSpec::cores_per_node): the
+  // simulator slows a compute instruction by the threads busy beside it. 0: no sharing.
+  int devices_per_node = 0;
+  int cores_per_node = 0;
+  int threads_per_device = 1;
+  double shared_core_efficiency = 1;
   std::vector<StageProgram> stages;
 
   // The stage that device `device` (a rank of the plan's world) runs. Throws

@@ -78,7 +78,7 @@ std::optional<Plan> search_disttrain(const cost::CostModel& cost, const Constrai
     std::vector<ModuleAnalysis> all;
     for (int d = 1; d <= n - 1; ++d) {
       if (!allowed_module_size(d, per_node)) continue;
-      for (auto& p : module_grids(cost, m, d, 1, Constraints{})) {
+      for (auto& p : module_grids(cost, m, d, 1, Constraints{0, c.encoder_pp, 0})) {
         const int llm_dp = slot / mb;
         if (slot % p.dp != 0 || (p.dp % llm_dp != 0 && llm_dp % p.dp != 0)) continue;  // even fan-in/out
         p.microbatch_size = slot / p.dp;

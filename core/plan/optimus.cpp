@@ -25,9 +25,9 @@ Plan colocated_llm_grid(const cost::CostModel& cost, int tp, int pp, int dp) {
 
 // Encoder grids compatible with an llm grid of (tp, pp) over `devices`.
 std::vector<ModulePlacement> colocated_encoder_grids(const cost::CostModel& cost, int m, int devices, int llm_tp,
-                                                     int llm_pp) {
+                                                     int llm_pp, int encoder_pp) {
   std::vector<ModulePlacement> out;
-  for (auto& p : module_grids(cost, m, devices, cost.run().training.microbatch, Constraints{})) {
+  for (auto& p : module_grids(cost, m, devices, cost.run().training.microbatch, Constraints{0, encoder_pp, 0})) {
     if (llm_tp % p.tp == 0 && llm_pp % p.pp == 0) out.push_back(std::move(p));
   }
   return out;
@@ -66,7 +66,7 @@ std::optional<Plan> search_optimus(const cost::CostModel& cost, const Constraint
       if (c.dp && dp != c.dp) continue;
       Plan base = colocated_llm_grid(cost, tp, pp, dp);
       std::vector<std::vector<ModulePlacement>> grids;
-      for (int e : encoders) grids.push_back(colocated_encoder_grids(cost, e, n, tp, pp));
+      for (int e : encoders) grids.push_back(colocated_encoder_grids(cost, e, n, tp, pp, c.encoder_pp));
       std::function<void(std::size_t, Plan&)> pick = [&](std::size_t k, Plan& plan) {
         if (k == grids.size()) {
           if (stats) ++stats->evaluated;

@@ -15,6 +15,9 @@ namespace braid::plan {
 // grid; disttrain and optimus to the llm; distmm to the largest encoder.
 struct Constraints {
   int tp = 0, pp = 0, dp = 0;
+  // Pipeline stages of an MLLM's modules other than its llm (encoders, projectors) under
+  // disttrain and optimus; 0: any. `braid train` sets 1 (train::trainable).
+  int encoder_pp = 0;
 };
 
 // Counts how much of the space a search visited, for benchmarks and tests.

@@ -1,11 +1,13 @@
 #include "core/sim/simulator.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <unordered_map>
 
 #include "core/common/error.hpp"
 #include "core/pipeline/validate.hpp"
+#include "core/sim/shared_cores.hpp"
 
 namespace braid::sim {
 
@@ -76,7 +78,10 @@ struct Collective {
 
 class Simulation {
  public:
-  Simulation(const Program& p, const Options& o) : p_(p), o_(o) {
+  // `slow`: multipliers of each compute instruction's time (shared cores), or null;
+  // `spans`: record when each compute instruction ran (spans()).
+  Simulation(const Program& p, const Options& o, const Slowdowns* slow = nullptr, bool spans = false)
+      : p_(p), o_(o), slow_(slow) {
     for (int s = 0; s < static_cast<int>(p.stages.size()); ++s) {
       first_rank_.push_back(static_cast<int>(ranks_.size()));
       for (int r = 0; r < p.stages[static_cast<std::size_t>(s)].replicas; ++r) {
@@ -84,6 +89,7 @@ class Simulation {
         k.stage = s;
         k.replica = r;
         ranks_.push_back(std::move(k));
+        if (spans) spans_.emplace_back(p.stages[static_cast<std::size_t>(s)].instructions.size());
       }
     }
     // Members of every collective, known before anyone arrives.
@@ -115,6 +121,8 @@ class Simulation {
     }
     return collect();
   }
+
+  const Spans& spans() const { return spans_; }
 
  private:
   const StageProgram& stage_of(const Rank& k) const { return p_.stages[static_cast<std::size_t>(k.stage)]; }
@@ -169,7 +177,6 @@ class Simulation {
           k.live -= it->second;
           k.stored.erase(it);
         }
-        if (i.op == Op::backward) k.last_backward = k.compute + busy + tp + shard;
       } else {
         busy = (i.flags & pipeline::kRecompute) ? u.recompute_s : u.forward_s;
         tp = u.forward_tp_s;
@@ -187,23 +194,32 @@ class Simulation {
       busy *= scale;
       tp *= scale;
     }
+    if (slow_ && !slow_->empty()) busy *= (*slow_)[static_cast<std::size_t>(r)][k.pc];
     if (i.op == Op::encoder_task && (i.flags & pipeline::kInTpBubble)) {
       // Runs on the compute units while the previous forward/backward waits on its
       // TP collectives: that wait turns into work; only what does not fit delays.
       const double absorbed = std::min(busy + tp, k.tp_slack);
       record(r, 0, k.compute - k.tp_slack, busy + tp);
+      span(r, k.compute - k.tp_slack, busy);
       k.tp_slack -= absorbed;
       k.busy += busy;
       k.direct[static_cast<int>(Cause::tp)] += tp - absorbed;
       k.compute += busy + tp - absorbed;
       return;
     }
+    if (i.op == Op::backward) k.last_backward = k.compute + busy + tp + shard;
     record(r, 0, k.compute, busy + tp + shard);
+    span(r, k.compute, busy);
     k.busy += busy;
     k.direct[static_cast<int>(Cause::tp)] += tp;
     k.direct[static_cast<int>(Cause::dp_shard)] += shard;
     k.compute += busy + tp + shard;
     k.tp_slack = (i.op == Op::forward || i.op == Op::backward) ? tp : 0;
+  }
+
+  void span(int r, double start, double busy) {
+    if (spans_.empty() || busy <= 0) return;
+    spans_[static_cast<std::size_t>(r)][ranks_[static_cast<std::size_t>(r)].pc] = {start, start + busy};
   }
 
   // The data-dependent load of microbatch `mb` on this rank (1 without per-sample sizes).
@@ -428,6 +444,8 @@ class Simulation {
 
   const Program& p_;
   Options o_;
+  const Slowdowns* slow_;
+  Spans spans_;
   std::vector<Rank> ranks_;
   std::vector<int> first_rank_;
   std::deque<int> runnable_;
@@ -437,12 +455,37 @@ class Simulation {
   long long events_ = 0;
 };
 
+// Fixed-point rounds of a shared-cores simulation (tiny CPU runs converge in 5-15).
+constexpr int kSharingRounds = 40;
+
 }  // namespace
 
 Result simulate(const Program& program, const Options& options) {
   pipeline::validate(program);
   if (program.stages.size() >= (1u << 12)) throw Error(Status::invalid_argument, "a program has at most 4095 stages");
-  return Simulation(program, options).run();
+  if (!SharedCores::applies(program)) return Simulation(program, options).run();
+  // Ranks sharing cores: each compute instruction's time depends on what computes beside
+  // it, which depends on the timeline. Iterate to the fixed point: simulate, take every
+  // instruction's slowdown from the load it overlapped, simulate again with half of the
+  // change (damping keeps two ranks that trade places from oscillating), until the step
+  // stops moving.
+  const SharedCores cores(program);
+  Slowdowns slow;
+  Result result;
+  double previous = -1;
+  for (int round = 0; round < kSharingRounds; ++round) {
+    Simulation s(program, options, &slow, true);
+    result = s.run();
+    if (std::abs(result.step_time_s - previous) <= 1e-4 * result.step_time_s) break;
+    previous = result.step_time_s;
+    Slowdowns next = cores.slowdowns(s.spans());
+    if (!slow.empty()) {
+      for (std::size_t r = 0; r < next.size(); ++r)
+        for (std::size_t i = 0; i < next[r].size(); ++i) next[r][i] = 0.5 * (next[r][i] + slow[r][i]);
+    }
+    slow = std::move(next);
+  }
+  return result;
 }
 
 }  // namespace braid::sim

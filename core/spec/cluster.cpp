@@ -92,8 +92,8 @@ EfficiencyTable parse_efficiency(const Node& n) {
 }  // namespace
 
 ClusterSpec parse_cluster(const Node& root) {
-  root.expect_keys(
-      {"name", "description", "nodes", "devices_per_node", "device", "links", "efficiency", "memory_reserved_gib"});
+  root.expect_keys({"name", "description", "nodes", "devices_per_node", "device", "links", "efficiency",
+                    "memory_reserved_gib", "shared_cores"});
   ClusterSpec c;
   c.source = root.source();
   c.name = root.at("name").as_string();
@@ -122,6 +122,12 @@ ClusterSpec parse_cluster(const Node& root) {
     if (v < 0) r->fail("must not be negative");
     c.reserved_memory_bytes = v * kGiB;
     if (c.reserved_memory_bytes >= c.memory_bytes) r->fail("reserves all of the device memory");
+  }
+  if (auto shared = root.find("shared_cores")) {
+    shared->expect_keys({"cores_per_node", "threads_per_device", "efficiency"});
+    c.cores_per_node = static_cast<int>(shared->at("cores_per_node").as_int_at_least(1));
+    if (auto t = shared->find("threads_per_device")) c.threads_per_device = static_cast<int>(t->as_int_at_least(1));
+    if (auto e = shared->find("efficiency")) c.shared_core_efficiency = e->as_fraction();
   }
   return c;
 }

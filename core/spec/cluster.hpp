@@ -51,6 +51,13 @@ struct ClusterSpec {
   LinkSpec intra_node;
   LinkSpec inter_node;
   EfficiencyTable efficiency;
+  // Devices that are processes sharing their node's CPU cores (a host running more
+  // processes x threads than it has cores, as `braid calibrate` finds): while more threads
+  // compute on a node than it has cores, a kernel runs at efficiency x cores / busy threads
+  // of its speed. 0: every device computes on units of its own (GPUs, a core per process).
+  int cores_per_node = 0;
+  int threads_per_device = 1;
+  double shared_core_efficiency = 1;  // of the cores' time, when more threads than cores compute
 
   int devices() const { return nodes * devices_per_node; }
   double peak_flops(Precision p) const;

@@ -6,6 +6,17 @@
 
 namespace braid::train {
 
+bool single_stage_only(const spec::ModelSpec& model, const spec::ModuleSpec& module) {
+  return model.topology != spec::Topology::contrastive && module.role != spec::Role::llm;
+}
+
+plan::Constraints trainable(const spec::ModelSpec& model, plan::Constraints asked) {
+  for (const auto& m : model.modules) {
+    if (single_stage_only(model, m) && m.role != spec::Role::loss) asked.encoder_pp = 1;
+  }
+  return asked;
+}
+
 int ModuleRole::rank_at(int stage_, int tp_rank_, int replica_) const {
   if (!grid) throw Error(Status::internal, "layout: '" + name + "' has no grid");
   runtime::Coords c{};
@@ -55,8 +66,7 @@ RankLayout layout_for(const spec::ModelSpec& model, const runtime::Topology& top
     }
     const runtime::ModuleGrid& grid = topology.modules[static_cast<std::size_t>(index)];
     const int tp = grid.grid.size_of(runtime::Axis::tp), pp = grid.grid.size_of(runtime::Axis::pp);
-    const bool clip = model.topology == spec::Topology::contrastive;
-    if (!clip && spec_module.role != spec::Role::llm && pp != 1)
+    if (single_stage_only(model, spec_module) && pp != 1)
       throw Error(Status::unsupported, "the CPU trainer runs '" + spec_module.name +
                                            "' in one pipeline stage: the plan gives it pp " + std::to_string(pp) +
                                            " (only the llm of an MLLM is pipelined)");

@@ -18,6 +18,7 @@
 
 #include "core/nn/modules/parameter.hpp"
 #include "core/plan/plan.hpp"
+#include "core/plan/strategies.hpp"
 #include "core/runtime/groups.hpp"
 #include "core/spec/model.hpp"
 
@@ -59,5 +60,12 @@ struct RankLayout {
 // CPU trainer does not execute (tensor or pipeline parallel), Error(bad_config) when the
 // plan's modules do not cover the model's trainable ones.
 RankLayout layout_for(const spec::ModelSpec& model, const runtime::Topology& topology, int rank);
+
+// True when the CPU trainer runs `module` of `model` only in one pipeline stage (an MLLM's
+// modules other than its llm): the one rule layout_for checks and trainable asks the planner for.
+bool single_stage_only(const spec::ModelSpec& model, const spec::ModuleSpec& module);
+// `asked` with what the CPU trainer needs of a plan it searches for (`braid train`), so the
+// planner never picks a layout layout_for would refuse.
+plan::Constraints trainable(const spec::ModelSpec& model, plan::Constraints asked);
 
 }  // namespace braid::train

@@ -2,12 +2,14 @@
 // communicator whose error handler is MPI_ERRORS_RETURN, so failures come back as
 // messages in last_error() instead of aborting the job.
 #include <mpi.h>
+#include <unistd.h>
 
 #include <climits>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <new>
 #include <string>
 #include <vector>
@@ -48,6 +50,7 @@ struct State {
   braid_comm_v1 world;            // a duplicate of MPI_COMM_WORLD
   MPI_Comm node = MPI_COMM_NULL;  // processes sharing memory with this one
   int local_rank = 0, local_size = 0;
+  bool sleepy_waits = false;  // wait by testing and sleeping (see wait_for)
   char error[1024] = "";
   char version[256] = "";
 };
@@ -134,6 +137,32 @@ int complete(braid_comm_request_v1* r, int code, const MPI_Status& status) {
   return result;
 }
 
+// How to wait. MPI_Wait polls, keeping a core busy; on a host with more processes than
+// cores that core is one a computing process beside it needs (Open MPI's yield when
+// oversubscribed hands it over only in part), so there a waiting process tests and sleeps
+// instead, at a cost of tens of microseconds per wait. BRAID_MPI_WAIT=spin|sleep overrides
+// the choice (default auto: sleep when the host's processes outnumber its cores).
+bool sleepy_waits(int local_size) {
+  const char* mode = std::getenv("BRAID_MPI_WAIT");
+  if (mode && std::strcmp(mode, "spin") == 0) return false;
+  if (mode && std::strcmp(mode, "sleep") == 0) return true;
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  return cores > 0 && local_size > cores;
+}
+
+int wait_for(MPI_Request* request, MPI_Status* status) {
+  if (!state.sleepy_waits) return MPI_Wait(request, status);
+  for (int polls = 0;; ++polls) {
+    int flag = 0;
+    const int code = MPI_Test(request, &flag, status);
+    if (code != MPI_SUCCESS || flag) return code;
+    if (polls >= 32) {
+      const timespec pause{0, 20 * 1000};
+      nanosleep(&pause, nullptr);
+    }
+  }
+}
+
 const char* last_error() { return state.error; }
 
 const char* backend_version() {
@@ -190,6 +219,7 @@ int init() {
   }
   MPI_Comm_rank(state.node, &state.local_rank);
   MPI_Comm_size(state.node, &state.local_size);
+  state.sleepy_waits = sleepy_waits(state.local_size);
   state.inits = 1;
   return 0;
 }
@@ -473,13 +503,17 @@ int test(braid_comm_request_v1* request, int32_t* done) {
 int wait(braid_comm_request_v1* request) {
   if (!request) return fail(MPI_ERR_REQUEST, "wait: request is NULL");
   MPI_Status status{};
-  int code = MPI_Wait(&request->request, &status);
+  int code = wait_for(&request->request, &status);
   return complete(request, code, status);
 }
 
 int barrier(braid_comm_v1* comm) {
   if (!comm) return bad_comm("barrier");
-  return check(MPI_Barrier(comm->comm), "MPI_Barrier");
+  if (!state.sleepy_waits) return check(MPI_Barrier(comm->comm), "MPI_Barrier");
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (int rc = check(MPI_Ibarrier(comm->comm, &request), "MPI_Ibarrier")) return rc;
+  MPI_Status status{};
+  return check(wait_for(&request, &status), "MPI_Ibarrier (wait)");
 }
 
 void abort_world(int32_t code) {

@@ -8,7 +8,12 @@
 #include "core/calibrate/cluster_file.hpp"
 #include "core/cost/comm.hpp"
 #include "core/cost/device.hpp"
+#include "core/orchestrate/planning.hpp"
+#include "core/orchestrate/program.hpp"
+#include "core/sim/simulator.hpp"
 #include "core/spec/cluster.hpp"
+#include "core/train/layout.hpp"
+#include "tests/unit/support.hpp"
 
 namespace braid {
 namespace {
@@ -64,6 +69,8 @@ calibrate::Calibration made_up() {
   c.communication = "mpi plugin (test)";
   c.processes = 2;
   c.per_node = 2;
+  c.cores = 4;
+  c.per_turn = 2;
   c.memory_per_process_bytes = 8.0 * (1 << 30);
   c.reserved_bytes = 20.0 * (1 << 20);
   const double peak = 80e9;
@@ -119,6 +126,70 @@ TEST(Calibrate, TheJsonCarriesEveryTimingAndFit) {
   EXPECT_EQ(j["timings"]["intra_node"].size(), c.intra.size());
   EXPECT_DOUBLE_EQ(j["fitted"]["peak_flops"].get<double>(), 80e9);
   EXPECT_FALSE(j["fitted"].contains("inter_node"));  // one host
+}
+
+TEST(Calibrate, ProcessesSharingTheCoresAreSimulatedSharingThem) {
+  // Enough cores: no shared_cores entry; every device computes on its own.
+  calibrate::Calibration c = made_up();
+  auto cluster_of = [](const calibrate::Calibration& k) {
+    const std::string yaml = calibrate::cluster_yaml(k, calibrate::fit(k), "made-up");
+    return std::make_pair(yaml, spec::parse_cluster(spec::parse_document(yaml, "<calibrated>")));
+  };
+  auto [roomy_yaml, roomy] = cluster_of(c);
+  EXPECT_EQ(roomy_yaml.find("shared_cores"), std::string::npos);
+  EXPECT_EQ(roomy.cores_per_node, 0);
+  // Four processes on two cores: they measured two at a time, and the file says so.
+  c.processes = c.per_node = 4;
+  c.cores = c.per_turn = 2;
+  auto [shared_yaml, shared] = cluster_of(c);
+  EXPECT_NE(shared_yaml.find("measuring compute 2 at a time per host (2 cores)"), std::string::npos);
+  EXPECT_EQ(shared.cores_per_node, 2);
+  EXPECT_EQ(shared.threads_per_device, 1);
+  // The programs of a run priced on it carry the sharing, and their simulated step is
+  // slower than on cores of their own, by at most the oversubscription.
+  spec::RunSpec run = test::load("tiny-mllm.yaml");
+  shared.nodes = 1;
+  run.cluster = shared;
+  const cost::CostModel cost(run);
+  const plan::Plan plan =
+      orchestrate::make_plan(cost, plan::PlanRequest{plan::Strategy::megatron, plan::Constraints{1, 2, 2}, {}}).best;
+  pipeline::Program program = orchestrate::build_program(cost, plan);
+  EXPECT_EQ(program.cores_per_node, 2);
+  EXPECT_EQ(program.devices_per_node, 4);
+  const double on_shared = sim::simulate(program).step_time_s;
+  program.cores_per_node = 0;
+  const double alone = sim::simulate(program).step_time_s;
+  EXPECT_GT(on_shared, 1.2 * alone);
+  EXPECT_LE(on_shared, 2 * alone * (1 + 1e-6));
+  // A core count of zero is refused, naming the field.
+  std::string bad = shared_yaml;
+  bad.replace(bad.find("cores_per_node: 2"), 17, "cores_per_node: 0");
+  test::expect_error([&] { spec::parse_cluster(spec::parse_document(bad, "<calibrated>")); }, Status::bad_config,
+                     {"shared_cores.cores_per_node"});
+}
+
+TEST(Calibrate, TrainAsksThePlannerForLayoutsTheTrainerRuns) {
+  // The CPU trainer runs an MLLM's encoder and projector in one pipeline stage: `braid
+  // train`'s request says so, so every strategy's plan is one layout_for accepts. On
+  // ViT-22B + GPT-175B run the unconstrained searches pipeline the encoder.
+  const spec::RunSpec run = test::load("vit22b-gpt175b-1536gpu.yaml");
+  const cost::CostModel cost(run);
+  bool pipelined_without = false;
+  for (plan::Strategy s : {plan::Strategy::disttrain, plan::Strategy::optimus}) {
+    SCOPED_TRACE(plan::strategy_name(s));
+    auto non_llm_pp = [&](const plan::Plan& p) {
+      int most = 1;
+      for (const auto& m : p.modules)
+        if (m.role != spec::Role::llm) most = std::max(most, m.pp);
+      return most;
+    };
+    pipelined_without |= non_llm_pp(orchestrate::make_plan(cost, plan::PlanRequest{s, {}, {}}).best) > 1;
+    const plan::Constraints asked = train::trainable(run.model, {});
+    EXPECT_EQ(asked.encoder_pp, 1);
+    EXPECT_EQ(non_llm_pp(orchestrate::make_plan(cost, plan::PlanRequest{s, asked, {}}).best), 1);
+  }
+  EXPECT_TRUE(pipelined_without);
+  EXPECT_EQ(train::trainable(test::load("tiny-clip.yaml").model, {}).encoder_pp, 0);  // CLIP towers pipeline
 }
 
 }  // namespace

@@ -412,3 +412,56 @@ TEST(Pipeline, OrderingOnlyMessagesCostNothing) {
 
 }  // namespace
 }  // namespace braid
+
+namespace braid {
+namespace {
+
+// Processes sharing one host's cores (spec::ClusterSpec::cores_per_node): each stage on
+// its own device, every device on one node of `cores` cores.
+Program on_shared_cores(Program prog, int cores) {
+  int device = 0;
+  for (auto& st : prog.stages) {
+    st.first_device = device;
+    st.device_stride = st.devices_per_replica;
+    device += st.replicas * st.devices_per_replica;
+  }
+  prog.devices = device;
+  prog.devices_per_node = device;
+  prog.cores_per_node = cores;
+  return prog;
+}
+
+TEST(SharedCores, ReplicasComputingTogetherTakeTurns) {
+  // Four DP replicas, all computing at once on two cores: each at half speed.
+  Program prog = uniform(1);
+  prog.stages[0].replicas = 4;
+  pipeline::one_f_one_b(prog, 2);
+  pipeline::finish_step(prog);
+  EXPECT_NEAR(sim::simulate(prog).step_time_s, 6.0, 1e-9);  // no sharing: 2 x (1 + 2)
+  EXPECT_NEAR(sim::simulate(on_shared_cores(prog, 2)).step_time_s, 12.0, 1e-6);
+  EXPECT_NEAR(sim::simulate(on_shared_cores(prog, 4)).step_time_s, 6.0, 1e-9);  // a core each
+  EXPECT_NEAR(sim::simulate(on_shared_cores(prog, 1)).step_time_s, 24.0, 1e-6);
+}
+
+TEST(SharedCores, APipelineOnOneCoreIsBoundByItsWork) {
+  // Two stages on one core: the core does all 2 x m x 3 seconds of work, and a stage that
+  // waits lends it to the other, so the step stays near the work, far below twice the
+  // unshared step (what every rank at half speed would give).
+  for (int m : {1, 4, 16}) {
+    SCOPED_TRACE("m " + std::to_string(m));
+    Program prog = uniform(2);
+    pipeline::one_f_one_b(prog, m);
+    pipeline::finish_step(prog);
+    const double alone = sim::simulate(prog).step_time_s, work = 2.0 * m * 3.0;
+    const double shared = sim::simulate(on_shared_cores(prog, 1)).step_time_s;
+    EXPECT_GE(shared, work * (1 - 1e-3));
+    EXPECT_LE(shared, work * 1.05);
+    EXPECT_LT(shared, 2 * alone);
+    if (m == 1) {
+      EXPECT_NEAR(shared, alone, 1e-9);  // nothing overlaps: nothing slows
+    }
+  }
+}
+
+}  // namespace
+}  // namespace braid

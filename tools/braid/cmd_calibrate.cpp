@@ -112,6 +112,38 @@ class Progress {
   std::string phase_;
 };
 
+// Processes that take turns on their host's cores while they measure compute: with more
+// processes x threads on a host than it has cores, `per_turn` of them measure a case at
+// once while the others wait in a barrier (as a waiting rank waits on its messages in a
+// step), so the figures are those of a process with cores of its own; the cluster file's
+// `shared_cores` lets the simulator slow down what runs side by side. Every case is
+// `turns` barrier-separated phases; the rank measures in phase `mine`.
+class Turns {
+ public:
+  Turns(runtime::Communicator& all, int local_index, int per_turn, int per_host)
+      : all_(all), turns_((per_host + per_turn - 1) / per_turn), mine_(local_index / per_turn) {}
+  // Before case: finish the previous case's phases after this rank's, then wait out the
+  // phases before it (the first case starts with every process in step).
+  void before_case() {
+    barriers(started_ ? turns_ - mine_ : 1);
+    barriers(mine_);
+    started_ = true;
+  }
+  // After the last case of a measurement.
+  void end() {
+    if (started_) barriers(turns_ - mine_);
+    started_ = false;
+  }
+
+ private:
+  void barriers(int n) {
+    for (int i = 0; i < n; ++i) all_.barrier();
+  }
+  runtime::Communicator& all_;
+  int turns_, mine_;
+  bool started_ = false;
+};
+
 // Each process's figures averaged over the world: what one process achieves while all run.
 void average_seconds(runtime::Communicator& world, std::vector<calibrate::Timing>& timings) {
   std::vector<double> s;
@@ -222,32 +254,49 @@ int run_calibrate(const std::vector<std::string>& args) {
     all.allreduce(std::span<double>(resident), runtime::ReduceOp::max);
     c.reserved_bytes = resident[0];
 
+    c.cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    const std::vector<int>& mates = ranks_on[host_of[static_cast<std::size_t>(rank)]];
+    const int local_index = static_cast<int>(std::find(mates.begin(), mates.end(), rank) - mates.begin());
+    c.per_turn = std::min(c.per_node, std::max(1, c.cores / c.threads));
+    Turns turns(all, local_index, c.per_turn, c.per_node);
     const calibrate::ComputeOptions compute{c.threads, c.quick};
     const int link_sets = (local.size() >= 2 ? 1 : 0) + (firsts.size() >= 2 ? 1 : 0);
-    Progress progress(rank == 0 && !vm.count("quiet"),
-                      calibrate::compute_case_count(compute) + link_sets * calibrate::link_case_count(c.quick));
-    auto hook = [&](const std::string& phase, bool barrier) {
-      return [&, phase, barrier](int, int, const std::string& what) {
-        if (barrier) all.barrier();  // every process on the same case at once
+    const bool shared = c.per_turn < c.per_node;
+    Progress progress(rank == 0 && !vm.count("quiet"), calibrate::compute_case_count(compute) +
+                                                           (shared ? calibrate::gemm_case_count(compute) : 0) +
+                                                           link_sets * calibrate::link_case_count(c.quick));
+    enum class Together { in_turns, everyone, no };
+    auto hook = [&](const std::string& phase, Together together) {
+      return [&, phase, together](int, int, const std::string& what) {
+        if (together == Together::in_turns) turns.before_case();  // a turn's processes on one case at once
+        if (together == Together::everyone) all.barrier();
         progress.step(phase, what);
       };
     };
-    c.gemms = calibrate::measure_gemms(compute, hook("GEMMs", true));
-    c.memory = calibrate::measure_memory_bandwidth(compute, hook("memory bandwidth", true));
-    c.elementwise = calibrate::measure_elementwise(compute, hook("element-wise kernels", true));
-    c.attention = calibrate::measure_attention(compute, hook("attention", true));
-    for (auto* timings : {&c.gemms, &c.elementwise, &c.attention}) average_seconds(all, *timings);
+    c.gemms = calibrate::measure_gemms(compute, hook("GEMMs", Together::in_turns));
+    turns.end();
+    // Taking turns measured a process with cores of its own; what crowding costs on top of
+    // the time-slicing comes from the same ladder with everyone at once.
+    if (shared)
+      c.crowded_gemms = calibrate::measure_gemms(compute, hook("GEMMs, every process at once", Together::everyone));
+    c.memory = calibrate::measure_memory_bandwidth(compute, hook("memory bandwidth", Together::in_turns));
+    turns.end();
+    c.elementwise = calibrate::measure_elementwise(compute, hook("element-wise kernels", Together::in_turns));
+    turns.end();
+    c.attention = calibrate::measure_attention(compute, hook("attention", Together::in_turns));
+    turns.end();
+    for (auto* timings : {&c.gemms, &c.crowded_gemms, &c.elementwise, &c.attention}) average_seconds(all, *timings);
     std::vector<calibrate::Timing> memory = {c.memory};
     average_seconds(all, memory);
     c.memory = memory.front();
     // Links inside rank 0's host (its first two ranks; collectives over all of them), then
     // between hosts (their first ranks).
     if (local.size() >= 2)
-      c.intra =
-          calibrate::measure_links(world, {local[0], local[1]}, local, c.quick, hook("links within a host", false));
+      c.intra = calibrate::measure_links(world, {local[0], local[1]}, local, c.quick,
+                                         hook("links within a host", Together::no));
     if (firsts.size() >= 2)
-      c.inter =
-          calibrate::measure_links(world, {firsts[0], firsts[1]}, firsts, c.quick, hook("links between hosts", false));
+      c.inter = calibrate::measure_links(world, {firsts[0], firsts[1]}, firsts, c.quick,
+                                         hook("links between hosts", Together::no));
     if (c.intra.empty()) c.intra = c.inter;  // one process per host: only the network was measured
     progress.finish();
 

@@ -11,6 +11,7 @@
 #include "core/orchestrate/planning.hpp"
 #include "core/orchestrate/program.hpp"
 #include "core/runtime/world.hpp"
+#include "core/train/layout.hpp"
 #include "core/train/trainer.hpp"
 #include "tools/braid/commands.hpp"
 #include "tools/braid/plan_options.hpp"
@@ -127,7 +128,9 @@ int run_train(const std::vector<std::string>& args) {
     train::TrainOptions o;
     o.run = train::fit_cluster_to_world(plan_opts.load_run(), world.size());
     const cost::CostModel cost(o.run);
-    o.plan = orchestrate::make_plan(cost, plan_opts.request(o.run)).best;
+    plan::PlanRequest request = plan_opts.request(o.run);
+    request.constraints = train::trainable(o.run.model, request.constraints);
+    o.plan = orchestrate::make_plan(cost, request).best;
     o.steps = steps;
     if (seed >= 0) o.seed = static_cast<std::uint64_t>(seed);
     o.metrics_path = metrics;
