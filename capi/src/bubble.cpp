@@ -83,6 +83,15 @@ BRAID_API braid_status braid_bubble_scheduler_report(const braid_bubble_schedule
   v.placements = r.rounds;
   v.encoder_tasks = r.encoder_tasks;
   v.tp_bubble_tasks = r.tp_bubble_tasks;
+  v.llm_step_s = r.llm_step_s;
+  v.llm_idle_s = r.llm_idle_s;
+  v.encoder_s = r.encoder_s;
+  for (const auto& [share, out] :
+       {std::pair{&r.bubble_filled, v.bubble_filled}, {&r.encoder_hidden, v.encoder_hidden}}) {
+    out[0] = share->plain;
+    out[1] = share->coarse;
+    out[2] = share->fine;
+  }
   braid::capi::copy_out(v, report);
   return BRAID_OK;
   BRAID_API_END

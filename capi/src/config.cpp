@@ -71,6 +71,9 @@ const char* settings_field(const std::string& run_field) {
       {"training.zero_stage", "zero_stage"},
       {"training.schedule", "schedule"},
       {"training.virtual_stages", "virtual_stages"},
+      {"training.overlap_param_gather", "overlap_param_gather"},
+      {"training.tp_comm_overlap", "tp_comm_overlap"},
+      {"training.fp8", "fp8"},
       {"data.image.resolution", "image_resolution"},
       {"data.text.tokens", "text_tokens"},
       {"data.audio.tokens", "audio_tokens"},
@@ -96,6 +99,10 @@ braid_run_settings settings_of(const braid::spec::RunSpec& run) {
   v.schedule = braid::spec::schedule_name(t.schedule);  // static storage
   v.virtual_stages = t.virtual_stages;
   v.overlap_grad_reduce = t.overlap_grad_reduce ? 1 : 0;
+  v.overlap_param_gather = t.overlap_param_gather ? 1 : 0;
+  v.tp_comm_overlap = t.tp_comm_overlap ? 1 : 0;
+  v.fused_kernels = t.fused_kernels ? 1 : 0;
+  v.fp8 = t.fp8 ? 1 : 0;
   v.image_resolution = d.image_resolution;
   v.text_tokens = d.text_tokens;
   v.audio_tokens = d.audio_tokens;
@@ -180,7 +187,11 @@ BRAID_API braid_status braid_config_set_run_settings(braid_config* config, const
         enum_problem("attention", raw(s.attention), BRAID_ATTENTION_STANDARD,
                      "BRAID_ATTENTION_FLASH or BRAID_ATTENTION_STANDARD"),
         flag_problem("sequence_parallel", "training.sequence_parallel", s.sequence_parallel),
-        flag_problem("overlap_grad_reduce", "training.overlap_grad_reduce", s.overlap_grad_reduce)})
+        flag_problem("overlap_grad_reduce", "training.overlap_grad_reduce", s.overlap_grad_reduce),
+        flag_problem("overlap_param_gather", "training.overlap_param_gather", s.overlap_param_gather),
+        flag_problem("tp_comm_overlap", "training.tp_comm_overlap", s.tp_comm_overlap),
+        flag_problem("fused_kernels", "training.fused_kernels", s.fused_kernels),
+        flag_problem("fp8", "training.fp8", s.fp8)})
     BRAID_REQUIRE(problem.empty(), problem);
 
   braid::spec::RunSpec run = now->run;
@@ -208,6 +219,10 @@ BRAID_API braid_status braid_config_set_run_settings(braid_config* config, const
   }
   t.virtual_stages = s.virtual_stages;
   t.overlap_grad_reduce = s.overlap_grad_reduce == 1;
+  t.overlap_param_gather = s.overlap_param_gather == 1;
+  t.tp_comm_overlap = s.tp_comm_overlap == 1;
+  t.fused_kernels = s.fused_kernels == 1;
+  t.fp8 = s.fp8 == 1;
   d.image_resolution = s.image_resolution;
   d.text_tokens = s.text_tokens;
   d.audio_tokens = s.audio_tokens;
@@ -215,6 +230,7 @@ BRAID_API braid_status braid_config_set_run_settings(braid_config* config, const
 
   // The run file's own checks, with its messages.
   auto problem = braid::spec::check_training(t, run.model);
+  if (!problem) problem = braid::spec::check_training_on(t, run.cluster);
   if (!problem) problem = braid::spec::check_input_sizes(d, run.model);
   BRAID_REQUIRE(!problem, problem ? std::string("settings->") + settings_field(problem->field) + " (" + problem->field +
                                         "): " + problem->message

@@ -280,11 +280,8 @@ RunSpec parse_root(const Node& root, const std::string& base_dir) {
     root.at("training").at("contrastive_batch").fail("only applies to models with a contrastive loss");
   }
   if (auto problem = check_training(run.training, run.model)) field_at(root, problem->field).fail(problem->message);
-  if (run.training.fp8 && run.cluster.peak_flops_fp8 <= 0) {
-    root.at("training")
-        .at("fp8")
-        .fail("cluster '" + run.cluster.name + "' gives no FP8 peak: add `fp8` to device.peak_tflops in its file");
-  }
+  if (auto problem = check_training_on(run.training, run.cluster))
+    field_at(root, problem->field).fail(problem->message);
   run.data = parse_data(root.at("data"), run.model);
   if (auto problem = check_input_sizes(run.data, run.model)) field_at(root, problem->field).fail(problem->message);
   if (auto t = root.find("trainer")) run.trainer = parse_trainer(*t);
@@ -340,6 +337,13 @@ std::optional<FieldProblem> check_training(const TrainingSpec& t, const ModelSpe
     return problem("tp_comm_overlap", "needs sequence_parallel: true (it overlaps sequence parallelism's collectives)");
   if (t.fp8 && t.precision == Precision::fp32)
     return problem("fp8", "FP8 GEMMs need mixed precision (precision bf16 or fp16)");
+  return std::nullopt;
+}
+
+std::optional<FieldProblem> check_training_on(const TrainingSpec& t, const ClusterSpec& cluster) {
+  if (t.fp8 && cluster.peak_flops_fp8 <= 0)
+    return FieldProblem{"training.fp8", "cluster '" + cluster.name +
+                                            "' gives no FP8 peak: add `fp8` to device.peak_tflops in its file"};
   return std::nullopt;
 }
 

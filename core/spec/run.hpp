@@ -113,6 +113,8 @@ struct FieldProblem {
 // same messages for the same values. (The schedule, an enum here, is checked where it is
 // parsed: the run file takes 1f1b, interleaved or gpipe.)
 std::optional<FieldProblem> check_training(const TrainingSpec& t, const ModelSpec& model);
+// What the training settings need of the cluster (an FP8 peak for fp8), or nullopt.
+std::optional<FieldProblem> check_training_on(const TrainingSpec& t, const ClusterSpec& cluster);
 // Same for the nominal input sizes of `d`: every input `model` takes is at least 1 and on
 // its encoder's grid; an input it does not take is 0.
 std::optional<FieldProblem> check_input_sizes(const DataSpec& d, const ModelSpec& model);

@@ -8,6 +8,8 @@
  * never a crash.
  * Compiled as C99 with -Wall -Wextra -Wpedantic -Werror.
  * usage: test_capi LIBBRAID_SO SOURCE_DIR */
+#include <math.h>
+#include <stddef.h>
 #include <unistd.h>
 
 #include "capi_test.h"
@@ -903,6 +905,26 @@ static void test_bubble_mllm(const char* source_dir) {
         (before - after) - report.recovered_fine * before < 1e-9 * before);
   CHECK(report.scheduler_time_s > 0 && report.placements >= 3);
   CHECK(report.encoder_tasks > 0 && report.tp_bubble_tasks >= 0);
+  /* Against the llm alone: the shares follow from the step times and the encoder's seconds. */
+  CHECK(report.llm_step_s > 0 && report.llm_step_s <= report.fine_step_s * (1 + 1e-12) && report.encoder_s > 0 &&
+        report.llm_idle_s > 0);
+  const double steps[3] = {report.plain_step_s, report.coarse_step_s, report.fine_step_s};
+  for (int k = 0; k < 3; ++k) {
+    double hidden = report.encoder_s - (steps[k] - report.llm_step_s);
+    if (hidden < 0) hidden = 0;
+    CHECK(fabs(report.encoder_hidden[k] * report.encoder_s - hidden) < 1e-9 * report.encoder_s);
+    CHECK(fabs(report.bubble_filled[k] * report.llm_idle_s - hidden) < 1e-9 * report.llm_idle_s);
+  }
+  CHECK(report.encoder_hidden[2] >= report.encoder_hidden[0]);
+  /* A caller built before these fields (ABI 1.0's struct) gets the fields it knows only. */
+  struct {
+    braid_bubble_report known;
+    double guard;
+  } old = {BRAID_BUBBLE_REPORT_INIT, 7.0};
+  old.known.struct_size = offsetof(braid_bubble_report, llm_step_s);
+  old.known.llm_step_s = -1;
+  CHECK(api.bubble_scheduler_report(scheduler, &old.known) == BRAID_OK &&
+        old.known.plain_step_s == report.plain_step_s && old.known.llm_step_s == -1 && old.guard == 7.0);
 
   /* Idempotent: a second run changes nothing. */
   braid_bubble_report again = BRAID_BUBBLE_REPORT_INIT;

@@ -277,7 +277,7 @@ static void test_input_structs(void) {
   CHECK_ERROR("settings->version is 0");
   settings.version = BRAID_RUN_SETTINGS_VERSION + 1;
   CHECK(api.config_set_run_settings(h.config, &settings) == BRAID_ERR_UNSUPPORTED);
-  CHECK_ERROR("BRAID_RUN_SETTINGS_VERSION (1)");
+  CHECK_ERROR("BRAID_RUN_SETTINGS_VERSION (2)");
 }
 
 static void test_struct_sizes(void) {
@@ -728,7 +728,9 @@ static int same_settings(const braid_run_settings* a, const braid_run_settings* 
          a->sequence_parallel == b->sequence_parallel && a->virtual_stages == b->virtual_stages &&
          strcmp(a->schedule, b->schedule) == 0 && a->overlap_grad_reduce == b->overlap_grad_reduce &&
          a->image_resolution == b->image_resolution && a->text_tokens == b->text_tokens &&
-         a->audio_tokens == b->audio_tokens && a->generated_image_resolution == b->generated_image_resolution;
+         a->audio_tokens == b->audio_tokens && a->generated_image_resolution == b->generated_image_resolution &&
+         a->overlap_param_gather == b->overlap_param_gather && a->tp_comm_overlap == b->tp_comm_overlap &&
+         a->fused_kernels == b->fused_kernels && a->fp8 == b->fp8;
 }
 
 static void refuse(braid_config* config, const braid_run_settings* settings, const char* part) {
@@ -764,6 +766,7 @@ static void test_run_settings(void) {
   CHECK(s.attention == BRAID_ATTENTION_FLASH && s.sequence_parallel == 0 && s.overlap_grad_reduce == 0);
   CHECK(s.schedule && strcmp(s.schedule, "1f1b") == 0 && s.virtual_stages == 1);
   CHECK(s.image_resolution == 336 && s.text_tokens == 1472 && s.audio_tokens == 0 && s.generated_image_resolution == 0);
+  CHECK(s.overlap_param_gather == 0 && s.tp_comm_overlap == 0 && s.fused_kernels == 1 && s.fp8 == 0);
   /* Read back unchanged: setting what was read changes nothing. */
   CHECK(api.config_set_run_settings(config, &s) == BRAID_OK);
 
@@ -805,8 +808,46 @@ static void test_run_settings(void) {
   CHECK(api.config_set_run_settings(config, &changed) == BRAID_OK);
   CHECK(api.config_run_settings(config, &now) == BRAID_OK && strcmp(now.schedule, "gpipe") == 0);
 
-  /* Refused, with the run file's message for the same value, naming the field. */
+  /* The Megatron-Core settings (version 2), with the run file's checks. */
+  braid_run_settings core = now;
+  core.fused_kernels = 0;
+  core.zero_stage = 1;
+  core.overlap_grad_reduce = 1;
+  core.overlap_param_gather = 1;
+  CHECK(api.config_set_run_settings(config, &core) == BRAID_OK);
+  CHECK(api.config_run_settings(config, &now) == BRAID_OK && now.fused_kernels == 0 && now.overlap_param_gather == 1);
+  /* A version-1 caller's struct ends before them: they keep their values. */
+  braid_run_settings v1 = now;
+  v1.struct_size = offsetof(braid_run_settings, overlap_param_gather);
+  v1.version = 1;
+  v1.microbatch_size = 1;
+  CHECK(api.config_set_run_settings(config, &v1) == BRAID_OK);
+  CHECK(api.config_run_settings(config, &now) == BRAID_OK && now.microbatch_size == 1 && now.fused_kernels == 0 &&
+        now.overlap_param_gather == 1);
   braid_run_settings bad = now;
+  bad.fp8 = 2;
+  refuse(config, &bad, "settings->fp8 (training.fp8) is 2; set it to 0 or 1");
+  bad = now;
+  bad.fp8 = 1;
+  refuse(config, &bad, "settings->fp8 (training.fp8): cluster 'dgx-a100-80gb' gives no FP8 peak");
+  refused_by_run_file("{global_batch: 32, microbatch: 1, fp8: true}",
+                      "{image: {resolution: 336}, text: {tokens: 1472}}",
+                      "training.fp8: cluster 'dgx-a100-80gb' gives no FP8 peak");
+  bad = now;
+  bad.tp_comm_overlap = 1;
+  refuse(config, &bad, "settings->tp_comm_overlap (training.tp_comm_overlap): needs sequence_parallel: true");
+  bad = now;
+  bad.overlap_grad_reduce = 0;
+  refuse(config, &bad, "settings->overlap_param_gather (training.overlap_param_gather): needs overlap_grad_reduce");
+  core = now;
+  core.fused_kernels = 1;
+  core.overlap_param_gather = 0;
+  core.overlap_grad_reduce = 0;
+  CHECK(api.config_set_run_settings(config, &core) == BRAID_OK);
+  CHECK(api.config_run_settings(config, &now) == BRAID_OK);
+
+  /* Refused, with the run file's message for the same value, naming the field. */
+  bad = now;
   bad.microbatch_size = 0;
   refuse(config, &bad, "settings->microbatch_size (training.microbatch): must be at least 1 (got 0)");
   refused_by_run_file("{global_batch: 32, microbatch: 0}", "{image: {resolution: 336}, text: {tokens: 1472}}",

@@ -228,6 +228,8 @@ class RunSettingsTest(unittest.TestCase):
             self.assertEqual((s.image_resolution, s.text_tokens, s.audio_tokens), (336, 1472, 0))
             self.assertIn(s.schedule, braid.vocab.schedules())
             self.assertIs(s.sequence_parallel, False)
+            self.assertEqual((s.overlap_param_gather, s.tp_comm_overlap, s.fused_kernels, s.fp8),
+                             (False, False, True, False))
 
     def test_set_changes_later_plans_only(self):
         with llava_config() as config, config.plan("megatron", tp=8, pp=4) as before:
@@ -251,7 +253,12 @@ class RunSettingsTest(unittest.TestCase):
             with self.assertRaises(braid.InvalidArgumentError) as cm:
                 config.set_run_settings(recompute="ful")
             self.assertIn("full", str(cm.exception))
+            with self.assertRaises(braid.InvalidArgumentError) as cm:
+                config.set_run_settings(fp8=True)  # an A100 cluster
+            self.assertIn("training.fp8", str(cm.exception))
+            self.assertIn("gives no FP8 peak", str(cm.exception))
             self.assertEqual(config.run_settings, before)
+            self.assertIs(config.set_run_settings(fused_kernels=False).fused_kernels, False)
 
 
 class ErrorTest(unittest.TestCase):
@@ -673,6 +680,14 @@ class BubbleSchedulerTest(unittest.TestCase):
         self.assertAlmostEqual(r.recovered_fine, (before - after) / before, delta=1e-9)
         self.assertGreater(r.encoder_tasks, 0)
         self.assertGreaterEqual(r.placements, 3)
+        # Optimus' metric against the llm alone, per schedule (encoder-first, coarse, fine).
+        self.assertGreater(r.llm_step_s, 0)
+        self.assertGreater(r.encoder_s, 0)
+        for step, hidden, filled in zip((r.plain_step_s, r.coarse_step_s, r.fine_step_s), r.encoder_hidden,
+                                        r.bubble_filled):
+            h = max(0.0, r.encoder_s - (step - r.llm_step_s))
+            self.assertAlmostEqual(hidden * r.encoder_s, h, delta=1e-9 * r.encoder_s)
+            self.assertAlmostEqual(filled * r.llm_idle_s, h, delta=1e-9 * r.llm_idle_s)
         self.assertEqual(self.scheduler.run(), r)  # idempotent
         self.assertEqual(self.scheduler.report, r)
 

@@ -155,13 +155,18 @@ typedef struct braid_run_settings {
   int32_t text_tokens;                /* data.text.tokens */
   int32_t audio_tokens;               /* data.audio.tokens */
   int32_t generated_image_resolution; /* data.generated_image.resolution: a multiple of latent downsample x patch */
+  /* Version 2: Megatron-Core / TransformerEngine settings (docs/planner.md), each 0 or 1. */
+  int32_t overlap_param_gather; /* training.overlap_param_gather: needs zero_stage 1 or 2 and overlap_grad_reduce */
+  int32_t tp_comm_overlap;      /* training.tp_comm_overlap: needs sequence_parallel */
+  int32_t fused_kernels;        /* training.fused_kernels (1 by default) */
+  int32_t fp8;                  /* training.fp8: needs precision bf16 or fp16 and a cluster with an FP8 peak */
 } braid_run_settings;
 
-#define BRAID_RUN_SETTINGS_VERSION 1
-#define BRAID_RUN_SETTINGS_INIT                                                               \
-  {                                                                                           \
-    sizeof(braid_run_settings), BRAID_RUN_SETTINGS_VERSION, 0, 0, 0, BRAID_PRECISION_BF16, 0, \
-        BRAID_RECOMPUTE_SELECTIVE, BRAID_ATTENTION_FLASH, 0, NULL, 0, 0, 0, 0, 0, 0           \
+#define BRAID_RUN_SETTINGS_VERSION 2
+#define BRAID_RUN_SETTINGS_INIT                                                                 \
+  {                                                                                             \
+    sizeof(braid_run_settings), BRAID_RUN_SETTINGS_VERSION, 0, 0, 0, BRAID_PRECISION_BF16, 0,   \
+        BRAID_RECOMPUTE_SELECTIVE, BRAID_ATTENTION_FLASH, 0, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0 \
   }
 
 /* Reads the config's settings into `settings` (initialised with BRAID_RUN_SETTINGS_INIT;

@@ -80,10 +80,25 @@ typedef struct braid_bubble_report {
   int32_t placements;                          /* placements of the encoder tasks simulated */
   int64_t encoder_tasks;                       /* encoder tasks per step on the busiest device */
   int64_t tp_bubble_tasks; /* tasks of "optimus-fine" placed inside TP collective waits (all stages) */
+  /* Added later: a caller whose struct_size ends before them gets the fields above.
+   * Against the llm alone (the colocated step without encoder work, Optimus' reference),
+   * per device, mean over devices: the llm alone's step and idle seconds, and the
+   * encoder's seconds per step. */
+  double llm_step_s;
+  double llm_idle_s;
+  double encoder_s;
+  /* H = encoder_s - (step - llm_step_s), clamped at 0: encoder seconds inside llm bubbles.
+   * Shares (0..1) per schedule [encoder-first, optimus-coarse, optimus-fine]: of the llm's
+   * bubble time that encoder work fills (H / llm_idle_s), and of the encoder work that runs
+   * in llm bubbles (H / encoder_s, what Optimus' published coarse/fine shares measure). */
+  double bubble_filled[3];
+  double encoder_hidden[3];
 } braid_bubble_report;
 
-#define BRAID_BUBBLE_REPORT_INIT \
-  { sizeof(braid_bubble_report), 0, 0, 0, 0, 0, {0}, {0}, 0, 0, 0, 0 }
+#define BRAID_BUBBLE_REPORT_INIT                                                          \
+  {                                                                                       \
+    sizeof(braid_bubble_report), 0, 0, 0, 0, 0, {0}, {0}, 0, 0, 0, 0, 0, 0, 0, {0}, { 0 } \
+  }
 
 /* The report of the last successful run. BRAID_ERR_INVALID_ARGUMENT before
  * braid_bubble_scheduler_run has succeeded, or when report->struct_size is too small. */

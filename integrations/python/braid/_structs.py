@@ -24,7 +24,7 @@ PLAN_OPTIONS_VERSION_1 = 1  # braid.h: up to plan_yaml
 PLAN_OPTIONS_VERSION_2 = 2  # braid.h: schedule, virtual_stages, microbatch_size
 SIMULATION_OPTIONS_VERSION = 1  # braid/pipeline.h
 REORDER_OPTIONS_VERSION = 1  # braid/data.h
-RUN_SETTINGS_VERSION = 1  # braid.h
+RUN_SETTINGS_VERSION = 2  # braid.h
 
 # braid_vocabulary values (braid/vocabulary.h).
 VOCABULARY_STRATEGY = 0
@@ -109,10 +109,15 @@ class braid_run_settings(ctypes.Structure):
         ("text_tokens", ctypes.c_int32),
         ("audio_tokens", ctypes.c_int32),
         ("generated_image_resolution", ctypes.c_int32),
+        ("overlap_param_gather", ctypes.c_int32),
+        ("tp_comm_overlap", ctypes.c_int32),
+        ("fused_kernels", ctypes.c_int32),
+        ("fp8", ctypes.c_int32),
     ]
     _enums_ = {"precision": VOCABULARY_PRECISION, "recompute": VOCABULARY_RECOMPUTE,
                "attention": VOCABULARY_ATTENTION}
-    _bools_ = ("sequence_parallel", "overlap_grad_reduce")
+    _bools_ = ("sequence_parallel", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "fused_kernels",
+               "fp8")
 
 
 class braid_plan_options(ctypes.Structure):
@@ -401,6 +406,11 @@ class braid_bubble_report(ctypes.Structure):
         ("placements", ctypes.c_int32),
         ("encoder_tasks", ctypes.c_int64),
         ("tp_bubble_tasks", ctypes.c_int64),
+        ("llm_step_s", ctypes.c_double),
+        ("llm_idle_s", ctypes.c_double),
+        ("encoder_s", ctypes.c_double),
+        ("bubble_filled", ctypes.c_double * 3),  # encoder-first, optimus-coarse, optimus-fine
+        ("encoder_hidden", ctypes.c_double * 3),
     ]
 
 

@@ -61,8 +61,10 @@ class BubbleScheduler(OwnedHandle):
         recovered_coarse and recovered_fine (share of encoder-first's idle time each pass
         turned into work), bubbles_before_s and bubbles_after_s (idle seconds per device by
         cause, of encoder-first and optimus-fine; see :func:`braid.vocab.by_cause`),
-        scheduler_time_s, placements, encoder_tasks (per step on the busiest device) and
-        tp_bubble_tasks. Raises :class:`~braid.InvalidArgumentError` before :meth:`run`."""
+        scheduler_time_s, placements, encoder_tasks (per step on the busiest device),
+        tp_bubble_tasks, and Optimus' metric against the llm alone: llm_step_s, llm_idle_s,
+        encoder_s and, per schedule (encoder-first, coarse, fine), bubble_filled and
+        encoder_hidden (docs/bubble-scheduler.md). Raises :class:`~braid.InvalidArgumentError` before :meth:`run`."""
         lib = self._lib
         return BubbleReport.from_struct(read(lib, lib.braid_bubble_scheduler_report, S.braid_bubble_report,
                                              self._ptr()))

@@ -74,7 +74,7 @@ class Config(SharedHandle):
         (braid_config_run_settings): global_batch, microbatch_size, contrastive_batch,
         precision, zero_stage, recompute, attention, sequence_parallel, schedule,
         virtual_stages, overlap_grad_reduce, image_resolution, text_tokens, audio_tokens,
-        generated_image_resolution."""
+        generated_image_resolution, overlap_param_gather, tp_comm_overlap, fused_kernels, fp8."""
         return RunSettings.from_struct(self._settings_struct())
 
     def set_run_settings(self, **fields: Any) -> Any:
