@@ -60,6 +60,8 @@ std::string link_yaml(const LinkFit& f, bool inter, const std::string& what) {
   out += "    bandwidth_gbs: " + num(f.bandwidth / 1e9) + "\n";
   out += "    efficiency: 1           # the fitted bandwidth is the achieved one\n";
   out += "    latency_us: " + num(f.latency * 1e6) + "\n";
+  if (f.reduce_bandwidth > 0)
+    out += "    reduce_gbs: " + num(f.reduce_bandwidth / 1e9) + "      # all-reduce's summing after its transfer\n";
   if (inter) out += "    nics_per_node: 1        # not measurable from here: one port per node assumed\n";
   return out;
 }
@@ -126,8 +128,8 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
   y += "links:\n";
   y += "  intra_node:\n";
   y += link_yaml(f.intra, false,
-                 "Alpha-beta fit (least squares in log time) of p2p ping-pong, all-reduce and all-gather\n"
-                 "    # between processes on one host; worst point off by " +
+                 "Alpha-beta fit (least squares in log time) of p2p ping-pong and all-gather between\n"
+                 "    # processes on one host, then of all-reduce's summing; worst point off by " +
                      num(100 * f.intra.worst_error) + "%.");
   y += "  inter_node:\n";
   if (f.inter) {
@@ -179,6 +181,7 @@ nlohmann::ordered_json to_json(const Calibration& c, const Fitted& f) {
   auto fit_json = [](const LinkFit& l) {
     return nlohmann::ordered_json{{"bandwidth_bytes_per_s", l.bandwidth},
                                   {"latency_s", l.latency},
+                                  {"reduce_bytes_per_s", l.reduce_bandwidth},
                                   {"worst_error", l.worst_error},
                                   {"points", l.points}};
   };
@@ -224,8 +227,9 @@ std::string summary(const Calibration& c, const Fitted& f) {
   s += "  attention (materialised)    forward " + num(100 * f.attention_forward) + "%, backward " +
        num(100 * f.attention_backward) + "% of peak\n";
   auto link = [&](const char* name, const LinkFit& l) {
-    s += std::string("  ") + name + num(l.latency * 1e6) + " us latency, " + num(l.bandwidth / 1e9) + " GB/s (fit of " +
-         std::to_string(l.points) + " timings, worst off by " + num(100 * l.worst_error) + "%)\n";
+    s += std::string("  ") + name + num(l.latency * 1e6) + " us latency, " + num(l.bandwidth / 1e9) + " GB/s" +
+         (l.reduce_bandwidth > 0 ? ", all-reduce sums at " + num(l.reduce_bandwidth / 1e9) + " GB/s" : "") +
+         " (fit of " + std::to_string(l.points) + " timings, worst off by " + num(100 * l.worst_error) + "%)\n";
   };
   link("links within a host         ", f.intra);
   if (f.inter) link("links between hosts         ", *f.inter);

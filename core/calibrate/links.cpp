@@ -129,32 +129,60 @@ LinkFit fit_link(const std::vector<LinkTiming>& points, bool cross_node) {
     }
     return 0.0;
   };
-  auto error = [&](double bandwidth, double latency, double* worst) {
-    link.bandwidth = bandwidth;
-    link.latency = latency;
+  // Squared log error over the points `use` selects (all of them for `worst`).
+  auto error = [&](bool (*use)(LinkOp), double* worst) {
     double sum = 0;
     for (const auto& p : points) {
-      if (p.seconds <= 0 || (p.op != LinkOp::p2p && p.members < 2)) continue;
+      if (p.seconds <= 0 || (p.op != LinkOp::p2p && p.members < 2) || !use(p.op)) continue;
       double r = std::log(model(p) / p.seconds);
       sum += r * r;
       if (worst) *worst = std::max(*worst, std::abs(std::exp(r) - 1));
     }
     return sum;
   };
+  const bool transfers_measured = std::any_of(
+      points.begin(), points.end(), [](const LinkTiming& p) { return p.op != LinkOp::all_reduce && p.seconds > 0; });
+  // Without p2p or all-gather timings the all-reduces fix the transfer too, with no reduction.
+  auto transfer =
+      transfers_measured ? +[](LinkOp op) { return op != LinkOp::all_reduce; } : +[](LinkOp) { return true; };
   // A log grid (5% steps) from 10 ns to 10 ms and from 10 MB/s to 10 TB/s.
   LinkFit best;
   double best_error = -1;
+  link.reduce_bandwidth = 0;
   for (double latency = 1e-8; latency <= 1e-2; latency *= 1.05)
     for (double bandwidth = 1e7; bandwidth <= 1e13; bandwidth *= 1.05) {
-      double e = error(bandwidth, latency, nullptr);
+      link.bandwidth = bandwidth;
+      link.latency = latency;
+      double e = error(transfer, nullptr);
       if (best_error < 0 || e < best_error) {
         best_error = e;
         best.bandwidth = bandwidth;
         best.latency = latency;
       }
     }
+  link.bandwidth = best.bandwidth;
+  link.latency = best.latency;
+  if (transfers_measured) {
+    auto reduces = +[](LinkOp op) { return op == LinkOp::all_reduce; };
+    // A reduction term is kept only when it explains most of what the transfer model misses
+    // (half its squared log error or more), not grid noise.
+    const double without = error(reduces, nullptr);
+    double reduce_error = without;
+    double rate_found = 0;
+    for (double rate = 1e7; rate <= 1e13; rate *= 1.05) {
+      link.reduce_bandwidth = rate;
+      const double e = error(reduces, nullptr);
+      if (e < reduce_error) {
+        reduce_error = e;
+        rate_found = rate;
+      }
+    }
+    best.reduce_bandwidth = reduce_error <= 0.5 * without ? rate_found : 0;
+    link.reduce_bandwidth = best.reduce_bandwidth;
+  }
   best.worst_error = 0;
-  error(best.bandwidth, best.latency, &best.worst_error);
+  error(
+      +[](LinkOp) { return true; }, &best.worst_error);
   best.points = static_cast<int>(points.size());
   return best;
 }

@@ -25,6 +25,7 @@ struct LinkTiming {
 struct LinkFit {
   double bandwidth = 0;
   double latency = 0;
+  double reduce_bandwidth = 0;  // bytes/s of the all-reduce's summing; 0: none measurable
   double worst_error = 0;  // largest |model / measured - 1| over the points
   int points = 0;
 };
@@ -38,7 +39,10 @@ std::vector<LinkTiming> measure_links(runtime::World& world, const std::vector<i
 int link_case_count(bool quick);
 
 // The latency and bandwidth that make the cost model's formulas closest to `points` (least
-// squares in log(time)): within a node when `cross_node` is false, else between nodes.
+// squares in log(time)): within a node when `cross_node` is false, else between nodes. The
+// transfers (p2p, all-gather) fix latency and bandwidth; then the all-reduces, slower by
+// their summing on a host, fix the reduce bandwidth (none when a reduction-free model
+// fits them at least as well).
 LinkFit fit_link(const std::vector<LinkTiming>& points, bool cross_node);
 
 const char* link_op_name(LinkOp op);

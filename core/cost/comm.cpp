@@ -38,12 +38,17 @@ double CommModel::latency(const GroupShape& g) const {
   return g.nodes > 1 ? cluster_->inter_node.latency : cluster_->intra_node.latency;
 }
 
+double CommModel::reduction(double bytes, const GroupShape& g) const {
+  const double rate = (g.nodes > 1 ? cluster_->inter_node : cluster_->intra_node).reduce_bandwidth;
+  return rate > 0 ? (g.size - 1.0) / g.size * bytes / rate : 0;
+}
+
 double CommModel::all_reduce(double bytes, const GroupShape& g) const {
   if (g.size <= 1 || bytes <= 0) return 0;
   double n = g.size, bw = bus_bandwidth(g), a = latency(g);
   double ring = 2 * (n - 1) / n * bytes / bw + 2 * (n - 1) * a;
   double tree = 2 * bytes / bw + 2 * std::ceil(std::log2(n)) * a;
-  return std::min(ring, tree);
+  return std::min(ring, tree) + reduction(bytes, g);
 }
 
 double CommModel::all_gather(double bytes, const GroupShape& g) const {
@@ -52,7 +57,9 @@ double CommModel::all_gather(double bytes, const GroupShape& g) const {
   return (n - 1) / n * bytes / bus_bandwidth(g) + (n - 1) * latency(g);
 }
 
-double CommModel::reduce_scatter(double bytes, const GroupShape& g) const { return all_gather(bytes, g); }
+double CommModel::reduce_scatter(double bytes, const GroupShape& g) const {
+  return all_gather(bytes, g) + (g.size > 1 && bytes > 0 ? reduction(bytes, g) : 0);
+}
 
 double CommModel::p2p(double bytes, bool cross_node) const {
   if (bytes <= 0) return 0;

@@ -28,14 +28,16 @@ class CommModel {
   double bus_bandwidth(const GroupShape& g) const;
   double latency(const GroupShape& g) const;
 
-  // `bytes` is the size of the full buffer on each member.
-  double all_reduce(double bytes, const GroupShape& g) const;      // min(ring, tree)
+  // `bytes` is the size of the full buffer on each member. All-reduce and reduce-scatter
+  // add the summing of (n-1)/n of the buffer where the link gives a reduce bandwidth.
+  double all_reduce(double bytes, const GroupShape& g) const;      // min(ring, tree) + reduction
   double all_gather(double bytes, const GroupShape& g) const;      // bytes = gathered output
   double reduce_scatter(double bytes, const GroupShape& g) const;  // bytes = input to reduce
   // One message between two devices.
   double p2p(double bytes, bool cross_node) const;
 
  private:
+  double reduction(double bytes, const GroupShape& g) const;
   const spec::ClusterSpec* cluster_;
 };
 

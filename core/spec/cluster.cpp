@@ -37,9 +37,9 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 LinkSpec parse_link(const Node& n, bool inter) {
   if (inter) {
-    n.expect_keys({"bandwidth_gbs", "latency_us", "efficiency", "nics_per_node"});
+    n.expect_keys({"bandwidth_gbs", "latency_us", "efficiency", "nics_per_node", "reduce_gbs"});
   } else {
-    n.expect_keys({"bandwidth_gbs", "latency_us", "efficiency"});
+    n.expect_keys({"bandwidth_gbs", "latency_us", "efficiency", "reduce_gbs"});
   }
   LinkSpec link;
   link.bandwidth = n.at("bandwidth_gbs").as_positive() * kGB;
@@ -47,6 +47,7 @@ LinkSpec parse_link(const Node& n, bool inter) {
   if (link.latency < 0) n.at("latency_us").fail("must not be negative");
   if (auto e = n.find("efficiency")) link.efficiency = e->as_fraction();
   if (inter) link.nics_per_node = static_cast<int>(n.at("nics_per_node").as_int_at_least(1));
+  if (auto r = n.find("reduce_gbs")) link.reduce_bandwidth = r->as_positive() * kGB;
   return link;
 }
 

@@ -20,6 +20,10 @@ struct LinkSpec {
   double latency = 0;     // seconds per message hop
   double efficiency = 1;  // achieved fraction of `bandwidth` for large collectives
   int nics_per_node = 0;  // inter-node only: independent network ports per node
+  // Bytes/s at which a collective sums what it receives (all-reduce, reduce-scatter), as a
+  // step of its own after the transfer (MPI on a host); 0: the reduction is hidden in
+  // `bandwidth` (NCCL's bus bandwidth on GPUs).
+  double reduce_bandwidth = 0;
 };
 
 struct EfficiencyTable {

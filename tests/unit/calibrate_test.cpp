@@ -49,7 +49,24 @@ TEST(Calibrate, LinkFitRecoversTheAlphaBetaBehindTheTimings) {
     EXPECT_NEAR(f.latency / 2e-6, 1, 0.06) << members << " members";
     EXPECT_LT(f.worst_error, 0.06);
     EXPECT_EQ(f.points, static_cast<int>(points.size()));
+    EXPECT_EQ(f.reduce_bandwidth, 0) << "no summing step in these timings";
   }
+}
+
+TEST(Calibrate, LinkFitFindsTheAllReducesSumming) {
+  // All-reduces that sum after their transfer, as MPI does on a host: the transfers fix the
+  // link, the all-reduces the reduce bandwidth, and the cluster prices them as measured.
+  spec::ClusterSpec link = one_link(3e9, 2e-6);
+  link.intra_node.reduce_bandwidth = 1.5e9;
+  const auto points = timings_of(link, 4);
+  const calibrate::LinkFit f = calibrate::fit_link(points, false);
+  EXPECT_NEAR(f.bandwidth / 3e9, 1, 0.06);
+  EXPECT_NEAR(f.reduce_bandwidth / 1.5e9, 1, 0.06);
+  EXPECT_LT(f.worst_error, 0.06);
+  const cost::CommModel comm(link);
+  const cost::GroupShape g{4, 4, 1};
+  EXPECT_NEAR(comm.all_reduce(1 << 20, g) - comm.all_gather(1 << 20, g) * 2, 0.75 * (1 << 20) / 1.5e9, 1e-9);
+  EXPECT_NEAR(comm.reduce_scatter(1 << 20, g) - comm.all_gather(1 << 20, g), 0.75 * (1 << 20) / 1.5e9, 1e-12);
 }
 
 TEST(Calibrate, LinkFitReportsHowFarTheWorstPointIs) {
