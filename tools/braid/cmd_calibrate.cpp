@@ -6,6 +6,7 @@
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -114,8 +115,8 @@ class Progress {
 
 // Processes that take turns on their host's cores while they measure compute: with more
 // processes x threads on a host than it has cores, `per_turn` of them measure a case at
-// once while the others wait in a barrier (as a waiting rank waits on its messages in a
-// step), so the figures are those of a process with cores of its own; the cluster file's
+// once while the others wait in a barrier, sleeping (BRAID_MPI_WAIT=sleep, set before the
+// plugin starts), so the figures are those of a process with cores of its own; the cluster file's
 // `shared_cores` lets the simulator slow down what runs side by side. Every case is
 // `turns` barrier-separated phases; the rank measures in phase `mine`.
 class Turns {
@@ -191,6 +192,8 @@ int run_calibrate(const std::vector<std::string>& args) {
     return kExitBadInput;
   }
 
+  // A process waiting for its turn on shared cores must hand its core over (see Turns).
+  ::setenv("BRAID_MPI_WAIT", "sleep", 0);
   runtime::World world = runtime::World::from_plugin("mpi");
   runtime::Communicator& all = world.communicator();
   const int rank = world.rank(), size = world.size();
