@@ -101,9 +101,8 @@ void check(const Colocated& c, const pipeline::Program& program) {
     }
   }
 
-  // Timing, on the simulated step (one replica per stage: replicas run alike).
-  pipeline::Program lean = program;
-  for (auto& st : lean.stages) st.replicas = 1;
+  // Timing, on the simulated step (replica 0 of each stage traced: replicas run alike).
+  const pipeline::Program lean = simulated_replicas(program);
   sim::Options o;
   o.trace = true;
   const sim::Result r = sim::simulate(lean, o);

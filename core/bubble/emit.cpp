@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "core/pipeline/schedules.hpp"
+#include "core/sim/shared_cores.hpp"
 
 namespace braid::bubble {
 namespace {
@@ -147,6 +148,12 @@ Emitted emit(const Colocated& c, const Placement& placement, bool without_encode
   }
   pipeline::finish_step(out.program);
   return out;
+}
+
+pipeline::Program simulated_replicas(pipeline::Program p) {
+  if (sim::SharedCores::applies(p)) return p;
+  for (auto& st : p.stages) st.replicas = 1;
+  return p;
 }
 
 }  // namespace braid::bubble

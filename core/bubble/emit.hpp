@@ -33,4 +33,9 @@ constexpr int encoder_tag(int encoder, int microbatch) { return kEncoderTag + (e
 // `without_encoders`: the llm alone (the placement must be empty).
 Emitted emit(const Colocated& c, const Placement& placement, bool without_encoders = false);
 
+// What the scheduler and checker simulate of a program: one replica per stage, since the
+// replicas of a colocated stage run alike; all of them where devices share cores, since
+// there every replica's work loads the node (sim::SharedCores).
+pipeline::Program simulated_replicas(pipeline::Program p);
+
 }  // namespace braid::bubble

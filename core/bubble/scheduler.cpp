@@ -348,12 +348,6 @@ Placement plain_placement(const Colocated& c) {
   return p;
 }
 
-// The program with one replica per stage: replicas of a colocated stage are identical.
-Program lean(Program p) {
-  for (auto& st : p.stages) st.replicas = 1;
-  return p;
-}
-
 struct Tried {
   Placement placement;
   Emitted emitted;
@@ -370,7 +364,7 @@ Tried attempt(const Colocated& c, Placement placement, int* rounds) {
     sim::Options o;
     o.trace = true;
     o.trace_replicas = 1;
-    t.result = sim::simulate(lean(t.emitted.program), o);
+    t.result = sim::simulate(simulated_replicas(t.emitted.program), o);
     t.ok = true;
   } catch (const Error&) {
     t.ok = false;  // a placement the timeline misjudged into a deadlock: not a candidate
@@ -457,7 +451,7 @@ Schedules schedule(const cost::CostModel& cost, const plan::Plan& plan) {
   {
     sim::Options o;
     o.trace = true;
-    llm_only.result = sim::simulate(lean(llm_only.emitted.program), o);
+    llm_only.result = sim::simulate(simulated_replicas(llm_only.emitted.program), o);
     llm_only.ok = true;
   }
   Tried coarse = improve(c, Pass::coarse, {llm_only, plain}, plain, &rounds);

@@ -103,9 +103,9 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
   y += "# Measured by `braid calibrate` on " + c.host + " at " + c.when_utc + ":\n";
   y += "# " + std::to_string(c.processes) + " process(es) on " + std::to_string(c.nodes) + " host(s) (" +
        std::to_string(c.per_node) + " per host), " + std::to_string(c.threads) + " thread(s) each, " +
-       (c.per_turn >= c.per_node ? std::string("all measuring at once")
-                                 : "measuring compute " + std::to_string(c.per_turn) + " at a time per host (" +
-                                       std::to_string(c.cores) + " cores)") +
+       (!c.shared ? std::string("all measuring at once")
+                  : "measuring compute " + std::to_string(c.per_turn) + " at a time per host (" +
+                        std::to_string(c.cores) + " cores)") +
        ";\n";
   y += "# CPU: " + c.cpu + "; communication: " + c.communication + ".\n";
   y += "# Every figure is the cost model's own parameter fitted to timings of braid's host ops (core/nn)\n";
@@ -119,7 +119,7 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
   y += "  # The host's RAM shared by the processes on it.\n";
   y += "  memory_gib: " + num(c.memory_per_process_bytes / kGiB) + "\n";
   y += "  # STREAM-style triad over arrays far larger than the caches, " +
-       std::string(c.per_turn >= c.per_node ? "every process at once" : "as many processes at once as cores") + ".\n";
+       std::string(!c.shared ? "every process at once" : "as many processes at once as cores") + ".\n";
   y += "  memory_bandwidth_gbs: " + num(f.memory_bandwidth / 1e9) + "\n";
   y += "  # The best rate of the linear op's GEMMs below (the host ops compute in float32 at any\n";
   y += "  # precision, so every precision gets the float32 figure).\n";
@@ -153,7 +153,7 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
   y += "  flash_attention_backward: " + num(f.attention_backward) + "\n";
   y += "# Resident memory of one process before it held any tensor (runtime, MPI, OpenBLAS).\n";
   y += "memory_reserved_gib: " + num(c.reserved_bytes / kGiB) + "\n";
-  if (c.per_turn < c.per_node) {
+  if (c.shared) {
     y += "# More threads than cores on a host: the compute figures above are those of a process\n";
     y += "# measuring while the others waited; the simulator slows down work that runs side by side.\n";
     y += "shared_cores:\n";

@@ -18,8 +18,9 @@ struct Calibration {
   // Where and when.
   std::string host, cpu, when_utc, communication;
   int processes = 1, nodes = 1, per_node = 1, threads = 1;
-  int cores = 1;     // hardware threads of a host
-  int per_turn = 1;  // processes of a host measuring compute at once (per_node, or fewer on shared cores)
+  int cores = 1;        // hardware threads of a host
+  int per_turn = 1;     // processes of a host measuring compute at once (per_node, or fewer on shared cores)
+  bool shared = false;  // some host had more processes x threads than cores: compute was measured in turns
   bool quick = false;
   double memory_per_process_bytes = 0;  // the host's RAM shared by the processes on it
   double reserved_bytes = 0;            // resident before any tensor: runtime, MPI, BLAS buffers

@@ -49,7 +49,6 @@ struct State {
   braid_comm_v1 world;            // a duplicate of MPI_COMM_WORLD
   MPI_Comm node = MPI_COMM_NULL;  // processes sharing memory with this one
   int local_rank = 0, local_size = 0;
-  bool sleepy_waits = false;  // wait by testing and sleeping (see wait_for)
   char error[1024] = "";
   char version[256] = "";
 };
@@ -136,18 +135,25 @@ int complete(braid_comm_request_v1* r, int code, const MPI_Status& status) {
   return result;
 }
 
-// How to wait. MPI_Wait polls, keeping a core busy (the default). BRAID_MPI_WAIT=sleep makes
-// a waiting process test and sleep instead, handing its core to a process beside it that
-// computes, at tens of microseconds per wait: `braid calibrate` waits so for its turns on
-// shared cores. Training keeps polling: on 4 ranks over 2 cores it measured 10-30% faster
-// than sleeping, whose wake-ups lengthen every latency-bound TP collective.
+// How to wait. MPI_Wait polls, keeping a core busy (the default, BRAID_MPI_WAIT=spin).
+// BRAID_MPI_WAIT=sleep makes a waiting process test and sleep instead, handing its core to a
+// process beside it that computes, at tens of microseconds per wait: `braid calibrate` waits
+// so while processes take turns on shared cores, and sets it only for those turns, so the
+// variable is read at each wait. Training keeps polling: on 4 ranks over 2 cores it measured
+// 10-30% faster than sleeping, whose wake-ups lengthen every latency-bound TP collective.
+const char* wait_mode_problem() {
+  const char* mode = std::getenv("BRAID_MPI_WAIT");
+  if (!mode || !*mode || std::strcmp(mode, "spin") == 0 || std::strcmp(mode, "sleep") == 0) return nullptr;
+  return mode;
+}
+
 bool sleepy_waits() {
   const char* mode = std::getenv("BRAID_MPI_WAIT");
   return mode && std::strcmp(mode, "sleep") == 0;
 }
 
 int wait_for(MPI_Request* request, MPI_Status* status) {
-  if (!state.sleepy_waits) return MPI_Wait(request, status);
+  if (!sleepy_waits()) return MPI_Wait(request, status);
   for (int polls = 0;; ++polls) {
     int flag = 0;
     const int code = MPI_Test(request, &flag, status);
@@ -179,6 +185,8 @@ int init() {
     ++state.inits;
     return 0;
   }
+  if (const char* mode = wait_mode_problem())
+    return fail(MPI_ERR_ARG, "init: BRAID_MPI_WAIT is '%s'; set it to spin (poll, the default) or sleep", mode);
   int finalized = 0, initialized = 0;
   MPI_Finalized(&finalized);
   if (finalized) {
@@ -215,7 +223,6 @@ int init() {
   }
   MPI_Comm_rank(state.node, &state.local_rank);
   MPI_Comm_size(state.node, &state.local_size);
-  state.sleepy_waits = sleepy_waits();
   state.inits = 1;
   return 0;
 }
@@ -505,7 +512,7 @@ int wait(braid_comm_request_v1* request) {
 
 int barrier(braid_comm_v1* comm) {
   if (!comm) return bad_comm("barrier");
-  if (!state.sleepy_waits) return check(MPI_Barrier(comm->comm), "MPI_Barrier");
+  if (!sleepy_waits()) return check(MPI_Barrier(comm->comm), "MPI_Barrier");
   MPI_Request request = MPI_REQUEST_NULL;
   if (int rc = check(MPI_Ibarrier(comm->comm, &request), "MPI_Ibarrier")) return rc;
   MPI_Status status{};

@@ -23,7 +23,7 @@ rm -f "$work"/*.deb
 
 "$source_dir/scripts/offline-debs" collect "$work/debs" libyaml-cpp-dev nlohmann-json3-dev
 grep -q "^libyaml-cpp-dev$" "$work/debs/packages.txt" || fail "packages.txt lacks libyaml-cpp-dev"
-compgen -G "$work/debs/libyaml-cpp0.7_*.deb" >/dev/null || fail "the runtime library libyaml-cpp-dev depends on was not collected"
+compgen -G "$work/debs/libyaml-cpp0.*_*.deb" >/dev/null || fail "the runtime library libyaml-cpp-dev depends on was not collected"
 
 # This machine has both installed: by default they are left out, --all unpacks them.
 "$source_dir/scripts/offline-debs" unpack --all "$work/debs" "$work/prefix"

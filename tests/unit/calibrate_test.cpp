@@ -158,6 +158,7 @@ TEST(Calibrate, ProcessesSharingTheCoresAreSimulatedSharingThem) {
   // Four processes on two cores: they measured two at a time, and the file says so.
   c.processes = c.per_node = 4;
   c.cores = c.per_turn = 2;
+  c.shared = true;
   auto [shared_yaml, shared] = cluster_of(c);
   EXPECT_NE(shared_yaml.find("measuring compute 2 at a time per host (2 cores)"), std::string::npos);
   EXPECT_EQ(shared.cores_per_node, 2);

@@ -121,8 +121,9 @@ class Progress {
 // `turns` barrier-separated phases; the rank measures in phase `mine`.
 class Turns {
  public:
-  Turns(runtime::Communicator& all, int local_index, int per_turn, int per_host)
-      : all_(all), turns_((per_host + per_turn - 1) / per_turn), mine_(local_index / per_turn) {}
+  // `turns` must be the same on every process of the world (the most any host needs).
+  Turns(runtime::Communicator& all, int turns, int mine) : all_(all), turns_(turns), mine_(mine) {}
+  int turns() const { return turns_; }
   // Before case: finish the previous case's phases after this rank's, then wait out the
   // phases before it (the first case starts with every process in step).
   void before_case() {
@@ -192,8 +193,6 @@ int run_calibrate(const std::vector<std::string>& args) {
     return kExitBadInput;
   }
 
-  // A process waiting for its turn on shared cores must hand its core over (see Turns).
-  ::setenv("BRAID_MPI_WAIT", "sleep", 0);
   runtime::World world = runtime::World::from_plugin("mpi");
   runtime::Communicator& all = world.communicator();
   const int rank = world.rank(), size = world.size();
@@ -257,14 +256,25 @@ int run_calibrate(const std::vector<std::string>& args) {
     all.allreduce(std::span<double>(resident), runtime::ReduceOp::max);
     c.reserved_bytes = resident[0];
 
+    // Turns on this host's cores: as many processes at once as its cores hold; every process
+    // takes part in as many turns as the most crowded host needs, so the barriers match.
     c.cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     const std::vector<int>& mates = ranks_on[host_of[static_cast<std::size_t>(rank)]];
+    const int here = static_cast<int>(mates.size());
     const int local_index = static_cast<int>(std::find(mates.begin(), mates.end(), rank) - mates.begin());
-    c.per_turn = std::min(c.per_node, std::max(1, c.cores / c.threads));
-    Turns turns(all, local_index, c.per_turn, c.per_node);
+    const int per_turn_here = std::min(here, std::max(1, c.cores / c.threads));
+    int most_turns[1] = {(here + per_turn_here - 1) / per_turn_here};
+    all.allreduce(std::span<int>(most_turns), runtime::ReduceOp::max);
+    Turns turns(all, most_turns[0], local_index / per_turn_here);
+    c.per_turn = per_turn_here;
+    c.shared = turns.turns() > 1;
     const calibrate::ComputeOptions compute{c.threads, c.quick};
     const int link_sets = (local.size() >= 2 ? 1 : 0) + (firsts.size() >= 2 ? 1 : 0);
-    const bool shared = c.per_turn < c.per_node;
+    const bool shared = c.shared;
+    // A process waiting for its turn must hand its core over (BRAID_MPI_WAIT=sleep, read by the
+    // MPI plugin at each wait); the links are then timed waiting as training waits.
+    const bool wait_chosen = std::getenv("BRAID_MPI_WAIT") != nullptr;  // the user's choice stands
+    if (shared && !wait_chosen) ::setenv("BRAID_MPI_WAIT", "sleep", 1);
     Progress progress(rank == 0 && !vm.count("quiet"), calibrate::compute_case_count(compute) +
                                                            (shared ? calibrate::gemm_case_count(compute) : 0) +
                                                            link_sets * calibrate::link_case_count(c.quick));
@@ -288,6 +298,7 @@ int run_calibrate(const std::vector<std::string>& args) {
     turns.end();
     c.attention = calibrate::measure_attention(compute, hook("attention", Together::in_turns));
     turns.end();
+    if (shared && !wait_chosen) ::unsetenv("BRAID_MPI_WAIT");
     for (auto* timings : {&c.gemms, &c.crowded_gemms, &c.elementwise, &c.attention}) average_seconds(all, *timings);
     std::vector<calibrate::Timing> memory = {c.memory};
     average_seconds(all, memory);
