@@ -36,7 +36,9 @@ compgen -G "$work/debs/libyaml-cpp0.*_*.deb" >/dev/null || fail "the runtime lib
   grep -q "nlohmann_json from $work/prefix/" "$work/configure.log" || fail "nlohmann_json not found in the prefix"
   cmake --build "$work/build" >"$work/build.log" 2>&1 || fail "build failed: $(tail -5 "$work/build.log")"
   [ "$("$work/build/consumer")" = '{"layers":2}' ] || fail "the consumer printed something else"
-  ldd "$work/build/consumer" | grep -q "libyaml-cpp.so.* => $work/prefix/" || fail "libyaml-cpp not loaded from the prefix"
+  # Whole, then searched: grep -q would close the pipe early, and pipefail would see ldd's SIGPIPE.
+  loaded=$(ldd "$work/build/consumer")
+  grep -q "libyaml-cpp.so.* => $work/prefix/" <<<"$loaded" || fail "libyaml-cpp not loaded from the prefix: $loaded"
 )
 
 # What installing them would do, without doing it (apt-get -s, nothing downloaded).
