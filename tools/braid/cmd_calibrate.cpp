@@ -115,8 +115,8 @@ class Progress {
 
 // Processes that take turns on their host's cores while they measure compute: with more
 // processes x threads on a host than it has cores, `per_turn` of them measure a case at
-// once while the others wait in a barrier, sleeping (BRAID_MPI_WAIT=sleep, set before the
-// plugin starts), so the figures are those of a process with cores of its own; the cluster file's
+// once while the others wait in a barrier, sleeping (BRAID_MPI_WAIT=sleep, set for the
+// turns only), so the figures are those of a process with cores of its own; the cluster file's
 // `shared_cores` lets the simulator slow down what runs side by side. Every case is
 // `turns` barrier-separated phases; the rank measures in phase `mine`.
 class Turns {
@@ -270,13 +270,12 @@ int run_calibrate(const std::vector<std::string>& args) {
     c.shared = turns.turns() > 1;
     const calibrate::ComputeOptions compute{c.threads, c.quick};
     const int link_sets = (local.size() >= 2 ? 1 : 0) + (firsts.size() >= 2 ? 1 : 0);
-    const bool shared = c.shared;
     // A process waiting for its turn must hand its core over (BRAID_MPI_WAIT=sleep, read by the
     // MPI plugin at each wait); the links are then timed waiting as training waits.
     const bool wait_chosen = std::getenv("BRAID_MPI_WAIT") != nullptr;  // the user's choice stands
-    if (shared && !wait_chosen) ::setenv("BRAID_MPI_WAIT", "sleep", 1);
+    if (c.shared && !wait_chosen) ::setenv("BRAID_MPI_WAIT", "sleep", 1);
     Progress progress(rank == 0 && !vm.count("quiet"), calibrate::compute_case_count(compute) +
-                                                           (shared ? calibrate::gemm_case_count(compute) : 0) +
+                                                           (c.shared ? calibrate::gemm_case_count(compute) : 0) +
                                                            link_sets * calibrate::link_case_count(c.quick));
     enum class Together { in_turns, everyone, no };
     auto hook = [&](const std::string& phase, Together together) {
@@ -290,7 +289,7 @@ int run_calibrate(const std::vector<std::string>& args) {
     turns.end();
     // Taking turns measured a process with cores of its own; what crowding costs on top of
     // the time-slicing comes from the same ladder with everyone at once.
-    if (shared)
+    if (c.shared)
       c.crowded_gemms = calibrate::measure_gemms(compute, hook("GEMMs, every process at once", Together::everyone));
     c.memory = calibrate::measure_memory_bandwidth(compute, hook("memory bandwidth", Together::in_turns));
     turns.end();
@@ -298,7 +297,7 @@ int run_calibrate(const std::vector<std::string>& args) {
     turns.end();
     c.attention = calibrate::measure_attention(compute, hook("attention", Together::in_turns));
     turns.end();
-    if (shared && !wait_chosen) ::unsetenv("BRAID_MPI_WAIT");
+    if (c.shared && !wait_chosen) ::unsetenv("BRAID_MPI_WAIT");
     for (auto* timings : {&c.gemms, &c.crowded_gemms, &c.elementwise, &c.attention}) average_seconds(all, *timings);
     std::vector<calibrate::Timing> memory = {c.memory};
     average_seconds(all, memory);
