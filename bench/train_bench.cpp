@@ -50,6 +50,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -227,7 +228,7 @@ SideResult time_braid(BraidTrainer& trainer, nn::Ops& ops, const Workload& w, in
 }
 
 template <typename T>
-void write_raw(const std::filesystem::path& path, const std::vector<T>& values) {
+void write_raw(const std::filesystem::path& path, std::span<const T> values) {
   std::ofstream f(path, std::ios::binary | std::ios::app);
   f.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size() * sizeof(T)));
   if (!f) throw std::runtime_error("cannot write " + path.string());
@@ -267,11 +268,11 @@ void write_exchange(const std::filesystem::path& dir, const Workload& w, const n
                                {"embed_dim", m.embed_dim}});
   for (const nn::Parameter* p : model.parameters()) {
     spec["parameters"].push_back({{"name", p->name}, {"shape", p->value.shape}});
-    write_raw(dir / "params.bin", p->value.data);
+    write_raw<float>(dir / "params.bin", p->value.data);
   }
   std::ofstream(dir / "spec.json") << spec.dump(1) << "\n";
-  write_raw(dir / "images.bin", w.images.data);
-  write_raw(dir / "tokens.bin", w.text.ids);
+  write_raw<float>(dir / "images.bin", w.images.data);
+  write_raw<int32_t>(dir / "tokens.bin", w.text.ids);
 }
 
 SideResult run_peer(const std::string& python, const std::filesystem::path& dir, int threads,

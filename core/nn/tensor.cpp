@@ -47,8 +47,8 @@ Tensor& Tensor::reshape(Shape new_shape) {
 }
 
 void reset(Tensor& t, const Shape& shape) {
+  t.data.assign(static_cast<std::size_t>(shape_numel(shape)), 0.0f);  // checks borrowed memory first
   t.shape = shape;
-  t.data.assign(static_cast<std::size_t>(shape_numel(shape)), 0.0f);
 }
 
 void expect_shape(const Tensor& t, const Shape& shape, const char* op, const char* what) {

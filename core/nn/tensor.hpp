@@ -1,10 +1,12 @@
-// A float32 tensor for the reference ops: a shape and contiguous row-major storage it
-// owns. Host memory; a device implementation of Ops brings its own storage.
+// A float32 tensor for the reference ops: a shape and contiguous row-major storage, which
+// the tensor owns (host) or borrows (device memory, a framework's buffer): see storage.hpp.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "core/nn/storage.hpp"
 
 namespace braid::nn {
 
@@ -12,13 +14,14 @@ using Shape = std::vector<int64_t>;
 
 struct Tensor {
   Shape shape;
-  std::vector<float> data;
+  Storage data;
 
   Tensor() = default;
   explicit Tensor(Shape shape, float fill = 0.0f);
   Tensor(Shape shape, std::vector<float> values);  // values.size() must match the shape
 
   int64_t numel() const { return static_cast<int64_t>(data.size()); }
+  const Device& device() const { return data.device(); }
   int rank() const { return static_cast<int>(shape.size()); }
   int64_t dim(int axis) const;  // a negative axis counts from the back
   float* ptr() { return data.data(); }

@@ -11,34 +11,56 @@
 namespace braid::runtime {
 
 DevicePlugin::~DevicePlugin() {
-  if (api_ && api_->finalize) api_->finalize();
+  if (v2_ && v2_->finalize) v2_->finalize();
+  if (v1_ && v1_->finalize) v1_->finalize();
   if (handle_) dlclose(handle_);
 }
+
+namespace {
+
+// One device's properties through either interface version (v1's struct is v2's prefix
+// but for host_memory, so each is asked with its own struct).
+DeviceInfo properties(const braid_device_plugin_v1* v1, const braid_device_plugin_v2* v2, int32_t i) {
+  char error[512] = "";
+  DeviceInfo d;
+  int rc = 0;
+  if (v2) {
+    braid_device_properties_v2 p{};
+    p.struct_size = sizeof p;
+    rc = v2->device_properties(i, &p, error, sizeof error);
+    d = {p.name, double(p.memory_bytes), p.multiprocessors, p.compute_major, p.compute_minor, p.host_memory != 0};
+  } else {
+    braid_device_properties_v1 p{};
+    p.struct_size = sizeof p;
+    rc = v1->device_properties(i, &p, error, sizeof error);
+    d = {p.name, double(p.memory_bytes), p.multiprocessors, p.compute_major, p.compute_minor, false};
+  }
+  if (rc != 0) {
+    throw Error(Status::plugin,
+                std::string(v2 ? v2->name : v1->name) + " plugin: device " + std::to_string(i) + ": " + error);
+  }
+  return d;
+}
+
+}  // namespace
 
 std::vector<DeviceInfo> DevicePlugin::devices() const {
   if (!unavailable_.empty()) return {};
   char error[512] = "";
   int32_t count = 0;
-  if (api_->device_count(&count, error, sizeof error) != 0) {
-    throw Error(Status::plugin, std::string(api_->name) + " plugin: " + error);
+  if ((v2_ ? v2_->device_count(&count, error, sizeof error) : v1_->device_count(&count, error, sizeof error)) != 0) {
+    throw Error(Status::plugin, std::string(name()) + " plugin: " + error);
   }
   std::vector<DeviceInfo> out;
-  for (int32_t i = 0; i < count; ++i) {
-    braid_device_properties_v1 p{};
-    p.struct_size = sizeof p;
-    if (api_->device_properties(i, &p, error, sizeof error) != 0) {
-      throw Error(Status::plugin, std::string(api_->name) + " plugin: device " + std::to_string(i) + ": " + error);
-    }
-    out.push_back({p.name, double(p.memory_bytes), p.multiprocessors, p.compute_major, p.compute_minor});
-  }
+  for (int32_t i = 0; i < count; ++i) out.push_back(properties(v1_, v2_, i));
   return out;
 }
 
 void DevicePlugin::self_test(int index) const {
   char error[512] = "";
-  if (api_->self_test(index, error, sizeof error) != 0) {
-    throw Error(Status::plugin, std::string(api_->name) + " plugin: self-test on device " + std::to_string(index) +
-                                    " failed: " + error);
+  if ((v2_ ? v2_->self_test(index, error, sizeof error) : v1_->self_test(index, error, sizeof error)) != 0) {
+    throw Error(Status::plugin,
+                std::string(name()) + " plugin: self-test on device " + std::to_string(index) + " failed: " + error);
   }
 }
 
@@ -101,21 +123,69 @@ PluginLibrary open_plugin(const std::string& name, const char* symbol, const cha
   throw Error(Status::plugin, "no usable " + file + " (set BRAID_PLUGIN_PATH to the folder that holds it):" + tried);
 }
 
+namespace {
+
+// v2 needs every memory, stream and event function and an op table whose entries match
+// supports(); v1 its four functions.
+std::string check_v2(const void* p) {
+  auto* api = static_cast<const braid_device_plugin_v2*>(p);
+  if (api->interface_version != 2) return "interface version " + std::to_string(api->interface_version);
+  const void* required[] = {reinterpret_cast<const void*>(api->init),
+                            reinterpret_cast<const void*>(api->device_count),
+                            reinterpret_cast<const void*>(api->device_properties),
+                            reinterpret_cast<const void*>(api->self_test),
+                            reinterpret_cast<const void*>(api->alloc),
+                            reinterpret_cast<const void*>(api->free),
+                            reinterpret_cast<const void*>(api->memory_stats),
+                            reinterpret_cast<const void*>(api->copy),
+                            reinterpret_cast<const void*>(api->memset_zero),
+                            reinterpret_cast<const void*>(api->stream_create),
+                            reinterpret_cast<const void*>(api->stream_destroy),
+                            reinterpret_cast<const void*>(api->stream_synchronize),
+                            reinterpret_cast<const void*>(api->event_create),
+                            reinterpret_cast<const void*>(api->event_destroy),
+                            reinterpret_cast<const void*>(api->event_record),
+                            reinterpret_cast<const void*>(api->stream_wait_event),
+                            reinterpret_cast<const void*>(api->event_synchronize),
+                            reinterpret_cast<const void*>(api->supports),
+                            reinterpret_cast<const void*>(api->attention_saved_shape),
+                            api->ops};
+  for (const void* f : required)
+    if (!f) return "a version-2 table with missing functions";
+  return "";
+}
+
+std::string check_v1(const void* p) {
+  auto* api = static_cast<const braid_device_plugin_v1*>(p);
+  if (api->interface_version != 1 || !api->init || !api->device_count || !api->device_properties || !api->self_test) {
+    return "interface version " + std::to_string(api->interface_version) +
+           " or missing functions (this braid reads version 1)";
+  }
+  return "";
+}
+
+}  // namespace
+
 std::unique_ptr<DevicePlugin> load_device_plugin(const std::string& name) {
-  PluginLibrary lib = open_plugin(name, BRAID_DEVICE_PLUGIN_SYMBOL_V1, "device", [](const void* p) -> std::string {
-    auto* api = static_cast<const braid_device_plugin_v1*>(p);
-    if (api->interface_version != 1 || !api->init || !api->device_count || !api->device_properties || !api->self_test) {
-      return "interface version " + std::to_string(api->interface_version) +
-             " or missing functions (this braid reads version 1)";
-    }
-    return "";
-  });
   std::unique_ptr<DevicePlugin> plugin(new DevicePlugin());
+  PluginLibrary lib;
+  try {
+    lib = open_plugin(name, BRAID_DEVICE_PLUGIN_SYMBOL_V2, "device", check_v2);
+    plugin->v2_ = static_cast<const braid_device_plugin_v2*>(lib.api);
+  } catch (const Error& newest) {
+    try {
+      lib = open_plugin(name, BRAID_DEVICE_PLUGIN_SYMBOL_V1, "device", check_v1);
+      plugin->v1_ = static_cast<const braid_device_plugin_v1*>(lib.api);
+    } catch (const Error& older) {
+      throw Error(Status::plugin,
+                  std::string(older.what()) + "\n(version 2 was looked for first: " + newest.what() + ")");
+    }
+  }
   plugin->handle_ = lib.handle;
-  plugin->api_ = static_cast<const braid_device_plugin_v1*>(lib.api);
   plugin->path_ = lib.path;
   char error[512] = "";
-  if (plugin->api_->init(error, sizeof error) != 0) plugin->unavailable_ = error[0] ? error : "initialisation failed";
+  const int rc = plugin->v2_ ? plugin->v2_->init(error, sizeof error) : plugin->v1_->init(error, sizeof error);
+  if (rc != 0) plugin->unavailable_ = error[0] ? error : "initialisation failed";
   return plugin;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "plugins/include/braid_device_v1.h"
+#include "plugins/include/braid_device_v2.h"
 
 namespace braid::runtime {
 
@@ -18,9 +19,11 @@ struct DeviceInfo {
   double memory_bytes = 0;
   int multiprocessors = 0;
   int compute_major = 0, compute_minor = 0;
+  bool host_memory = false;  // the device's memory is host memory (the host backend)
 };
 
-// A loaded device plugin; unloads (after finalize) when destroyed.
+// A loaded device plugin, through the newest interface it exports (v2: memory, streams
+// and ops; v1: devices and a self-test only); unloads (after finalize) when destroyed.
 class DevicePlugin {
  public:
   ~DevicePlugin();
@@ -28,7 +31,10 @@ class DevicePlugin {
   DevicePlugin& operator=(const DevicePlugin&) = delete;
 
   const std::string& path() const { return path_; }
-  const char* name() const { return api_->name; }
+  const char* name() const { return v2_ ? v2_->name : v1_->name; }
+  int interface_version() const { return v2_ ? 2 : 1; }
+  // The v2 table, or null for a v1-only plugin.
+  const braid_device_plugin_v2* v2() const { return v2_; }
   // Devices it sees; throws Error(Status::plugin) with the plugin's reason when it cannot tell.
   std::vector<DeviceInfo> devices() const;
   // Why the plugin has no usable devices ("no CUDA driver ..."), or "" when it initialised.
@@ -40,7 +46,8 @@ class DevicePlugin {
   friend std::unique_ptr<DevicePlugin> load_device_plugin(const std::string&);
   DevicePlugin() = default;
   void* handle_ = nullptr;
-  const braid_device_plugin_v1* api_ = nullptr;
+  const braid_device_plugin_v1* v1_ = nullptr;
+  const braid_device_plugin_v2* v2_ = nullptr;
   std::string path_, unavailable_;
 };
 
@@ -58,7 +65,8 @@ struct PluginLibrary {
 // Error(Status::plugin) naming every file tried and why it was not used.
 PluginLibrary open_plugin(const std::string& name, const char* symbol, const char* kind,
                           const std::function<std::string(const void* api)>& check);
-// Loads libbraid-<name>.so; throws Error(Status::plugin) naming every file tried and why.
+// Loads libbraid-<name>.so through v2, else v1; throws Error(Status::plugin) naming every
+// file tried and why.
 std::unique_ptr<DevicePlugin> load_device_plugin(const std::string& name);
 
 }  // namespace braid::runtime

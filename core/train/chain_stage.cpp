@@ -24,7 +24,7 @@ ModuleRole role_of(const RankLayout& layout, spec::Role role) {
   return {};
 }
 
-std::span<std::byte> bytes(std::vector<float>& v) { return std::as_writable_bytes(std::span<float>(v)); }
+std::span<std::byte> bytes(std::span<float> v) { return std::as_writable_bytes(v); }
 
 }  // namespace
 
@@ -581,7 +581,7 @@ void ChainStage::send(const Instruction& ins) {
   const int to = program_.rank_of(ins.peer, program_.replica, program_.tp_rank);
   for (std::size_t g = 0; g < mb.groups.size(); ++g) {
     auto& grp = mb.groups[g];
-    sends_.isend(*comm_, std::move(forward ? grp.output.data : grp.d_input.data), to,
+    sends_.isend(*comm_, (forward ? grp.output.data : grp.d_input.data).release(), to,
                  tag(forward ? kHidden : kHiddenGrads, i, static_cast<int>(g)));
   }
   if (!forward) in_flight_.erase(i);

@@ -68,7 +68,7 @@ std::uint64_t load_u64(const char* p) {
   return v;
 }
 
-void put_floats(std::string& out, const std::vector<float>& data) {
+void put_floats(std::string& out, std::span<const float> data) {
   const std::size_t at = out.size();
   out.resize(at + 4 * data.size());
   if constexpr (std::endian::native == std::endian::little) {
@@ -81,7 +81,7 @@ void put_floats(std::string& out, const std::vector<float>& data) {
   }
 }
 
-void load_floats(const char* p, std::vector<float>& data) {
+void load_floats(const char* p, std::span<float> data) {
   if constexpr (std::endian::native == std::endian::little) {
     if (!data.empty()) std::memcpy(data.data(), p, 4 * data.size());
   } else {

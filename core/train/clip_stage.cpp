@@ -327,7 +327,7 @@ void ClipStage::send(const Instruction& i) {
     auto& mb = tower.mbs[static_cast<std::size_t>(i.microbatch)];
     auto& from = forward ? mb.hidden : mb.d_hidden;
     for (std::size_t g = 0; g < from.size(); ++g)
-      sends_.isend(*world_, std::move(from[g].data), peer,
+      sends_.isend(*world_, from[g].data.release(), peer,
                    message_tag(hidden_message(t, forward), i.microbatch, static_cast<int>(g)));
     from.clear();
     if (!forward) mb = {};  // a later stage is done with it

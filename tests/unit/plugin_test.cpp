@@ -48,7 +48,21 @@ TEST_F(PluginDir, AFileThatIsNotALibraryIsReported) {
 TEST_F(PluginDir, ALibraryWithoutTheEntryPointIsReported) {
   fs::copy_file(BRAID_LIBRARY_PATH, dir_ / "libbraid-wrong.so");  // a real shared library, not a plugin
   test::expect_error([] { runtime::load_device_plugin("wrong"); }, Status::plugin,
-                     {"libbraid-wrong.so: does not export braidDevicePlugin_v1"});
+                     {"libbraid-wrong.so: does not export braidDevicePlugin_v1", "version 2 was looked for first",
+                      "does not export braidDevicePlugin_v2"});
+}
+
+TEST(Plugin, HostBackendLoadsThroughInterfaceTwo) {
+  auto plugin = runtime::load_device_plugin("host");
+  EXPECT_EQ(fs::path(plugin->path()).filename(), "libbraid-host.so");
+  EXPECT_STREQ(plugin->name(), "host");
+  EXPECT_EQ(plugin->interface_version(), 2);
+  ASSERT_NE(plugin->v2(), nullptr);
+  const auto devices = plugin->devices();
+  ASSERT_EQ(devices.size(), 1u);
+  EXPECT_TRUE(devices[0].host_memory);
+  EXPECT_NO_THROW(plugin->self_test(0));
+  test::expect_error([&] { plugin->self_test(1); }, Status::plugin, {"self-test on device 1", "no device 1"});
 }
 
 TEST(Plugin, CudaPluginLoadsWhereBuilt) {

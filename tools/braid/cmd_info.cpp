@@ -19,6 +19,7 @@ struct PluginReport {
   std::string name, kind, path, status;
   std::vector<runtime::DeviceInfo> devices;
   std::vector<std::string> checks;  // per device, with --check
+  int interface = 0;                // device plugins: the interface version loaded (0: none)
   bool failed = false;
 };
 
@@ -30,8 +31,10 @@ PluginReport probe(const std::string& name, bool check) {
     auto plugin = runtime::load_device_plugin(name);
     r.path = plugin->path();
     r.devices = plugin->devices();
-    r.status = !plugin->unavailable_reason().empty() ? "loaded; no usable devices: " + plugin->unavailable_reason()
-                                                     : "loaded; " + std::to_string(r.devices.size()) + " device(s)";
+    r.interface = plugin->interface_version();
+    const std::string loaded = "loaded (device interface " + std::to_string(r.interface) + ")";
+    r.status = !plugin->unavailable_reason().empty() ? loaded + "; no usable devices: " + plugin->unavailable_reason()
+                                                     : loaded + "; " + std::to_string(r.devices.size()) + " device(s)";
     for (std::size_t i = 0; check && i < r.devices.size(); ++i) {
       try {
         plugin->self_test(static_cast<int>(i));
@@ -69,8 +72,9 @@ int run_info(const std::vector<std::string>& args) {
   std::string format = "table";
   po::options_description opts(
       "usage: braid info [--check] [--format table|json]\n\n"
-      "Prints the version, ABI and build options, the plugins found (device plugins with the\n"
-      "devices they see; the communication plugin with its MPI library) and where they were looked for.\n\noptions");
+      "Prints the version, ABI and build options, the plugins found (device plugins — the host\n"
+      "backend, and CUDA where built — with the interface version loaded and the devices they see;\n"
+      "the communication plugin with its MPI library) and where they were looked for.\n\noptions");
   opts.add_options()("help,h", "show this help")("check", "run each device's self-test kernel (exit 1 if one fails)")(
       "format,f", po::value(&format)->value_name("FMT"), "table (default) | json");
   po::variables_map vm;
@@ -91,6 +95,7 @@ int run_info(const std::vector<std::string>& args) {
   }
   const bool cuda = BRAID_CUDA_ENABLED;
   std::vector<PluginReport> plugins;
+  plugins.push_back(probe("host", vm.count("check") > 0));
   if (cuda) plugins.push_back(probe("cuda", vm.count("check") > 0));
   plugins.push_back(probe_comm("mpi"));
   const std::string version = std::to_string(BRAID_VERSION_MAJOR) + "." + std::to_string(BRAID_VERSION_MINOR) + "." +
@@ -109,6 +114,7 @@ int run_info(const std::vector<std::string>& args) {
         const auto& d = p.devices[i];
         nlohmann::ordered_json x{
             {"name", d.name},
+            {"host_memory", d.host_memory},
             {"memory_gib", d.memory_bytes / (1024.0 * 1024 * 1024)},
             {"multiprocessors", d.multiprocessors},
             {"compute_capability", std::to_string(d.compute_major) + "." + std::to_string(d.compute_minor)}};
@@ -116,7 +122,10 @@ int run_info(const std::vector<std::string>& args) {
         devices.push_back(x);
       }
       nlohmann::ordered_json x{{"name", p.name}, {"kind", p.kind}, {"path", p.path}, {"status", p.status}};
-      if (p.kind == "device") x["devices"] = devices;
+      if (p.kind == "device") {
+        x["interface"] = p.interface;
+        x["devices"] = devices;
+      }
       j["plugins"].push_back(x);
     }
     std::cout << j.dump(2) << "\n";
@@ -132,9 +141,14 @@ int run_info(const std::vector<std::string>& args) {
                   p.path.c_str());
       for (std::size_t i = 0; i < p.devices.size(); ++i) {
         const auto& d = p.devices[i];
-        std::printf("    [%zu] %s, %.1f GiB, %d SMs, compute %d.%d%s%s\n", i, d.name.c_str(),
-                    d.memory_bytes / (1024.0 * 1024 * 1024), d.multiprocessors, d.compute_major, d.compute_minor,
-                    i < p.checks.size() ? ", self-test: " : "", i < p.checks.size() ? p.checks[i].c_str() : "");
+        const char* check_label = i < p.checks.size() ? ", self-test: " : "";
+        const char* check = i < p.checks.size() ? p.checks[i].c_str() : "";
+        if (d.host_memory)
+          std::printf("    [%zu] %s, host memory%s%s\n", i, d.name.c_str(), check_label, check);
+        else
+          std::printf("    [%zu] %s, %.1f GiB, %d SMs, compute %d.%d%s%s\n", i, d.name.c_str(),
+                      d.memory_bytes / (1024.0 * 1024 * 1024), d.multiprocessors, d.compute_major, d.compute_minor,
+                      check_label, check);
       }
     }
   }

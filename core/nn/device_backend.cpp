@@ -1,0 +1,128 @@
+#include "core/nn/device_backend.hpp"
+
+#include "core/common/error.hpp"
+
+namespace braid::nn {
+namespace {
+
+constexpr std::size_t kErrorSize = 1024;
+
+}  // namespace
+
+std::shared_ptr<DeviceBackend> DeviceBackend::open(const std::string& plugin_name, int index) {
+  std::shared_ptr<DeviceBackend> b(new DeviceBackend());
+  b->plugin_ = runtime::load_device_plugin(plugin_name);
+  b->name_ = b->plugin_->name();
+  if (!b->plugin_->v2())
+    throw Error(Status::plugin, b->plugin_->path() + " implements device interface 1 only; running ops needs 2");
+  if (!b->plugin_->unavailable_reason().empty())
+    throw Error(Status::plugin, b->name_ + " backend is unavailable: " + b->plugin_->unavailable_reason());
+  const auto devices = b->plugin_->devices();
+  if (index < 0 || index >= static_cast<int>(devices.size()))
+    throw Error(Status::plugin, b->name_ + " backend has " + std::to_string(devices.size()) + " device(s); device " +
+                                    std::to_string(index) + " does not exist");
+  b->info_ = devices[static_cast<std::size_t>(index)];
+  b->index_ = index;
+  b->device_ = b->info_.host_memory ? Device{DeviceType::host, 0} : Device{DeviceType::cuda, index};
+  char error[kErrorSize] = "";
+  b->check(b->api().stream_create(index, &b->stream_, error, sizeof error), "creating a stream", error);
+  return b;
+}
+
+DeviceBackend::~DeviceBackend() {
+  if (!stream_) return;
+  char error[kErrorSize] = "";
+  api().stream_synchronize(stream_, error, sizeof error);  // nothing may still use memory being unloaded
+  api().stream_destroy(stream_, error, sizeof error);
+}
+
+void DeviceBackend::check(int rc, const std::string& what, const char* message) const {
+  if (rc != 0) throw Error(Status::plugin, name_ + " backend: " + what + ": " + (message[0] ? message : "failed"));
+}
+
+std::shared_ptr<void> DeviceBackend::allocate(std::size_t bytes) {
+  char error[kErrorSize] = "";
+  void* p = nullptr;
+  check(api().alloc(index_, bytes, stream_, &p, error, sizeof error), "allocating " + std::to_string(bytes) + " bytes",
+        error);
+  // The deleter keeps the backend (and its plugin) loaded until the memory is back.
+  return std::shared_ptr<void>(p, [self = shared_from_this()](void* q) {
+    char e[kErrorSize] = "";
+    self->api().free(self->index_, q, self->stream_, e, sizeof e);  // a destructor cannot throw: best effort
+  });
+}
+
+Tensor DeviceBackend::empty(const Shape& shape) {
+  const auto n = static_cast<std::size_t>(shape_numel(shape));
+  std::shared_ptr<void> memory = allocate(n * sizeof(float));
+  Tensor t;
+  t.shape = shape;
+  t.data = Storage::borrow(static_cast<float*>(memory.get()), n, device_, memory);
+  return t;
+}
+
+Tensor DeviceBackend::zeros(const Shape& shape) {
+  Tensor t = empty(shape);
+  zero(t);
+  return t;
+}
+
+void DeviceBackend::zero(Tensor& t) {
+  char error[kErrorSize] = "";
+  check(api().memset_zero(t.ptr(), t.data.size() * sizeof(float), stream_, error, sizeof error), "zeroing", error);
+}
+
+Tensor DeviceBackend::upload(const Tensor& host) {
+  Tensor t = empty(host.shape);
+  char error[kErrorSize] = "";
+  check(api().copy(t.ptr(), host.ptr(), host.data.size() * sizeof(float), BRAID_COPY_HOST_TO_DEVICE, stream_, error,
+                   sizeof error),
+        "copying to the device", error);
+  // The host tensor may go once this returns: wait unless the copy is already done.
+  if (!info_.host_memory) synchronize();
+  return t;
+}
+
+Tensor DeviceBackend::download(const Tensor& dev) {
+  Tensor host(dev.shape);
+  char error[kErrorSize] = "";
+  check(api().copy(host.ptr(), dev.ptr(), host.data.size() * sizeof(float), BRAID_COPY_DEVICE_TO_HOST, stream_, error,
+                   sizeof error),
+        "copying to the host", error);
+  synchronize();
+  return host;
+}
+
+DeviceIds DeviceBackend::upload_ids(std::span<const int32_t> ids) {
+  DeviceIds out{allocate(ids.size_bytes()), static_cast<int64_t>(ids.size())};
+  char error[kErrorSize] = "";
+  check(api().copy(out.data(), ids.data(), ids.size_bytes(), BRAID_COPY_HOST_TO_DEVICE, stream_, error, sizeof error),
+        "copying ids to the device", error);
+  if (!info_.host_memory) synchronize();
+  return out;
+}
+
+void DeviceBackend::copy(Tensor& to, const Tensor& from) {
+  if (to.numel() != from.numel())
+    throw Error(Status::invalid_argument,
+                name_ + " backend: copying " + shape_string(from.shape) + " into " + shape_string(to.shape));
+  char error[kErrorSize] = "";
+  check(api().copy(to.ptr(), from.ptr(), from.data.size() * sizeof(float), BRAID_COPY_DEVICE_TO_DEVICE, stream_, error,
+                   sizeof error),
+        "copying on the device", error);
+}
+
+void DeviceBackend::synchronize() {
+  char error[kErrorSize] = "";
+  check(api().stream_synchronize(stream_, error, sizeof error), "waiting for the stream", error);
+}
+
+DeviceMemoryStats DeviceBackend::memory_stats() const {
+  braid_device_memory_stats_v2 s{};
+  s.struct_size = sizeof s;
+  char error[kErrorSize] = "";
+  check(api().memory_stats(index_, &s, error, sizeof error), "reading memory statistics", error);
+  return {s.in_use, s.peak_in_use, s.reserved, s.allocations};
+}
+
+}  // namespace braid::nn

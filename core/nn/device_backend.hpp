@@ -1,0 +1,72 @@
+// One device of a v2 device plugin (plugins/include/braid_device_v2.h), in C++: every call
+// checked, a failure thrown as Error(Status::plugin) naming the backend and what it did.
+// Tensors made here borrow memory from the plugin's caching allocator and give it back when
+// their last copy goes; copies between host and device are explicit (upload, download).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/nn/tensor.hpp"
+#include "core/runtime/plugin_loader.hpp"
+
+namespace braid::nn {
+
+struct DeviceMemoryStats {
+  uint64_t in_use = 0, peak_in_use = 0, reserved = 0, allocations = 0;
+};
+
+// A device-side int32 buffer (token ids, targets), freed with its backend.
+struct DeviceIds {
+  std::shared_ptr<void> memory;
+  int64_t count = 0;
+  int32_t* data() const { return static_cast<int32_t*>(memory.get()); }
+};
+
+class DeviceBackend : public std::enable_shared_from_this<DeviceBackend> {
+ public:
+  // Loads libbraid-<plugin>.so through the v2 interface and opens device `index` with one
+  // stream; throws Error(Status::plugin) when the plugin is v1 only, has no such device, or
+  // cannot start.
+  static std::shared_ptr<DeviceBackend> open(const std::string& plugin, int index = 0);
+  ~DeviceBackend();
+  DeviceBackend(const DeviceBackend&) = delete;
+  DeviceBackend& operator=(const DeviceBackend&) = delete;
+
+  const std::string& name() const { return name_; }  // "host", "cuda"
+  const runtime::DeviceInfo& info() const { return info_; }
+  const Device& device() const { return device_; }
+  const runtime::DevicePlugin& plugin() const { return *plugin_; }
+  const braid_device_plugin_v2& api() const { return *plugin_->v2(); }
+  braid_device_stream_v2 stream() const { return stream_; }
+  bool supports(braid_device_op_v2 op) const { return api().supports(op) != 0; }
+
+  // Throws Error(plugin) "<name> backend: <what>: <message>" unless rc is 0.
+  void check(int rc, const std::string& what, const char* message) const;
+
+  // Uninitialised, and zero-filled, device tensors of a shape.
+  Tensor empty(const Shape& shape);
+  Tensor zeros(const Shape& shape);
+  Tensor upload(const Tensor& host);   // a host tensor's copy on the device
+  Tensor download(const Tensor& dev);  // a device tensor's copy on the host (waits for the stream)
+  DeviceIds upload_ids(std::span<const int32_t> ids);
+  void zero(Tensor& t);                       // every element 0, on the stream
+  void copy(Tensor& to, const Tensor& from);  // device to device, same element count
+  void synchronize();                         // waits for everything issued on the stream
+  DeviceMemoryStats memory_stats() const;
+
+ private:
+  DeviceBackend() = default;
+  std::shared_ptr<void> allocate(std::size_t bytes);
+
+  std::unique_ptr<runtime::DevicePlugin> plugin_;
+  std::string name_;
+  runtime::DeviceInfo info_;
+  Device device_;
+  int32_t index_ = 0;
+  braid_device_stream_v2 stream_ = nullptr;
+};
+
+}  // namespace braid::nn

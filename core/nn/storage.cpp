@@ -1,0 +1,90 @@
+#include "core/nn/storage.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "core/common/error.hpp"
+
+namespace braid::nn {
+
+std::string Device::name() const {
+  return type == DeviceType::host ? std::string("host") : "cuda:" + std::to_string(index);
+}
+
+Storage Storage::borrow(float* data, std::size_t count, Device device, std::shared_ptr<void> keeper) {
+  if (!data && count > 0)
+    throw Error(Status::invalid_argument, "tensor storage: null pointer for " + std::to_string(count) + " elements");
+  Storage s;
+  static float no_elements = 0.0f;  // a borrowed storage is never null, even when empty
+  s.borrowed_ = data ? data : &no_elements;
+  s.borrowed_count_ = count;
+  s.device_ = device;
+  s.keeper_ = std::move(keeper);
+  return s;
+}
+
+Storage::Storage(const Storage& other) : device_() {
+  other.require_host("copy");
+  owned_.assign(other.begin(), other.end());
+}
+
+Storage& Storage::operator=(const Storage& other) {
+  if (this != &other) *this = Storage(other);
+  return *this;
+}
+
+Storage::Storage(Storage&& other) noexcept { *this = std::move(other); }
+
+Storage& Storage::operator=(Storage&& other) noexcept {  // the moved-from storage is empty, host
+  if (this == &other) return *this;
+  owned_ = std::move(other.owned_);
+  borrowed_ = std::exchange(other.borrowed_, nullptr);
+  borrowed_count_ = std::exchange(other.borrowed_count_, 0);
+  device_ = std::exchange(other.device_, Device{});
+  keeper_ = std::move(other.keeper_);
+  other.owned_.clear();
+  return *this;
+}
+
+void Storage::require_host(const char* what) const {
+  if (!device_.is_host())
+    throw Error(Status::invalid_argument, std::string("tensor storage: cannot ") + what + " memory on " +
+                                              device_.name() + " from the host; copy it with its backend");
+}
+
+void Storage::assign(std::size_t count, float value) {
+  require_host("fill");
+  if (!borrowed_) {
+    owned_.assign(count, value);
+    return;
+  }
+  if (count != borrowed_count_)
+    throw Error(Status::invalid_argument, "tensor storage: borrowed memory holds " + std::to_string(borrowed_count_) +
+                                              " elements, not " + std::to_string(count));
+  std::fill(begin(), end(), value);
+}
+
+void Storage::resize(std::size_t count, float fill) {
+  if (!borrowed_) {
+    owned_.resize(count, fill);
+    return;
+  }
+  if (count != borrowed_count_)
+    throw Error(Status::invalid_argument, "tensor storage: borrowed memory holds " + std::to_string(borrowed_count_) +
+                                              " elements and cannot hold " + std::to_string(count));
+}
+
+bool Storage::operator==(const Storage& other) const {
+  require_host("compare");
+  other.require_host("compare");
+  return std::equal(begin(), end(), other.begin(), other.end());
+}
+
+std::vector<float> Storage::release() {
+  require_host("take");
+  std::vector<float> out = borrowed_ ? std::vector<float>(begin(), end()) : std::move(owned_);
+  *this = Storage();
+  return out;
+}
+
+}  // namespace braid::nn

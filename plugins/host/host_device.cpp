@@ -1,0 +1,547 @@
+// libbraid-host.so: the host backend behind the device interface v2 (the ggml way: the
+// same interface as the CUDA backend), so the whole device path — loading, memory,
+// streams, op dispatch and memory accounting — runs and is tested on machines without a
+// GPU. Its device memory is host memory, its ops are braid's host ops (OpenBLAS + threads)
+// on borrowed views, and a stream runs its work in the calling thread as it is issued, so
+// events are complete once recorded.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <new>
+#include <span>
+#include <string>
+
+#include "braid_device_v2.h"
+#include "core/common/error.hpp"
+#include "core/nn/host_ops.hpp"
+
+#define BRAID_PLUGIN_EXPORT __attribute__((visibility("default")))
+
+struct braid_device_stream_s {
+  int32_t device;
+};
+struct braid_device_event_s {
+  int32_t device;
+};
+
+namespace {
+
+using braid::nn::Device;
+using braid::nn::Shape;
+using braid::nn::Storage;
+using braid::nn::Tensor;
+
+constexpr std::size_t kAlignment = 64;  // a cache line; AVX-512 loads
+
+int fail(char* error, size_t size, const std::string& message) {
+  if (error && size) std::snprintf(error, size, "%s", message.c_str());
+  return 1;
+}
+
+// A caching pool: freed blocks are kept by size and handed out again, so a training
+// step allocates nothing from the system once the first step has run.
+class Pool {
+ public:
+  void* allocate(std::size_t bytes) {
+    std::lock_guard lock(mutex_);
+    ++stats_.allocations;
+    const std::size_t rounded = round_up(bytes);
+    void* p = nullptr;
+    if (auto it = cached_.find(rounded); it != cached_.end()) {
+      p = it->second;
+      cached_.erase(it);
+    } else {
+      p = std::aligned_alloc(kAlignment, rounded);
+      if (!p) throw std::bad_alloc();
+      stats_.reserved += rounded;
+    }
+    sizes_[p] = rounded;
+    stats_.in_use += rounded;
+    stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
+    return p;
+  }
+
+  bool release(void* p) {
+    std::lock_guard lock(mutex_);
+    auto it = sizes_.find(p);
+    if (it == sizes_.end()) return false;
+    stats_.in_use -= it->second;
+    cached_.emplace(it->second, p);
+    sizes_.erase(it);
+    return true;
+  }
+
+  braid_device_memory_stats_v2 stats() {
+    std::lock_guard lock(mutex_);
+    return stats_;
+  }
+
+  void clear() {
+    std::lock_guard lock(mutex_);
+    for (auto& [size, p] : cached_) std::free(p);
+    for (auto& [p, size] : sizes_) std::free(p);
+    cached_.clear();
+    sizes_.clear();
+    stats_ = {};
+  }
+
+ private:
+  static std::size_t round_up(std::size_t bytes) {
+    return std::max<std::size_t>(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
+  }
+  std::mutex mutex_;
+  std::multimap<std::size_t, void*> cached_;
+  std::map<void*, std::size_t> sizes_;
+  braid_device_memory_stats_v2 stats_{};
+};
+
+Pool& pool() {
+  static Pool p;
+  return p;
+}
+
+braid::nn::HostOps& host_ops() {
+  static braid::nn::HostOps ops;
+  return ops;
+}
+
+int check_device(int32_t device, char* error, size_t size) {
+  return device == 0 ? 0 : fail(error, size, "host backend: no device " + std::to_string(device) + " (it has one, 0)");
+}
+
+// ---- memory, streams, events ----
+
+int init(char*, size_t) { return 0; }
+
+int device_count(int32_t* count, char*, size_t) {
+  *count = 1;
+  return 0;
+}
+
+int device_properties(int32_t device, braid_device_properties_v2* out, char* error, size_t size) {
+  if (int rc = check_device(device, error, size)) return rc;
+  if (!out || out->struct_size < sizeof(braid_device_properties_v2))
+    return fail(error, size, "host backend: properties struct_size too small");
+  std::snprintf(out->name, sizeof out->name, "host (%d threads)", host_ops().threads());
+  out->memory_bytes = 0;  // whatever the process may take
+  out->multiprocessors = host_ops().threads();
+  out->compute_major = out->compute_minor = 0;
+  out->pci_bus_id = -1;
+  out->host_memory = 1;
+  return 0;
+}
+
+int self_test(int32_t device, char* error, size_t size) {
+  if (int rc = check_device(device, error, size)) return rc;
+  try {
+    Tensor x({2, 3}, {1, 2, 3, 4, 5, 6}), w({1, 3}, {1, 1, 1}), y;
+    host_ops().linear_forward(x, w, nullptr, y);
+    if (y.data[0] != 6.0f || y.data[1] != 15.0f) return fail(error, size, "host backend: linear self-test is wrong");
+  } catch (const std::exception& e) {
+    return fail(error, size, std::string("host backend: self-test: ") + e.what());
+  }
+  return 0;
+}
+
+int alloc(int32_t device, size_t bytes, braid_device_stream_v2, void** ptr, char* error, size_t size) {
+  if (int rc = check_device(device, error, size)) return rc;
+  try {
+    *ptr = pool().allocate(bytes);
+  } catch (const std::bad_alloc&) {
+    return fail(error, size, "host backend: out of memory allocating " + std::to_string(bytes) + " bytes");
+  }
+  return 0;
+}
+
+int release(int32_t device, void* ptr, braid_device_stream_v2, char* error, size_t size) {
+  if (int rc = check_device(device, error, size)) return rc;
+  if (ptr && !pool().release(ptr)) return fail(error, size, "host backend: free of a pointer it did not allocate");
+  return 0;
+}
+
+int memory_stats(int32_t device, braid_device_memory_stats_v2* out, char* error, size_t size) {
+  if (int rc = check_device(device, error, size)) return rc;
+  if (!out || out->struct_size < sizeof(braid_device_memory_stats_v2))
+    return fail(error, size, "host backend: memory stats struct_size too small");
+  braid_device_memory_stats_v2 s = pool().stats();
+  s.struct_size = out->struct_size;
+  *out = s;
+  return 0;
+}
+
+int copy(void* dst, const void* src, size_t bytes, int32_t kind, braid_device_stream_v2, char* error, size_t size) {
+  if (kind < BRAID_COPY_HOST_TO_DEVICE || kind > BRAID_COPY_DEVICE_TO_DEVICE)
+    return fail(error, size, "host backend: unknown copy kind " + std::to_string(kind));
+  if (bytes) std::memmove(dst, src, bytes);
+  return 0;
+}
+
+int memset_zero(void* dst, size_t bytes, braid_device_stream_v2, char*, size_t) {
+  if (bytes) std::memset(dst, 0, bytes);
+  return 0;
+}
+
+int stream_create(int32_t device, braid_device_stream_v2* stream, char* error, size_t size) {
+  if (int rc = check_device(device, error, size)) return rc;
+  *stream = new braid_device_stream_s{device};
+  return 0;
+}
+int stream_destroy(braid_device_stream_v2 stream, char*, size_t) {
+  delete stream;
+  return 0;
+}
+int stream_synchronize(braid_device_stream_v2, char*, size_t) { return 0; }
+int event_create(int32_t device, braid_device_event_v2* event, char* error, size_t size) {
+  if (int rc = check_device(device, error, size)) return rc;
+  *event = new braid_device_event_s{device};
+  return 0;
+}
+int event_destroy(braid_device_event_v2 event, char*, size_t) {
+  delete event;
+  return 0;
+}
+int event_record(braid_device_event_v2, braid_device_stream_v2, char*, size_t) { return 0; }
+int stream_wait_event(braid_device_stream_v2, braid_device_event_v2, char*, size_t) { return 0; }
+int event_synchronize(braid_device_event_v2, char*, size_t) { return 0; }
+
+// ---- ops: views in, host ops on borrowed tensors ----
+
+// A view as a tensor borrowing its memory. Inputs are borrowed through a const_cast: the
+// host ops take them by const reference and never write them.
+Tensor view(const braid_device_tensor_v2* t, const char* op, const char* what) {
+  if (!t) throw std::invalid_argument(std::string(op) + ": " + what + " is null");
+  if (t->dtype != BRAID_DEVICE_F32) throw std::invalid_argument(std::string(op) + ": " + what + " must be F32");
+  if (t->rank < 0 || t->rank > BRAID_DEVICE_MAX_RANK)
+    throw std::invalid_argument(std::string(op) + ": " + what + " has rank " + std::to_string(t->rank));
+  Tensor out;
+  out.shape.assign(t->shape, t->shape + t->rank);
+  out.data = Storage::borrow(static_cast<float*>(t->data), static_cast<std::size_t>(braid::nn::shape_numel(out.shape)),
+                             Device{});
+  return out;
+}
+
+std::span<const int32_t> ids_view(const braid_device_tensor_v2* t, const char* op, const char* what) {
+  if (!t || t->dtype != BRAID_DEVICE_I32 || t->rank != 1)
+    throw std::invalid_argument(std::string(op) + ": " + what + " must be an I32 vector");
+  return {static_cast<const int32_t*>(t->data), static_cast<std::size_t>(t->shape[0])};
+}
+
+// An optional output: a view, or nothing for a null pointer.
+struct Optional {
+  Tensor tensor;
+  bool given = false;
+  Tensor* get() { return given ? &tensor : nullptr; }
+};
+Optional optional_view(const braid_device_tensor_v2* t, const char* op, const char* what) {
+  if (!t) return {};
+  return {view(t, op, what), true};
+}
+
+// An output the host op wrote: it must still be the caller's memory, in the caller's shape.
+void settle(const Tensor& t, const braid_device_tensor_v2* v, const char* op, const char* what) {
+  if (!v) return;
+  const Shape expected(v->shape, v->shape + v->rank);
+  if (t.shape != expected)
+    throw std::invalid_argument(std::string(op) + ": " + what + " has shape " + braid::nn::shape_string(expected) +
+                                " but " + braid::nn::shape_string(t.shape) + " is expected");
+  if (t.data.data() != v->data)
+    throw std::logic_error(std::string(op) + ": the host op replaced the memory of " + what);
+}
+
+// Runs an op, turning what it throws into the interface's codes: the caller's mistakes
+// (braid's invalid_argument, std::invalid_argument) are BRAID_DEVICE_INVALID_ARGUMENT.
+template <typename F>
+int guarded(char* error, size_t size, F&& body) {
+  try {
+    body();
+    return 0;
+  } catch (const braid::Error& e) {
+    fail(error, size, e.what());
+    return e.status() == braid::Status::invalid_argument ? BRAID_DEVICE_INVALID_ARGUMENT : 2;
+  } catch (const std::invalid_argument& e) {
+    fail(error, size, e.what());
+    return BRAID_DEVICE_INVALID_ARGUMENT;
+  } catch (const std::exception& e) {
+    fail(error, size, e.what());
+    return 2;
+  }
+}
+
+int linear_forward(braid_ds, const braid_dt* x, const braid_dt* w, const braid_dt* b, braid_dt* y, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    auto bias = optional_view(b, "linear_forward", "bias");
+    Tensor out = view(y, "linear_forward", "y");
+    host_ops().linear_forward(view(x, "linear_forward", "x"), view(w, "linear_forward", "weight"), bias.get(), out);
+    settle(out, y, "linear_forward", "y");
+  });
+}
+
+int linear_backward(braid_ds, const braid_dt* x, const braid_dt* w, const braid_dt* dy, braid_dt* dx, braid_dt* dw,
+                    braid_dt* db, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    auto gx = optional_view(dx, "linear_backward", "dx");
+    auto gw = optional_view(dw, "linear_backward", "dweight");
+    auto gb = optional_view(db, "linear_backward", "dbias");
+    host_ops().linear_backward(view(x, "linear_backward", "x"), view(w, "linear_backward", "weight"),
+                               view(dy, "linear_backward", "dy"), gx.get(), gw.get(), gb.get());
+    settle(gx.tensor, dx, "linear_backward", "dx");
+  });
+}
+
+int layernorm_forward(braid_ds, const braid_dt* x, const braid_dt* gamma, const braid_dt* beta, float eps, braid_dt* y,
+                      braid_dt* mean, braid_dt* rstd, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "layernorm_forward";
+    Tensor out = view(y, op, "y");
+    braid::nn::LayerNormSaved saved{view(mean, op, "mean"), view(rstd, op, "rstd")};
+    host_ops().layernorm_forward(view(x, op, "x"), view(gamma, op, "gamma"), view(beta, op, "beta"), eps, out, saved);
+    settle(out, y, op, "y");
+    settle(saved.mean, mean, op, "mean");
+    settle(saved.rstd, rstd, op, "rstd");
+  });
+}
+
+int layernorm_backward(braid_ds, const braid_dt* x, const braid_dt* gamma, const braid_dt* mean, const braid_dt* rstd,
+                       const braid_dt* dy, braid_dt* dx, braid_dt* dgamma, braid_dt* dbeta, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "layernorm_backward";
+    const braid::nn::LayerNormSaved saved{view(mean, op, "mean"), view(rstd, op, "rstd")};
+    auto gx = optional_view(dx, op, "dx");
+    auto gg = optional_view(dgamma, op, "dgamma");
+    auto gb = optional_view(dbeta, op, "dbeta");
+    host_ops().layernorm_backward(view(x, op, "x"), view(gamma, op, "gamma"), saved, view(dy, op, "dy"), gx.get(),
+                                  gg.get(), gb.get());
+    settle(gx.tensor, dx, op, "dx");
+  });
+}
+
+int l2_normalize_forward(braid_ds, const braid_dt* x, braid_dt* y, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    Tensor out = view(y, "l2_normalize_forward", "y");
+    host_ops().l2_normalize_forward(view(x, "l2_normalize_forward", "x"), out);
+    settle(out, y, "l2_normalize_forward", "y");
+  });
+}
+
+int l2_normalize_backward(braid_ds, const braid_dt* x, const braid_dt* dy, braid_dt* dx, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "l2_normalize_backward";
+    Tensor out = view(dx, op, "dx");
+    host_ops().l2_normalize_backward(view(x, op, "x"), view(dy, op, "dy"), out);
+    settle(out, dx, op, "dx");
+  });
+}
+
+int add(braid_ds, braid_dt* y, const braid_dt* x, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    Tensor out = view(y, "add", "y");
+    host_ops().add(out, view(x, "add", "x"));
+  });
+}
+
+int gelu_forward(braid_ds, const braid_dt* x, braid_dt* y, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    Tensor out = view(y, "gelu_forward", "y");
+    host_ops().gelu_forward(view(x, "gelu_forward", "x"), out);
+    settle(out, y, "gelu_forward", "y");
+  });
+}
+
+int gelu_backward(braid_ds, const braid_dt* x, const braid_dt* dy, braid_dt* dx, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    Tensor out = view(dx, "gelu_backward", "dx");
+    host_ops().gelu_backward(view(x, "gelu_backward", "x"), view(dy, "gelu_backward", "dy"), out);
+    settle(out, dx, "gelu_backward", "dx");
+  });
+}
+
+int attention_saved_shape(const braid_dt* q, const braid_dt* k, int64_t heads, int32_t, braid_dt* saved, char* e,
+                          size_t n) {
+  return guarded(e, n, [&] {
+    if (!q || !k || !saved || q->rank != 3 || k->rank != 3 || heads <= 0)
+      throw std::invalid_argument("attention_saved_shape: q and k must be (B, S, H*D) and heads positive");
+    saved->dtype = BRAID_DEVICE_F32;
+    saved->rank = 4;
+    const int64_t shape[4] = {q->shape[0], heads, q->shape[1], k->shape[1]};
+    std::copy(shape, shape + 4, saved->shape);
+  });
+}
+
+int attention_forward(braid_ds, const braid_dt* q, const braid_dt* k, const braid_dt* v, int64_t heads, int32_t causal,
+                      braid_dt* out, braid_dt* saved, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "attention_forward";
+    Tensor o = view(out, op, "out");
+    braid::nn::AttentionSaved s{view(saved, op, "saved")};
+    host_ops().attention_forward(view(q, op, "q"), view(k, op, "k"), view(v, op, "v"), {heads, causal != 0}, o, s);
+    settle(o, out, op, "out");
+    settle(s.probs, saved, op, "saved");
+  });
+}
+
+int attention_backward(braid_ds, const braid_dt* q, const braid_dt* k, const braid_dt* v, int64_t heads, int32_t causal,
+                       const braid_dt* saved, const braid_dt* dout, braid_dt* dq, braid_dt* dk, braid_dt* dv, char* e,
+                       size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "attention_backward";
+    Tensor gq = view(dq, op, "dq"), gk = view(dk, op, "dk"), gv = view(dv, op, "dv");
+    const braid::nn::AttentionSaved s{view(saved, op, "saved")};
+    host_ops().attention_backward(view(q, op, "q"), view(k, op, "k"), view(v, op, "v"), {heads, causal != 0}, s,
+                                  view(dout, op, "dout"), gq, gk, gv);
+    settle(gq, dq, op, "dq");
+    settle(gk, dk, op, "dk");
+    settle(gv, dv, op, "dv");
+  });
+}
+
+int embedding_forward(braid_ds, const braid_dt* table, const braid_dt* ids, braid_dt* out, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "embedding_forward";
+    Tensor o = view(out, op, "out");
+    host_ops().embedding_forward(view(table, op, "table"), ids_view(ids, op, "ids"), o);
+    settle(o, out, op, "out");
+  });
+}
+
+int embedding_backward(braid_ds, const braid_dt* ids, const braid_dt* dout, braid_dt* dtable, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "embedding_backward";
+    Tensor t = view(dtable, op, "dtable");
+    host_ops().embedding_backward(ids_view(ids, op, "ids"), view(dout, op, "dout"), t);
+  });
+}
+
+int patch_embedding_forward(braid_ds, const braid_dt* image, int64_t patch, const braid_dt* w, const braid_dt* b,
+                            braid_dt* out, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "patch_embedding_forward";
+    auto bias = optional_view(b, op, "bias");
+    Tensor o = view(out, op, "out");
+    host_ops().patch_embedding_forward(view(image, op, "image"), patch, view(w, op, "weight"), bias.get(), o);
+    settle(o, out, op, "out");
+  });
+}
+
+int patch_embedding_backward(braid_ds, const braid_dt* image, int64_t patch, const braid_dt* w, const braid_dt* dout,
+                             braid_dt* dimage, braid_dt* dw, braid_dt* db, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "patch_embedding_backward";
+    auto gi = optional_view(dimage, op, "dimage");
+    auto gw = optional_view(dw, op, "dweight");
+    auto gb = optional_view(db, op, "dbias");
+    host_ops().patch_embedding_backward(view(image, op, "image"), patch, view(w, op, "weight"), view(dout, op, "dout"),
+                                        gi.get(), gw.get(), gb.get());
+    settle(gi.tensor, dimage, op, "dimage");
+  });
+}
+
+int cross_entropy(braid_ds, const braid_dt* logits, const braid_dt* targets, int64_t normalizer, braid_dt* dlogits,
+                  float* loss, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "cross_entropy";
+    auto g = optional_view(dlogits, op, "dlogits");
+    *loss = host_ops().cross_entropy(view(logits, op, "logits"), ids_view(targets, op, "targets"), normalizer, g.get());
+    settle(g.tensor, dlogits, op, "dlogits");
+  });
+}
+
+int contrastive_loss(braid_ds, const braid_dt* li, const braid_dt* lt, const braid_dt* ai, const braid_dt* at,
+                     int64_t offset, float t, float* loss, braid_dt* dli, braid_dt* dlt, braid_dt* dai, braid_dt* dat,
+                     float* dscale, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "contrastive_loss";
+    const bool grads = dli || dlt || dai || dat || dscale;
+    if (grads && !(dli && dlt && dai && dat && dscale))
+      throw std::invalid_argument("contrastive_loss: give all four gradients and d_logit_scale, or none");
+    braid::nn::ContrastiveGrads g;
+    if (grads)
+      g = {view(dli, op, "d_local_image"), view(dlt, op, "d_local_text"), view(dai, op, "d_all_image"),
+           view(dat, op, "d_all_text")};
+    *loss =
+        host_ops().contrastive_loss(view(li, op, "local_image"), view(lt, op, "local_text"), view(ai, op, "all_image"),
+                                    view(at, op, "all_text"), offset, t, grads ? &g : nullptr);
+    if (!grads) return;
+    settle(g.local_image, dli, op, "d_local_image");
+    settle(g.local_text, dlt, op, "d_local_text");
+    settle(g.all_image, dai, op, "d_all_image");
+    settle(g.all_text, dat, op, "d_all_text");
+    *dscale = g.logit_scale_param;
+  });
+}
+
+int adamw_step(braid_ds, braid_dt* param, const braid_dt* grad, braid_dt* m, braid_dt* v, int64_t step,
+               const braid_adamw_config_v2* c, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "adamw_step";
+    if (step < 1 || !c) throw std::invalid_argument("adamw_step: step must be at least 1 and config given");
+    Tensor p = view(param, op, "param");
+    braid::nn::AdamWState state{view(m, op, "m"), view(v, op, "v"), step - 1};
+    host_ops().adamw_step(p, view(grad, op, "grad"), state, {c->lr, c->beta1, c->beta2, c->eps, c->weight_decay});
+  });
+}
+
+int squared_norm(braid_ds, const braid_dt* t, double* result, char* e, size_t n) {
+  return guarded(e, n, [&] { *result = host_ops().squared_norm(view(t, "squared_norm", "t")); });
+}
+
+int scale(braid_ds, braid_dt* t, float factor, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    Tensor x = view(t, "scale", "t");
+    host_ops().scale(x, factor);
+  });
+}
+
+int supports(int32_t op) { return op >= 0 && op < BRAID_OP_COUNT_V2 ? 1 : 0; }
+
+void finalize() { pool().clear(); }
+
+const braid_device_ops_v2 kOps = {linear_forward,
+                                  linear_backward,
+                                  layernorm_forward,
+                                  layernorm_backward,
+                                  l2_normalize_forward,
+                                  l2_normalize_backward,
+                                  add,
+                                  gelu_forward,
+                                  gelu_backward,
+                                  attention_forward,
+                                  attention_backward,
+                                  embedding_forward,
+                                  embedding_backward,
+                                  patch_embedding_forward,
+                                  patch_embedding_backward,
+                                  cross_entropy,
+                                  contrastive_loss,
+                                  adamw_step,
+                                  squared_norm,
+                                  scale};
+
+}  // namespace
+
+extern "C" BRAID_PLUGIN_EXPORT const braid_device_plugin_v2 braidDevicePlugin_v2 = {2,
+                                                                                    "host",
+                                                                                    init,
+                                                                                    device_count,
+                                                                                    device_properties,
+                                                                                    self_test,
+                                                                                    alloc,
+                                                                                    release,
+                                                                                    memory_stats,
+                                                                                    copy,
+                                                                                    memset_zero,
+                                                                                    stream_create,
+                                                                                    stream_destroy,
+                                                                                    stream_synchronize,
+                                                                                    event_create,
+                                                                                    event_destroy,
+                                                                                    event_record,
+                                                                                    stream_wait_event,
+                                                                                    event_synchronize,
+                                                                                    supports,
+                                                                                    attention_saved_shape,
+                                                                                    &kOps,
+                                                                                    finalize};

@@ -1,0 +1,368 @@
+// The device path op by op: every nn::Ops method through a device plugin's v2 table
+// (DeviceOps over DeviceBackend) against the host ops on the same random inputs — forward,
+// every gradient, parameter gradients accumulated into non-zero tensors, null gradients
+// skipped — plus the backend's memory accounting and errors. Runs on each backend named in
+// BRAID_DEVICE_TEST_BACKENDS: the host backend in every build (bit-identical to the host
+// ops: it runs them), CUDA where a GPU is present (relative error <= 1e-5 in fp32); a
+// backend that cannot start is skipped with its reason.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/nn/device_ops.hpp"
+#include "core/nn/host_ops.hpp"
+#include "tests/unit/support.hpp"
+
+#ifndef BRAID_DEVICE_TEST_BACKENDS
+#define BRAID_DEVICE_TEST_BACKENDS "host,cuda"
+#endif
+
+namespace braid {
+namespace {
+
+using nn::Shape;
+using nn::Tensor;
+
+std::vector<std::string> backends_under_test() {
+  std::vector<std::string> out;
+  std::stringstream in(BRAID_DEVICE_TEST_BACKENDS);
+  for (std::string name; std::getline(in, name, ',');) out.push_back(name);
+  return out;
+}
+
+Tensor random_tensor(Shape shape, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  Tensor t(std::move(shape));
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (float& x : t.data) x = u(rng);
+  return t;
+}
+
+// The defined part of a contrastive gradient (ops.hpp): the all_* rows with this rank's
+// local_* rows added at its offset.
+Tensor owned_gradient(const Tensor& local, const Tensor& all, int64_t offset) {
+  Tensor sum = all;
+  const auto begin = static_cast<std::size_t>(offset * local.dim(1));
+  for (std::size_t i = 0; i < local.data.size(); ++i) sum.data[begin + i] += local.data[i];
+  return sum;
+}
+
+class DeviceOpsTest : public testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    try {
+      backend_ = nn::DeviceBackend::open(GetParam());
+    } catch (const Error& e) {
+      GTEST_SKIP() << GetParam() << " backend unavailable: " << e.what();
+    }
+    ops_ = std::make_unique<nn::DeviceOps>(backend_);
+    exact_ = GetParam() == "host";
+  }
+
+  Tensor up(const Tensor& t) { return backend_->upload(t); }
+  Tensor down(const Tensor& t) { return backend_->download(t); }
+
+  // The device result (downloaded) against the host's: bit for bit on the host backend,
+  // within 1e-5 of the largest element elsewhere.
+  void expect_same(const Tensor& device, const Tensor& host, const char* what) {
+    const Tensor got = device.device().is_host() ? device : down(device);
+    ASSERT_EQ(got.shape, host.shape) << what;
+    double diff = 0.0, scale = 0.0;
+    for (std::size_t i = 0; i < host.data.size(); ++i) {
+      diff = std::max(diff, std::abs(static_cast<double>(got.data[i]) - host.data[i]));
+      scale = std::max(scale, std::abs(static_cast<double>(host.data[i])));
+    }
+    if (exact_)
+      EXPECT_EQ(diff, 0.0) << what << ": the host backend runs the host ops, so results must be identical";
+    else
+      EXPECT_LE(diff, 1e-5 * std::max(scale, 1e-30)) << what;
+  }
+  void expect_same(double device, double host, const char* what) {
+    if (exact_)
+      EXPECT_EQ(device, host) << what;
+    else
+      EXPECT_NEAR(device, host, 1e-5 * std::max(std::abs(host), 1e-30)) << what;
+  }
+
+  std::shared_ptr<nn::DeviceBackend> backend_;
+  std::unique_ptr<nn::DeviceOps> ops_;
+  nn::HostOps host_;
+  std::mt19937 rng_{7};
+  bool exact_ = false;
+};
+
+TEST_P(DeviceOpsTest, Linear) {
+  const Tensor x = random_tensor({2, 3, 4}, rng_), w = random_tensor({5, 4}, rng_), b = random_tensor({5}, rng_);
+  const Tensor dy = random_tensor({2, 3, 5}, rng_);
+  const Tensor dw0 = random_tensor({5, 4}, rng_), db0 = random_tensor({5}, rng_);  // earlier microbatches
+  Tensor y, dx, dw = dw0, db = db0;
+  host_.linear_forward(x, w, &b, y);
+  host_.linear_backward(x, w, dy, &dx, &dw, &db);
+
+  Tensor x_d = up(x), w_d = up(w), b_d = up(b), dy_d = up(dy), y_d, dx_d, dw_d = up(dw0), db_d = up(db0);
+  ops_->linear_forward(x_d, w_d, &b_d, y_d);
+  ops_->linear_backward(x_d, w_d, dy_d, &dx_d, &dw_d, &db_d);
+  expect_same(y_d, y, "y");
+  expect_same(dx_d, dx, "dx");
+  expect_same(dw_d, dw, "dweight added to");
+  expect_same(db_d, db, "dbias added to");
+
+  Tensor y_nobias, y_nobias_d;  // no bias; and a frozen weight: only dx
+  host_.linear_forward(x, w, nullptr, y_nobias);
+  ops_->linear_forward(x_d, w_d, nullptr, y_nobias_d);
+  expect_same(y_nobias_d, y_nobias, "y without bias");
+  Tensor dx_only_d, dw_untouched_d = up(dw0);
+  ops_->linear_backward(x_d, w_d, dy_d, &dx_only_d, nullptr, nullptr);
+  expect_same(dx_only_d, dx, "dx alone");
+  expect_same(dw_untouched_d, dw0, "a gradient not asked for");
+}
+
+TEST_P(DeviceOpsTest, LayerNorm) {
+  const Tensor x = random_tensor({3, 7, 6}, rng_, 1.0f, 4.0f), gamma = random_tensor({6}, rng_, 0.5f, 1.5f),
+               beta = random_tensor({6}, rng_), dy = random_tensor({3, 7, 6}, rng_);
+  const Tensor dg0 = random_tensor({6}, rng_), db0 = random_tensor({6}, rng_);
+  Tensor y, dx, dg = dg0, db = db0;
+  nn::LayerNormSaved saved, saved_d;
+  host_.layernorm_forward(x, gamma, beta, 1e-5f, y, saved);
+  host_.layernorm_backward(x, gamma, saved, dy, &dx, &dg, &db);
+
+  Tensor x_d = up(x), g_d = up(gamma), b_d = up(beta), dy_d = up(dy), y_d, dx_d, dg_d = up(dg0), db_d = up(db0);
+  ops_->layernorm_forward(x_d, g_d, b_d, 1e-5f, y_d, saved_d);
+  ops_->layernorm_backward(x_d, g_d, saved_d, dy_d, &dx_d, &dg_d, &db_d);
+  expect_same(y_d, y, "y");
+  expect_same(saved_d.mean, saved.mean, "mean");
+  expect_same(saved_d.rstd, saved.rstd, "rstd");
+  expect_same(dx_d, dx, "dx");
+  expect_same(dg_d, dg, "dgamma added to");
+  expect_same(db_d, db, "dbeta added to");
+}
+
+TEST_P(DeviceOpsTest, PointwiseOps) {
+  const Tensor x = random_tensor({4, 9}, rng_, -3.0f, 3.0f), dy = random_tensor({4, 9}, rng_);
+  Tensor x_d = up(x), dy_d = up(dy);
+  {
+    Tensor y, dx, y_d, dx_d;
+    host_.gelu_forward(x, y);
+    host_.gelu_backward(x, dy, dx);
+    ops_->gelu_forward(x_d, y_d);
+    ops_->gelu_backward(x_d, dy_d, dx_d);
+    expect_same(y_d, y, "gelu");
+    expect_same(dx_d, dx, "gelu dx");
+  }
+  {
+    Tensor y, dx, y_d, dx_d;
+    host_.l2_normalize_forward(x, y);
+    host_.l2_normalize_backward(x, dy, dx);
+    ops_->l2_normalize_forward(x_d, y_d);
+    ops_->l2_normalize_backward(x_d, dy_d, dx_d);
+    expect_same(y_d, y, "l2_normalize");
+    expect_same(dx_d, dx, "l2_normalize dx");
+  }
+  {
+    Tensor sum = x, sum_d = up(x);
+    host_.add(sum, dy);
+    ops_->add(sum_d, dy_d);
+    expect_same(sum_d, sum, "add");
+    host_.scale(sum, 0.37f);
+    ops_->scale(sum_d, 0.37f);
+    expect_same(sum_d, sum, "scale");
+    expect_same(ops_->squared_norm(sum_d), host_.squared_norm(sum), "squared_norm");
+  }
+}
+
+TEST_P(DeviceOpsTest, Attention) {
+  for (const bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "bidirectional");
+    const int64_t sq = 5, sk = causal ? 5 : 7;
+    const Tensor q = random_tensor({2, sq, 12}, rng_, -1.5f, 1.5f), k = random_tensor({2, sk, 12}, rng_, -1.5f, 1.5f),
+                 v = random_tensor({2, sk, 12}, rng_), dout = random_tensor({2, sq, 12}, rng_);
+    const nn::AttentionOptions options{3, causal};
+    Tensor out, dq, dk, dv, out_d, dq_d, dk_d, dv_d;
+    nn::AttentionSaved saved, saved_d;
+    host_.attention_forward(q, k, v, options, out, saved);
+    host_.attention_backward(q, k, v, options, saved, dout, dq, dk, dv);
+    Tensor q_d = up(q), k_d = up(k), v_d = up(v), dout_d = up(dout);
+    ops_->attention_forward(q_d, k_d, v_d, options, out_d, saved_d);
+    ops_->attention_backward(q_d, k_d, v_d, options, saved_d, dout_d, dq_d, dk_d, dv_d);
+    expect_same(out_d, out, "out");
+    expect_same(dq_d, dq, "dq");
+    expect_same(dk_d, dk, "dk");
+    expect_same(dv_d, dv, "dv");
+  }
+}
+
+TEST_P(DeviceOpsTest, Embeddings) {
+  const Tensor table = random_tensor({6, 4}, rng_), dout = random_tensor({2, 3, 4}, rng_);
+  const std::vector<int32_t> ids = {1, 5, 1, 0, 3, 1};  // repeats: their gradients add up
+  const Tensor dtable0 = random_tensor({6, 4}, rng_);
+  Tensor out, dtable = dtable0, out_d, dtable_d = up(dtable0), table_d = up(table);
+  host_.embedding_forward(table, ids, out);
+  host_.embedding_backward(ids, dout, dtable);
+  ops_->embedding_forward(table_d, ids, out_d);
+  ops_->embedding_backward(ids, up(dout), dtable_d);
+  expect_same(out_d, out, "embedding");
+  expect_same(dtable_d, dtable, "dtable added to");
+
+  for (const Shape& shape : {Shape{2, 4, 6}, Shape{3, 2, 4, 6}}) {
+    SCOPED_TRACE(nn::shape_string(shape));
+    const Tensor image = random_tensor(shape, rng_), w = random_tensor({3, 2 * 2 * 2}, rng_),
+                 b = random_tensor({3}, rng_);
+    Tensor p, p_d;
+    host_.patch_embedding_forward(image, 2, w, &b, p);
+    Tensor image_d = up(image), w_d = up(w), b_d = up(b);
+    ops_->patch_embedding_forward(image_d, 2, w_d, &b_d, p_d);
+    expect_same(p_d, p, "patches");
+    const Tensor dp = random_tensor(p.shape, rng_), dw0 = random_tensor(w.shape, rng_), db0 = random_tensor({3}, rng_);
+    Tensor dimage, dw = dw0, db = db0, dimage_d, dw_d = up(dw0), db_d = up(db0);
+    host_.patch_embedding_backward(image, 2, w, dp, &dimage, &dw, &db);
+    ops_->patch_embedding_backward(image_d, 2, w_d, up(dp), &dimage_d, &dw_d, &db_d);
+    expect_same(dimage_d, dimage, "dimage");
+    expect_same(dw_d, dw, "patch dweight added to");
+    expect_same(db_d, db, "patch dbias added to");
+  }
+}
+
+TEST_P(DeviceOpsTest, Losses) {
+  const Tensor logits = random_tensor({2, 3, 11}, rng_, -2.0f, 2.0f);
+  const std::vector<int32_t> targets = {4, -1, 10, 0, -1, 7};
+  Tensor dlogits, dlogits_d;
+  const float loss = host_.cross_entropy(logits, targets, 9, &dlogits);
+  Tensor logits_d = up(logits);
+  expect_same(ops_->cross_entropy(logits_d, targets, 9, &dlogits_d), loss, "cross-entropy");
+  expect_same(dlogits_d, dlogits, "dlogits");
+  expect_same(ops_->cross_entropy(logits_d, targets, 0, nullptr), host_.cross_entropy(logits, targets, 0, nullptr),
+              "cross-entropy without a gradient");
+
+  // A rank's share of a batch of 8 spread over 4 ranks (offset 2, 2 rows), and one rank.
+  Tensor all_image, all_text;
+  host_.l2_normalize_forward(random_tensor({8, 6}, rng_), all_image);
+  host_.l2_normalize_forward(random_tensor({8, 6}, rng_), all_text);
+  Tensor local_image({2, 6}, std::vector<float>(all_image.data.begin() + 12, all_image.data.begin() + 24));
+  Tensor local_text({2, 6}, std::vector<float>(all_text.data.begin() + 12, all_text.data.begin() + 24));
+  const Tensor all_image_d = up(all_image), all_text_d = up(all_text), local_image_d = up(local_image),
+               local_text_d = up(local_text);
+  for (const bool one_rank : {false, true}) {
+    SCOPED_TRACE(one_rank ? "one rank" : "rank 1 of 4");
+    // One rank passes the same tensors as local and all, on the host and on the device.
+    const Tensor& li = one_rank ? all_image : local_image;
+    const Tensor& lt = one_rank ? all_text : local_text;
+    const Tensor& li_d = one_rank ? all_image_d : local_image_d;
+    const Tensor& lt_d = one_rank ? all_text_d : local_text_d;
+    const int64_t offset = one_rank ? 0 : 2;
+    nn::ContrastiveGrads g, g_d;
+    const float l = host_.contrastive_loss(li, lt, all_image, all_text, offset, 2.3f, &g);
+    const float l_d = ops_->contrastive_loss(li_d, lt_d, all_image_d, all_text_d, offset, 2.3f, &g_d);
+    expect_same(l_d, l, "contrastive loss");
+    expect_same(g_d.logit_scale_param, g.logit_scale_param, "d logit scale");
+    expect_same(owned_gradient(down(g_d.local_image), down(g_d.all_image), offset),
+                owned_gradient(g.local_image, g.all_image, offset), "d image");
+    expect_same(owned_gradient(down(g_d.local_text), down(g_d.all_text), offset),
+                owned_gradient(g.local_text, g.all_text, offset), "d text");
+    expect_same(ops_->contrastive_loss(li_d, lt_d, all_image_d, all_text_d, offset, 2.3f, nullptr), l,
+                "contrastive loss without gradients");
+  }
+}
+
+TEST_P(DeviceOpsTest, AdamWThreeSteps) {
+  Tensor param = random_tensor({4, 5}, rng_), param_d = up(param);
+  nn::AdamWState state, state_d;
+  const nn::AdamWConfig config{1e-2, 0.9, 0.999, 1e-8, 0.1};
+  for (int step = 0; step < 3; ++step) {
+    const Tensor grad = random_tensor({4, 5}, rng_);
+    host_.adamw_step(param, grad, state, config);
+    ops_->adamw_step(param_d, up(grad), state_d, config);
+  }
+  EXPECT_EQ(state_d.step, 3);
+  expect_same(param_d, param, "param after 3 steps");
+  expect_same(state_d.m, state.m, "first moment");
+  expect_same(state_d.v, state.v, "second moment");
+}
+
+TEST_P(DeviceOpsTest, MemoryComesBackToThePool) {
+  const Tensor x = random_tensor({64, 32}, rng_), w = random_tensor({16, 32}, rng_);
+  const nn::DeviceMemoryStats before = backend_->memory_stats();
+  uint64_t reserved_after_first = 0;
+  for (int step = 0; step < 3; ++step) {
+    Tensor x_d = up(x), w_d = up(w), y_d;
+    ops_->linear_forward(x_d, w_d, nullptr, y_d);
+    const nn::DeviceMemoryStats during = backend_->memory_stats();
+    EXPECT_GE(during.in_use - before.in_use, (64 * 32 + 16 * 32 + 64 * 16) * sizeof(float));
+    if (step == 0) reserved_after_first = backend_->memory_stats().reserved;
+    backend_->synchronize();
+  }
+  const nn::DeviceMemoryStats after = backend_->memory_stats();
+  EXPECT_EQ(after.in_use, before.in_use) << "every tensor gave its memory back";
+  EXPECT_EQ(after.reserved, reserved_after_first) << "steps after the first are served from the cache";
+  EXPECT_GE(after.allocations - before.allocations, 9u);
+  EXPECT_GE(after.peak_in_use, (64 * 32 + 16 * 32 + 64 * 16) * sizeof(float));
+}
+
+TEST_P(DeviceOpsTest, OutputsAreReusedAndCopiesAreExplicit) {
+  const Tensor x = random_tensor({8, 4}, rng_), w = random_tensor({3, 4}, rng_);
+  Tensor x_d = up(x), w_d = up(w), y_d;
+  ops_->linear_forward(x_d, w_d, nullptr, y_d);
+  const float* first = y_d.ptr();
+  ops_->linear_forward(x_d, w_d, nullptr, y_d);
+  EXPECT_EQ(y_d.ptr(), first) << "an output already on the device with the right size is written in place";
+  EXPECT_EQ(y_d.device(), backend_->device());
+  if (!backend_->device().is_host()) {
+    test::expect_error(
+        [&] {
+          Tensor y;
+          ops_->linear_forward(x, w_d, nullptr, y);
+        },
+        Status::invalid_argument, {"linear_forward: x is on host", "upload it first"});
+    test::expect_error([&] { Tensor copy = y_d; }, Status::invalid_argument, {"copy it with its backend"});
+  }
+}
+
+TEST_P(DeviceOpsTest, BadShapesNameTheOpAndTheArgument) {
+  Tensor x_d = up(random_tensor({2, 4}, rng_)), w_d = up(random_tensor({3, 5}, rng_)), y_d;
+  test::expect_error([&] { ops_->linear_forward(x_d, w_d, nullptr, y_d); }, Status::invalid_argument,
+                     {backend_->name() + " backend", "linear_forward", "x"});
+  Tensor table_d = up(random_tensor({4, 2}, rng_)), out_d;
+  const std::vector<int32_t> ids = {0, 4};
+  test::expect_error([&] { ops_->embedding_forward(table_d, ids, out_d); }, Status::invalid_argument,
+                     {"embedding_forward", "4"});
+}
+
+TEST_P(DeviceOpsTest, StreamsAndEventsOrderWork) {
+  const auto& api = backend_->api();
+  char error[512] = "";
+  braid_device_stream_v2 other = nullptr;
+  braid_device_event_v2 done = nullptr;
+  ASSERT_EQ(api.stream_create(0, &other, error, sizeof error), 0) << error;
+  ASSERT_EQ(api.event_create(0, &done, error, sizeof error), 0) << error;
+  const Tensor x = random_tensor({256}, rng_);
+  Tensor a = up(x), b = backend_->empty({256});
+  // Copy a -> b on the backend's stream, then make `other` wait for it and read b there.
+  backend_->copy(b, a);
+  ASSERT_EQ(api.event_record(done, backend_->stream(), error, sizeof error), 0) << error;
+  ASSERT_EQ(api.stream_wait_event(other, done, error, sizeof error), 0) << error;
+  Tensor back(Shape{256});
+  ASSERT_EQ(api.copy(back.ptr(), b.ptr(), 256 * sizeof(float), BRAID_COPY_DEVICE_TO_HOST, other, error, sizeof error),
+            0)
+      << error;
+  ASSERT_EQ(api.stream_synchronize(other, error, sizeof error), 0) << error;
+  ASSERT_EQ(api.event_synchronize(done, error, sizeof error), 0) << error;
+  EXPECT_EQ(back.data, x.data);
+  EXPECT_EQ(api.event_destroy(done, error, sizeof error), 0) << error;
+  EXPECT_EQ(api.stream_destroy(other, error, sizeof error), 0) << error;
+}
+
+TEST_P(DeviceOpsTest, SupportsEveryOp) {
+  for (int op = 0; op < BRAID_OP_COUNT_V2; ++op)
+    EXPECT_TRUE(backend_->supports(static_cast<braid_device_op_v2>(op))) << "op " << op;
+  EXPECT_FALSE(backend_->api().supports(BRAID_OP_COUNT_V2));
+  EXPECT_NO_THROW(backend_->plugin().self_test(0));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DeviceOpsTest, testing::ValuesIn(backends_under_test()),
+                         [](const testing::TestParamInfo<std::string>& info) { return info.param; });
+
+}  // namespace
+}  // namespace braid
