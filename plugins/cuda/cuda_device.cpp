@@ -1,11 +1,16 @@
-// libbraid-cuda.so: the CUDA device plugin. It links the CUDA runtime statically,
-// so it loads on machines without a driver and says so instead of failing.
+// libbraid-cuda.so: the CUDA device plugin, through interface v2 (memory, streams,
+// events, ops: ops.cpp) and v1 (devices and a self-test) for older braids. It links the
+// CUDA runtime statically, so it loads on machines without a driver and says so instead
+// of failing; cuBLAS comes from the toolkit's shared library.
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "braid_device_v1.h"
+#include "cuda_backend.hpp"
 
 #define BRAID_PLUGIN_EXPORT __attribute__((visibility("default")))
 
@@ -56,6 +61,187 @@ int device_properties(int32_t index, braid_device_properties_v1* out, char* erro
 
 void finalize() {}
 
+// ---- interface v2: memory from each device's stream-ordered pool ----
+
+using braid_cuda::guarded;
+
+int device_properties_v2(int32_t index, braid_device_properties_v2* out, char* error, size_t size) {
+  if (!out || out->struct_size < sizeof(braid_device_properties_v2)) {
+    if (error && size) std::snprintf(error, size, "properties struct_size too small");
+    return BRAID_DEVICE_INVALID_ARGUMENT;
+  }
+  braid_device_properties_v1 v1{};
+  v1.struct_size = sizeof v1;
+  if (int rc = device_properties(index, &v1, error, size)) return rc;
+  std::memcpy(out->name, v1.name, sizeof out->name);
+  out->memory_bytes = v1.memory_bytes;
+  out->multiprocessors = v1.multiprocessors;
+  out->compute_major = v1.compute_major;
+  out->compute_minor = v1.compute_minor;
+  out->pci_bus_id = v1.pci_bus_id;
+  out->host_memory = 0;
+  return 0;
+}
+
+// What alloc handed out, for the statistics; the pool itself is CUDA's.
+struct Accounting {
+  std::mutex mutex;
+  std::map<void*, size_t> sizes;
+  braid_device_memory_stats_v2 stats{};
+  bool pool_ready = false;
+};
+
+Accounting& accounting(int32_t device) {
+  static std::mutex mutex;
+  static std::map<int32_t, Accounting> per_device;
+  std::lock_guard lock(mutex);
+  return per_device[device];
+}
+
+// The default pool keeps what is freed (release threshold: everything), so a step's
+// allocations are served from memory the first step reserved.
+void prepare_pool(int32_t device, Accounting& a) {
+  if (a.pool_ready) return;
+  cudaMemPool_t pool = nullptr;
+  braid_cuda::check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
+  uint64_t keep = UINT64_MAX;
+  braid_cuda::check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+  a.pool_ready = true;
+}
+
+int alloc(int32_t device, size_t bytes, braid_device_stream_v2 stream, void** ptr, char* error, size_t size) {
+  return guarded(error, size, [&] {
+    Accounting& a = accounting(device);
+    std::lock_guard lock(a.mutex);
+    braid_cuda::check(cudaSetDevice(device), "cudaSetDevice");
+    prepare_pool(device, a);
+    *ptr = nullptr;
+    braid_cuda::check(cudaMallocAsync(ptr, bytes ? bytes : 1, stream ? stream->stream : nullptr), "cudaMallocAsync");
+    a.sizes[*ptr] = bytes;
+    a.stats.in_use += bytes;
+    a.stats.peak_in_use = std::max(a.stats.peak_in_use, a.stats.in_use);
+    ++a.stats.allocations;
+  });
+}
+
+int release(int32_t device, void* ptr, braid_device_stream_v2 stream, char* error, size_t size) {
+  return guarded(error, size, [&] {
+    if (!ptr) return;
+    Accounting& a = accounting(device);
+    std::lock_guard lock(a.mutex);
+    auto it = a.sizes.find(ptr);
+    if (it == a.sizes.end()) braid_cuda::invalid("cuda backend: free of a pointer it did not allocate");
+    a.stats.in_use -= it->second;
+    a.sizes.erase(it);
+    braid_cuda::check(cudaFreeAsync(ptr, stream ? stream->stream : nullptr), "cudaFreeAsync");
+  });
+}
+
+int memory_stats(int32_t device, braid_device_memory_stats_v2* out, char* error, size_t size) {
+  return guarded(error, size, [&] {
+    if (!out || out->struct_size < sizeof(braid_device_memory_stats_v2))
+      braid_cuda::invalid("cuda backend: memory stats struct_size too small");
+    Accounting& a = accounting(device);
+    std::lock_guard lock(a.mutex);
+    braid_device_memory_stats_v2 s = a.stats;
+    cudaMemPool_t pool = nullptr;
+    braid_cuda::check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
+    uint64_t reserved = 0;
+    braid_cuda::check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved),
+                      "cudaMemPoolGetAttribute");
+    s.reserved = reserved;
+    s.struct_size = out->struct_size;
+    *out = s;
+  });
+}
+
+int copy(void* dst, const void* src, size_t bytes, int32_t kind, braid_device_stream_v2 stream, char* error,
+         size_t size) {
+  return guarded(error, size, [&] {
+    cudaMemcpyKind k =
+        kind == BRAID_COPY_HOST_TO_DEVICE   ? cudaMemcpyHostToDevice
+        : kind == BRAID_COPY_DEVICE_TO_HOST ? cudaMemcpyDeviceToHost
+        : kind == BRAID_COPY_DEVICE_TO_DEVICE
+            ? cudaMemcpyDeviceToDevice
+            : (braid_cuda::invalid("cuda backend: unknown copy kind " + std::to_string(kind)), cudaMemcpyDefault);
+    if (bytes) braid_cuda::check(cudaMemcpyAsync(dst, src, bytes, k, stream ? stream->stream : nullptr), "copy");
+  });
+}
+
+int memset_zero(void* dst, size_t bytes, braid_device_stream_v2 stream, char* error, size_t size) {
+  return guarded(error, size, [&] {
+    if (bytes) braid_cuda::check(cudaMemsetAsync(dst, 0, bytes, stream ? stream->stream : nullptr), "cudaMemsetAsync");
+  });
+}
+
+int stream_create(int32_t device, braid_device_stream_v2* out, char* error, size_t size) {
+  return guarded(error, size, [&] {
+    braid_cuda::check(cudaSetDevice(device), "cudaSetDevice");
+    auto* s = new braid_device_stream_s{device, nullptr, nullptr};
+    try {
+      braid_cuda::check(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+      braid_cuda::check(cublasCreate(&s->blas), "cublasCreate");
+      braid_cuda::check(cublasSetStream(s->blas, s->stream), "cublasSetStream");
+      // Strict fp32: no TF32 tensor-core math unless a later version asks for it.
+      braid_cuda::check(cublasSetMathMode(s->blas, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
+    } catch (...) {
+      if (s->blas) cublasDestroy(s->blas);
+      if (s->stream) cudaStreamDestroy(s->stream);
+      delete s;
+      throw;
+    }
+    *out = s;
+  });
+}
+
+int stream_destroy(braid_device_stream_v2 s, char* error, size_t size) {
+  return guarded(error, size, [&] {
+    if (!s) return;
+    cublasDestroy(s->blas);
+    braid_cuda::check(cudaStreamDestroy(s->stream), "cudaStreamDestroy");
+    delete s;
+  });
+}
+
+int stream_synchronize(braid_device_stream_v2 s, char* error, size_t size) {
+  return guarded(error, size,
+                 [&] { braid_cuda::check(cudaStreamSynchronize(s ? s->stream : nullptr), "cudaStreamSynchronize"); });
+}
+
+int event_create(int32_t device, braid_device_event_v2* out, char* error, size_t size) {
+  return guarded(error, size, [&] {
+    braid_cuda::check(cudaSetDevice(device), "cudaSetDevice");
+    auto* e = new braid_device_event_s{device, nullptr};
+    cudaError_t err = cudaEventCreateWithFlags(&e->event, cudaEventDisableTiming);
+    if (err != cudaSuccess) delete e;
+    braid_cuda::check(err, "cudaEventCreate");
+    *out = e;
+  });
+}
+
+int event_destroy(braid_device_event_v2 e, char* error, size_t size) {
+  return guarded(error, size, [&] {
+    if (!e) return;
+    braid_cuda::check(cudaEventDestroy(e->event), "cudaEventDestroy");
+    delete e;
+  });
+}
+
+int event_record(braid_device_event_v2 e, braid_device_stream_v2 s, char* error, size_t size) {
+  return guarded(error, size,
+                 [&] { braid_cuda::check(cudaEventRecord(e->event, s ? s->stream : nullptr), "cudaEventRecord"); });
+}
+
+int stream_wait_event(braid_device_stream_v2 s, braid_device_event_v2 e, char* error, size_t size) {
+  return guarded(error, size, [&] {
+    braid_cuda::check(cudaStreamWaitEvent(s ? s->stream : nullptr, e->event, 0), "cudaStreamWaitEvent");
+  });
+}
+
+int event_synchronize(braid_device_event_v2 e, char* error, size_t size) {
+  return guarded(error, size, [&] { braid_cuda::check(cudaEventSynchronize(e->event), "cudaEventSynchronize"); });
+}
+
 }  // namespace
 
 // In self_test.cu: runs y = a*x + y on the device and compares with the host.
@@ -65,3 +251,27 @@ namespace {}  // namespace
 
 extern "C" BRAID_PLUGIN_EXPORT const braid_device_plugin_v1 braidDevicePlugin_v1 = {
     1, "cuda", init, device_count, device_properties, braid_cuda_self_test, finalize};
+
+extern "C" BRAID_PLUGIN_EXPORT const braid_device_plugin_v2 braidDevicePlugin_v2 = {2,
+                                                                                    "cuda",
+                                                                                    init,
+                                                                                    device_count,
+                                                                                    device_properties_v2,
+                                                                                    braid_cuda_self_test,
+                                                                                    alloc,
+                                                                                    release,
+                                                                                    memory_stats,
+                                                                                    copy,
+                                                                                    memset_zero,
+                                                                                    stream_create,
+                                                                                    stream_destroy,
+                                                                                    stream_synchronize,
+                                                                                    event_create,
+                                                                                    event_destroy,
+                                                                                    event_record,
+                                                                                    stream_wait_event,
+                                                                                    event_synchronize,
+                                                                                    braid_cuda_supports,
+                                                                                    braid_cuda_attention_saved_shape,
+                                                                                    &braid_cuda_ops,
+                                                                                    finalize};

@@ -84,7 +84,10 @@ plugin_dir, info = sys.argv[1], json.loads(sys.argv[2])
 assert plugin_dir in info["plugin_path"], f"{plugin_dir} not in the plugin path {info['plugin_path']}"
 mpi = [p for p in info["plugins"] if p["name"] == "mpi"][0]
 assert mpi["path"] == plugin_dir + "/libbraid-mpi.so", mpi
-print(f"   plugin path {info['plugin_path']}; mpi: {mpi['status'][:60]}")
+host = [p for p in info["plugins"] if p["name"] == "host"][0]
+assert host["path"] == plugin_dir + "/libbraid-host.so" and host["interface"] == 2, host
+assert len(host["devices"]) == 1 and host["devices"][0]["host_memory"], host
+print(f"   plugin path {info['plugin_path']}; mpi: {mpi['status'][:60]}; host: {host['status']}")
 PY
 }
 
@@ -110,7 +113,8 @@ case $mode in
     dpkg-deb --field "$deb" Depends | grep -q libopenblas || { echo "Depends misses OpenBLAS" >&2; exit 1; }
     contents=$(dpkg-deb --contents "$deb" | awk '{print $6}')
     for want in '/usr/bin/braid$' '/usr/include/braid/braid.h$' '/usr/include/braid/plugins/braid_comm_v1.h$' \
-      '/usr/lib/.*libbraid.so.[0-9]+$' '/usr/lib/.*braid/libbraid-mpi.so$' '/usr/lib/.*cmake/braid/braidConfig.cmake$' \
+      '/usr/lib/.*libbraid.so.[0-9]+$' '/usr/lib/.*braid/libbraid-mpi.so$' '/usr/lib/.*braid/libbraid-host.so$' \
+      '/usr/include/braid/plugins/braid_device_v2.h$' '/usr/lib/.*cmake/braid/braidConfig.cmake$' \
       '/usr/lib/.*pkgconfig/braid.pc$'; do
       grep -qE "$want" <<<"$contents" || { echo "the package holds no file matching $want" >&2; exit 1; }
     done

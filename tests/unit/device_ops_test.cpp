@@ -226,7 +226,7 @@ TEST_P(DeviceOpsTest, Embeddings) {
   }
 }
 
-TEST_P(DeviceOpsTest, Losses) {
+TEST_P(DeviceOpsTest, CrossEntropy) {
   const Tensor logits = random_tensor({2, 3, 11}, rng_, -2.0f, 2.0f);
   const std::vector<int32_t> targets = {4, -1, 10, 0, -1, 7};
   Tensor dlogits, dlogits_d;
@@ -236,7 +236,9 @@ TEST_P(DeviceOpsTest, Losses) {
   expect_same(dlogits_d, dlogits, "dlogits");
   expect_same(ops_->cross_entropy(logits_d, targets, 0, nullptr), host_.cross_entropy(logits, targets, 0, nullptr),
               "cross-entropy without a gradient");
+}
 
+TEST_P(DeviceOpsTest, ContrastiveLoss) {
   // A rank's share of a batch of 8 spread over 4 ranks (offset 2, 2 rows), and one rank.
   Tensor all_image, all_text;
   host_.l2_normalize_forward(random_tensor({8, 6}, rng_), all_image);
@@ -355,8 +357,28 @@ TEST_P(DeviceOpsTest, StreamsAndEventsOrderWork) {
 }
 
 TEST_P(DeviceOpsTest, SupportsEveryOp) {
+  const char* names[BRAID_OP_COUNT_V2] = {"linear_forward",
+                                          "linear_backward",
+                                          "layernorm_forward",
+                                          "layernorm_backward",
+                                          "l2_normalize_forward",
+                                          "l2_normalize_backward",
+                                          "add",
+                                          "gelu_forward",
+                                          "gelu_backward",
+                                          "attention_forward",
+                                          "attention_backward",
+                                          "embedding_forward",
+                                          "embedding_backward",
+                                          "patch_embedding_forward",
+                                          "patch_embedding_backward",
+                                          "cross_entropy",
+                                          "contrastive_loss",
+                                          "adamw_step",
+                                          "squared_norm",
+                                          "scale"};
   for (int op = 0; op < BRAID_OP_COUNT_V2; ++op)
-    EXPECT_TRUE(backend_->supports(static_cast<braid_device_op_v2>(op))) << "op " << op;
+    EXPECT_TRUE(backend_->supports(static_cast<braid_device_op_v2>(op))) << names[op];
   EXPECT_FALSE(backend_->api().supports(BRAID_OP_COUNT_V2));
   EXPECT_NO_THROW(backend_->plugin().self_test(0));
 }

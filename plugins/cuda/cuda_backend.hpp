@@ -1,0 +1,116 @@
+// What the CUDA backend's parts share: its streams (each with a cuBLAS handle), failures
+// as exceptions inside the plugin (turned into the interface's codes at its boundary),
+// checks of the tensor views, stream-ordered scratch memory, and row-major GEMMs.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <initializer_list>
+#include <new>
+#include <string>
+
+#include "braid_device_v2.h"
+
+struct braid_device_stream_s {
+  int32_t device = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;  // one handle per stream, bound to it
+};
+
+struct braid_device_event_s {
+  int32_t device = 0;
+  cudaEvent_t event = nullptr;
+};
+
+namespace braid_cuda {
+
+// An op's failure: code 1 (BRAID_DEVICE_INVALID_ARGUMENT) for the caller's mistakes,
+// a CUDA or cuBLAS status otherwise.
+struct Failure {
+  int code;
+  std::string message;
+};
+
+[[noreturn]] inline void invalid(const std::string& message) { throw Failure{BRAID_DEVICE_INVALID_ARGUMENT, message}; }
+
+inline void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess)
+    throw Failure{1000 + static_cast<int>(err),
+                  std::string(what) + ": " + cudaGetErrorString(err) + " (" + cudaGetErrorName(err) + ")"};
+}
+
+inline void check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw Failure{2000 + static_cast<int>(status), std::string(what) + ": " + cublasGetStatusString(status)};
+}
+
+// Runs an entry point's body; returns 0, or the failure's code with its message.
+template <typename F>
+int guarded(char* error, size_t size, F&& body) {
+  auto report = [&](int code, const std::string& message) {
+    if (error && size) std::snprintf(error, size, "%s", message.c_str());
+    return code;
+  };
+  try {
+    body();
+    return 0;
+  } catch (const Failure& f) {
+    return report(f.code, f.message);
+  } catch (const std::bad_alloc&) {
+    return report(3000, "cuda backend: out of host memory");
+  } catch (...) {
+    return report(3001, "cuda backend: unexpected failure");
+  }
+}
+
+using Tensor = braid_device_tensor_v2;
+
+int64_t numel(const Tensor& t);
+std::string shape_string(const Tensor& t);
+// A non-null float32 view, or invalid(): "<op>: <what> ...".
+const Tensor& f32(const Tensor* t, const char* op, const char* what);
+Tensor& f32(Tensor* t, const char* op, const char* what);
+void expect_shape(const Tensor& t, std::initializer_list<int64_t> shape, const char* op, const char* what);
+void expect_same_shape(const Tensor& t, const Tensor& like, const char* op, const char* what);
+// Size of the last axis (> 0) and the number of rows before it.
+int64_t features(const Tensor& t, const char* op, const char* what);
+inline float* data(const Tensor& t) { return static_cast<float*>(t.data); }
+
+// Stream-ordered scratch memory, given back (stream-ordered) when it goes.
+class Scratch {
+ public:
+  Scratch(cudaStream_t stream, size_t bytes) : stream_(stream) {
+    if (bytes) check(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (scratch)");
+  }
+  ~Scratch() {
+    if (ptr_) cudaFreeAsync(ptr_, stream_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  float* f() const { return static_cast<float*>(ptr_); }
+  double* d() const { return static_cast<double*>(ptr_); }
+
+ private:
+  cudaStream_t stream_;
+  void* ptr_ = nullptr;
+};
+
+// C (m x n) = alpha op(A) op(B) + beta C, all row-major, on the stream's handle (the
+// host ops' gemm, same arguments). TF32 stays off: the handle uses pedantic fp32 math.
+void gemm(braid_device_stream_s* s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// The same for `batch` problems at fixed strides (attention: one per head).
+void gemm_batched(braid_device_stream_s* s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                  const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b,
+                  float beta, float* c, int64_t ldc, int64_t stride_c, int64_t batch);
+
+}  // namespace braid_cuda
+
+// The op table (ops.cu) and the backend's other entry points (cuda_device.cpp).
+extern const braid_device_ops_v2 braid_cuda_ops;
+int braid_cuda_supports(int32_t op);
+int braid_cuda_attention_saved_shape(const braid_device_tensor_v2* q, const braid_device_tensor_v2* k, int64_t heads,
+                                     int32_t causal, braid_device_tensor_v2* saved, char* error, size_t size);

@@ -1,0 +1,94 @@
+// The CUDA backend's shared helpers: view checks and row-major GEMMs on cuBLAS.
+#include <string>
+
+#include "cuda_backend.hpp"
+
+namespace braid_cuda {
+
+int64_t numel(const Tensor& t) {
+  int64_t n = 1;
+  for (int32_t i = 0; i < t.rank; ++i) n *= t.shape[i];
+  return n;
+}
+
+std::string shape_string(const Tensor& t) {
+  std::string s = "(";
+  for (int32_t i = 0; i < t.rank; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  return s + (t.rank == 1 ? ",)" : ")");
+}
+
+const Tensor& f32(const Tensor* t, const char* op, const char* what) {
+  if (!t) invalid(std::string(op) + ": " + what + " is null");
+  if (t->dtype != BRAID_DEVICE_F32) invalid(std::string(op) + ": " + what + " must be F32");
+  if (t->rank < 0 || t->rank > BRAID_DEVICE_MAX_RANK)
+    invalid(std::string(op) + ": " + what + " has rank " + std::to_string(t->rank));
+  for (int32_t i = 0; i < t->rank; ++i)
+    if (t->shape[i] < 0) invalid(std::string(op) + ": " + what + " has a negative dimension");
+  if (!t->data && numel(*t) > 0) invalid(std::string(op) + ": " + what + " has no memory");
+  return *t;
+}
+
+Tensor& f32(Tensor* t, const char* op, const char* what) {
+  f32(static_cast<const Tensor*>(t), op, what);
+  return *t;
+}
+
+void expect_shape(const Tensor& t, std::initializer_list<int64_t> shape, const char* op, const char* what) {
+  bool same = static_cast<size_t>(t.rank) == shape.size();
+  int32_t i = 0;
+  for (int64_t d : shape) same = same && t.shape[i++] == d;
+  if (!same) {
+    Tensor want{};
+    want.rank = static_cast<int32_t>(shape.size());
+    i = 0;
+    for (int64_t d : shape) want.shape[i++] = d;
+    invalid(std::string(op) + ": " + what + " has shape " + shape_string(t) + " but " + shape_string(want) +
+            " is expected");
+  }
+}
+
+void expect_same_shape(const Tensor& t, const Tensor& like, const char* op, const char* what) {
+  bool same = t.rank == like.rank;
+  for (int32_t i = 0; same && i < t.rank; ++i) same = t.shape[i] == like.shape[i];
+  if (!same)
+    invalid(std::string(op) + ": " + what + " has shape " + shape_string(t) + " but " + shape_string(like) +
+            " is expected");
+}
+
+int64_t features(const Tensor& t, const char* op, const char* what) {
+  if (t.rank < 1 || t.shape[t.rank - 1] == 0)
+    invalid(std::string(op) + ": " + what + " must have a non-empty last axis, got " + shape_string(t));
+  return t.shape[t.rank - 1];
+}
+
+namespace {
+
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
+cublasOperation_t op_of(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+int as_int(int64_t v, const char* what) {
+  if (v > INT32_MAX) invalid(std::string("gemm: ") + what + " exceeds cuBLAS's 32-bit sizes");
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+void gemm(braid_device_stream_s* s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  check(cublasSgemm(s->blas, op_of(trans_b), op_of(trans_a), as_int(n, "n"), as_int(m, "m"), as_int(k, "k"), &alpha, b,
+                    as_int(ldb, "ldb"), a, as_int(lda, "lda"), &beta, c, as_int(ldc, "ldc")),
+        "cublasSgemm");
+}
+
+void gemm_batched(braid_device_stream_s* s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                  const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b,
+                  float beta, float* c, int64_t ldc, int64_t stride_c, int64_t batch) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  check(cublasSgemmStridedBatched(s->blas, op_of(trans_b), op_of(trans_a), as_int(n, "n"), as_int(m, "m"),
+                                  as_int(k, "k"), &alpha, b, as_int(ldb, "ldb"), stride_b, a, as_int(lda, "lda"),
+                                  stride_a, &beta, c, as_int(ldc, "ldc"), stride_c, as_int(batch, "batch")),
+        "cublasSgemmStridedBatched");
+}
+
+}  // namespace braid_cuda

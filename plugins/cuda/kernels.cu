@@ -1,0 +1,385 @@
+// The CUDA backend's kernels: the host ops' formulas (core/nn/host_*.cpp), with sums in
+// double where the host sums in double, and every reduction in a fixed order (kernels.hpp).
+#include <string>
+
+#include "cuda_backend.hpp"
+#include "kernels.hpp"
+
+namespace braid_cuda {
+namespace {
+
+constexpr int kThreads = 256;  // every block; the reductions' trees assume it
+constexpr int kGrid = 256;     // whole-tensor reductions: a fixed grid, so a fixed order
+
+int blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < 65535 ? (b > 0 ? b : 1) : 65535);
+}
+
+void launched(const char* what) { check(cudaGetLastError(), what); }
+
+// The block's sum of v in a fixed tree; every thread gets it.
+__device__ double block_sum(double v) {
+  __shared__ double buf[kThreads];
+  __syncthreads();  // buf may still be read from the previous call
+  buf[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) buf[threadIdx.x] += buf[threadIdx.x + half];
+    __syncthreads();
+  }
+  return buf[0];
+}
+
+__device__ float block_max(float v) {
+  __shared__ float buf[kThreads];
+  __syncthreads();
+  buf[threadIdx.x] = v;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) buf[threadIdx.x] = fmaxf(buf[threadIdx.x], buf[threadIdx.x + half]);
+    __syncthreads();
+  }
+  return buf[0];
+}
+
+#define GRID_LOOP(i, n) \
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); i += int64_t(blockDim.x) * gridDim.x)
+
+__global__ void fill_rows_k(float* y, const float* row, int64_t rows, int64_t cols) {
+  GRID_LOOP(i, rows * cols) y[i] = row[i % cols];
+}
+
+__global__ void column_sums_add_k(float* out, const float* x, int64_t rows, int64_t cols) {
+  GRID_LOOP(c, cols) {
+    float sum = out[c];  // rows in order, as the host adds them
+    for (int64_t r = 0; r < rows; ++r) sum += x[r * cols + c];
+    out[c] = sum;
+  }
+}
+
+__global__ void add_k(float* y, const float* x, int64_t n) { GRID_LOOP(i, n) y[i] += x[i]; }
+__global__ void scale_k(float* t, float f, int64_t n) { GRID_LOOP(i, n) t[i] *= f; }
+
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+
+// s = sigmoid(2u) and 1 - s, as the host computes them (host_pointwise.cpp).
+__device__ void gelu_sigmoid(float v, float& s, float& one_minus_s) {
+  const float u = kGeluC * (v + kGeluA * v * v * v);
+  const float e = expf(-2.0f * u);
+  s = 1.0f / (1.0f + e);
+  one_minus_s = e * s;
+}
+
+__global__ void gelu_forward_k(const float* x, float* y, int64_t n) {
+  GRID_LOOP(i, n) {
+    float s, r;
+    gelu_sigmoid(x[i], s, r);
+    y[i] = x[i] * s;
+  }
+}
+
+__global__ void gelu_backward_k(const float* x, const float* dy, float* dx, int64_t n) {
+  GRID_LOOP(i, n) {
+    const float v = x[i];
+    float s, r;
+    gelu_sigmoid(v, s, r);
+    const float du = kGeluC * (1.0f + 3.0f * kGeluA * v * v);
+    dx[i] = dy[i] * (s + 2.0f * v * s * r * du);
+  }
+}
+
+__global__ void adamw_k(float* p, const float* g, float* m, float* v, int64_t n, AdamWCoefficients c) {
+  GRID_LOOP(i, n) {
+    float pi = p[i] * c.decay;
+    const float mi = c.beta1 * m[i] + c.rest1 * g[i];
+    const float vi = c.beta2 * v[i] + c.rest2 * g[i] * g[i];
+    pi -= c.step_size * mi / (sqrtf(vi) / c.sqrt_correction2 + c.eps);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+__global__ void partial_squares_k(const float* x, int64_t n, double* partial) {
+  double sum = 0.0;
+  GRID_LOOP(i, n) sum += static_cast<double>(x[i]) * x[i];
+  const double total = block_sum(sum);
+  if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+__global__ void sum_doubles_k(const double* x, int64_t n, double* result) {
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += x[i];
+  const double total = block_sum(sum);
+  if (threadIdx.x == 0) *result = total;
+}
+
+__global__ void layernorm_forward_k(const float* x, const float* gamma, const float* beta, float eps, float* y,
+                                    float* mean_out, float* rstd_out, int64_t f) {
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * f;
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < f; i += blockDim.x) sum += xr[i];
+  const double mean = block_sum(sum) / f;
+  double var = 0.0;
+  for (int64_t i = threadIdx.x; i < f; i += blockDim.x) var += (xr[i] - mean) * (xr[i] - mean);
+  const float rstd = static_cast<float>(1.0 / sqrt(block_sum(var) / f + eps));
+  const float m = static_cast<float>(mean);
+  if (threadIdx.x == 0) {
+    mean_out[r] = m;
+    rstd_out[r] = rstd;
+  }
+  for (int64_t i = threadIdx.x; i < f; i += blockDim.x) y[r * f + i] = (xr[i] - m) * rstd * gamma[i] + beta[i];
+}
+
+__global__ void layernorm_backward_dx_k(const float* x, const float* gamma, const float* mean, const float* rstd,
+                                        const float* dy, float* dx, int64_t f) {
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * f;
+  const float* dyr = dy + r * f;
+  double sum_g = 0.0, sum_gx = 0.0;
+  for (int64_t i = threadIdx.x; i < f; i += blockDim.x) {
+    const double g = static_cast<double>(dyr[i]) * gamma[i];
+    sum_g += g;
+    sum_gx += g * (xr[i] - mean[r]) * rstd[r];
+  }
+  const auto mean_g = static_cast<float>(block_sum(sum_g) / f);
+  const auto mean_gx = static_cast<float>(block_sum(sum_gx) / f);
+  for (int64_t i = threadIdx.x; i < f; i += blockDim.x) {
+    const float xhat = (xr[i] - mean[r]) * rstd[r];
+    dx[r * f + i] = rstd[r] * (dyr[i] * gamma[i] - mean_g - xhat * mean_gx);
+  }
+}
+
+__global__ void layernorm_backward_params_k(const float* x, const float* mean, const float* rstd, const float* dy,
+                                            float* dgamma, float* dbeta, int64_t rows, int64_t f) {
+  GRID_LOOP(i, f) {
+    float dg = dgamma ? dgamma[i] : 0.0f, db = dbeta ? dbeta[i] : 0.0f;
+    for (int64_t r = 0; r < rows; ++r) {
+      dg += dy[r * f + i] * (x[r * f + i] - mean[r]) * rstd[r];
+      db += dy[r * f + i];
+    }
+    if (dgamma) dgamma[i] = dg;
+    if (dbeta) dbeta[i] = db;
+  }
+}
+
+constexpr double kNormEps = 1e-12;  // F.normalize's eps
+
+__global__ void l2_forward_k(const float* x, float* y, int64_t f) {
+  const int64_t r = blockIdx.x;
+  double sq = 0.0;
+  for (int64_t i = threadIdx.x; i < f; i += blockDim.x) sq += static_cast<double>(x[r * f + i]) * x[r * f + i];
+  const auto inv = static_cast<float>(1.0 / fmax(sqrt(block_sum(sq)), kNormEps));
+  for (int64_t i = threadIdx.x; i < f; i += blockDim.x) y[r * f + i] = x[r * f + i] * inv;
+}
+
+__global__ void l2_backward_k(const float* x, const float* dy, float* dx, int64_t f) {
+  const int64_t r = blockIdx.x;
+  double sq = 0.0, dot = 0.0;
+  for (int64_t i = threadIdx.x; i < f; i += blockDim.x) {
+    sq += static_cast<double>(x[r * f + i]) * x[r * f + i];
+    dot += static_cast<double>(x[r * f + i]) * dy[r * f + i];
+  }
+  sq = block_sum(sq);
+  dot = block_sum(dot);
+  const double norm = sqrt(sq);
+  if (norm <= kNormEps) {  // the clamped branch: y = x / eps is linear in x
+    for (int64_t i = threadIdx.x; i < f; i += blockDim.x) dx[r * f + i] = static_cast<float>(dy[r * f + i] / kNormEps);
+    return;
+  }
+  const auto inv = static_cast<float>(1.0 / norm), proj = static_cast<float>(dot / sq);
+  for (int64_t i = threadIdx.x; i < f; i += blockDim.x) dx[r * f + i] = (dy[r * f + i] - x[r * f + i] * proj) * inv;
+}
+
+__global__ void softmax_rows_k(float* p, int64_t sq, int64_t sk, bool causal) {
+  const int64_t r = blockIdx.x;
+  float* row = p + r * sk;
+  const int64_t n = causal ? (r % sq) + 1 : sk;
+  float top = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) top = fmaxf(top, row[j]);
+  top = block_max(top);
+  double sum = 0.0;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+    const float e = expf(row[j] - top);
+    row[j] = e;
+    sum += e;
+  }
+  const auto inv = static_cast<float>(1.0 / block_sum(sum));
+  for (int64_t j = threadIdx.x; j < sk; j += blockDim.x) row[j] = j < n ? row[j] * inv : 0.0f;
+}
+
+__global__ void softmax_backward_rows_k(const float* p, float* ds, int64_t sk) {
+  const int64_t r = blockIdx.x;
+  double dot = 0.0;
+  for (int64_t j = threadIdx.x; j < sk; j += blockDim.x) dot += static_cast<double>(p[r * sk + j]) * ds[r * sk + j];
+  const auto d = static_cast<float>(block_sum(dot));
+  for (int64_t j = threadIdx.x; j < sk; j += blockDim.x) ds[r * sk + j] = p[r * sk + j] * (ds[r * sk + j] - d);
+}
+
+__global__ void embedding_forward_k(const float* table, const int32_t* ids, float* out, int64_t n, int64_t e) {
+  GRID_LOOP(i, n * e) out[i] = table[int64_t(ids[i / e]) * e + i % e];
+}
+
+__global__ void embedding_backward_k(const int32_t* ids, const float* dout, float* dtable, int64_t n, int64_t e) {
+  GRID_LOOP(c, e) {
+    for (int64_t i = 0; i < n; ++i) dtable[int64_t(ids[i]) * e + c] += dout[i * e + c];
+  }
+}
+
+// One element of the patch rows per index: (image b, patch (py, px), channel, i, j).
+__device__ int64_t image_index(int64_t at, int64_t c, int64_t h, int64_t w, int64_t p) {
+  const int64_t width = c * p * p, gw = w / p, patches = (h / p) * gw;
+  const int64_t row = at / width, col = at % width;
+  const int64_t b = row / patches, patch = row % patches, py = patch / gw, px = patch % gw;
+  const int64_t ch = col / (p * p), i = (col / p) % p, j = col % p;
+  return ((b * c + ch) * h + py * p + i) * w + px * p + j;
+}
+
+__global__ void patchify_k(const float* image, float* cols, int64_t total, int64_t c, int64_t h, int64_t w, int64_t p) {
+  GRID_LOOP(at, total) cols[at] = image[image_index(at, c, h, w, p)];
+}
+
+__global__ void unpatchify_k(const float* cols, float* image, int64_t total, int64_t c, int64_t h, int64_t w,
+                             int64_t p) {
+  GRID_LOOP(at, total) image[image_index(at, c, h, w, p)] = cols[at];  // patches do not overlap
+}
+
+__global__ void cross_entropy_rows_k(const float* logits, const int32_t* targets, int64_t classes, float scale,
+                                     float* dlogits, double* row_loss) {
+  const int64_t r = blockIdx.x;
+  const float* row = logits + r * classes;
+  const int32_t t = targets[r];
+  if (t == -1) {
+    if (dlogits)
+      for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) dlogits[r * classes + j] = 0.0f;
+    if (threadIdx.x == 0) row_loss[r] = 0.0;
+    return;
+  }
+  float top = -INFINITY;
+  for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) top = fmaxf(top, row[j]);
+  top = block_max(top);
+  double sum = 0.0;
+  for (int64_t j = threadIdx.x; j < classes; j += blockDim.x) sum += exp(static_cast<double>(row[j] - top));
+  const double log_sum = log(block_sum(sum));
+  if (dlogits)
+    for (int64_t j = threadIdx.x; j < classes; j += blockDim.x)
+      dlogits[r * classes + j] =
+          static_cast<float>(exp(static_cast<double>(row[j] - top) - log_sum)) * scale - (j == t ? scale : 0.0f);
+  if (threadIdx.x == 0) row_loss[r] = log_sum - static_cast<double>(row[t] - top);
+}
+
+int rows_grid(int64_t rows, const char* what) {
+  if (rows > INT32_MAX) invalid(std::string(what) + ": too many rows for one launch");
+  return static_cast<int>(rows);
+}
+
+}  // namespace
+
+void fill_rows(cudaStream_t s, float* y, const float* row, int64_t rows, int64_t cols) {
+  fill_rows_k<<<blocks_for(rows * cols), kThreads, 0, s>>>(y, row, rows, cols);
+  launched("fill_rows");
+}
+void column_sums_add(cudaStream_t s, float* out, const float* x, int64_t rows, int64_t cols) {
+  column_sums_add_k<<<blocks_for(cols), kThreads, 0, s>>>(out, x, rows, cols);
+  launched("column_sums_add");
+}
+void add(cudaStream_t s, float* y, const float* x, int64_t n) {
+  add_k<<<blocks_for(n), kThreads, 0, s>>>(y, x, n);
+  launched("add");
+}
+void scale(cudaStream_t s, float* t, float factor, int64_t n) {
+  scale_k<<<blocks_for(n), kThreads, 0, s>>>(t, factor, n);
+  launched("scale");
+}
+void gelu_forward(cudaStream_t s, const float* x, float* y, int64_t n) {
+  gelu_forward_k<<<blocks_for(n), kThreads, 0, s>>>(x, y, n);
+  launched("gelu_forward");
+}
+void gelu_backward(cudaStream_t s, const float* x, const float* dy, float* dx, int64_t n) {
+  gelu_backward_k<<<blocks_for(n), kThreads, 0, s>>>(x, dy, dx, n);
+  launched("gelu_backward");
+}
+void adamw(cudaStream_t s, float* p, const float* g, float* m, float* v, int64_t n, const AdamWCoefficients& c) {
+  adamw_k<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, v, n, c);
+  launched("adamw_step");
+}
+void sum_squares(cudaStream_t s, const float* x, int64_t n, double* result) {
+  Scratch partial(s, kGrid * sizeof(double));
+  partial_squares_k<<<kGrid, kThreads, 0, s>>>(x, n, partial.d());
+  launched("squared_norm");
+  sum_doubles_k<<<1, kThreads, 0, s>>>(partial.d(), kGrid, result);
+  launched("squared_norm (final sum)");
+}
+void sum_doubles(cudaStream_t s, const double* x, int64_t n, double* result) {
+  sum_doubles_k<<<1, kThreads, 0, s>>>(x, n, result);
+  launched("sum");
+}
+void layernorm_forward(cudaStream_t s, const float* x, const float* gamma, const float* beta, float eps, float* y,
+                       float* mean, float* rstd, int64_t rows, int64_t f) {
+  if (rows == 0) return;
+  layernorm_forward_k<<<rows_grid(rows, "layernorm_forward"), kThreads, 0, s>>>(x, gamma, beta, eps, y, mean, rstd, f);
+  launched("layernorm_forward");
+}
+void layernorm_backward_dx(cudaStream_t s, const float* x, const float* gamma, const float* mean, const float* rstd,
+                           const float* dy, float* dx, int64_t rows, int64_t f) {
+  if (rows == 0) return;
+  layernorm_backward_dx_k<<<rows_grid(rows, "layernorm_backward"), kThreads, 0, s>>>(x, gamma, mean, rstd, dy, dx, f);
+  launched("layernorm_backward");
+}
+void layernorm_backward_params(cudaStream_t s, const float* x, const float* mean, const float* rstd, const float* dy,
+                               float* dgamma, float* dbeta, int64_t rows, int64_t f) {
+  layernorm_backward_params_k<<<blocks_for(f), kThreads, 0, s>>>(x, mean, rstd, dy, dgamma, dbeta, rows, f);
+  launched("layernorm_backward (parameters)");
+}
+void l2_normalize_forward(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t f) {
+  if (rows == 0) return;
+  l2_forward_k<<<rows_grid(rows, "l2_normalize_forward"), kThreads, 0, s>>>(x, y, f);
+  launched("l2_normalize_forward");
+}
+void l2_normalize_backward(cudaStream_t s, const float* x, const float* dy, float* dx, int64_t rows, int64_t f) {
+  if (rows == 0) return;
+  l2_backward_k<<<rows_grid(rows, "l2_normalize_backward"), kThreads, 0, s>>>(x, dy, dx, f);
+  launched("l2_normalize_backward");
+}
+void softmax_rows(cudaStream_t s, float* p, int64_t rows, int64_t sq, int64_t sk, bool causal) {
+  if (rows == 0) return;
+  softmax_rows_k<<<rows_grid(rows, "attention softmax"), kThreads, 0, s>>>(p, sq, sk, causal);
+  launched("attention softmax");
+}
+void softmax_backward_rows(cudaStream_t s, const float* p, float* ds, int64_t rows, int64_t sk) {
+  if (rows == 0) return;
+  softmax_backward_rows_k<<<rows_grid(rows, "attention softmax backward"), kThreads, 0, s>>>(p, ds, sk);
+  launched("attention softmax backward");
+}
+void embedding_forward(cudaStream_t s, const float* table, const int32_t* ids, float* out, int64_t n, int64_t e) {
+  embedding_forward_k<<<blocks_for(n * e), kThreads, 0, s>>>(table, ids, out, n, e);
+  launched("embedding_forward");
+}
+void embedding_backward(cudaStream_t s, const int32_t* ids, const float* dout, float* dtable, int64_t n, int64_t e) {
+  embedding_backward_k<<<blocks_for(e), kThreads, 0, s>>>(ids, dout, dtable, n, e);
+  launched("embedding_backward");
+}
+void patchify(cudaStream_t s, const float* image, float* cols, int64_t images, int64_t c, int64_t h, int64_t w,
+              int64_t p) {
+  const int64_t total = images * c * h * w;
+  patchify_k<<<blocks_for(total), kThreads, 0, s>>>(image, cols, total, c, h, w, p);
+  launched("patchify");
+}
+void unpatchify(cudaStream_t s, const float* cols, float* image, int64_t images, int64_t c, int64_t h, int64_t w,
+                int64_t p) {
+  const int64_t total = images * c * h * w;
+  unpatchify_k<<<blocks_for(total), kThreads, 0, s>>>(cols, image, total, c, h, w, p);
+  launched("unpatchify");
+}
+void cross_entropy_rows(cudaStream_t s, const float* logits, const int32_t* targets, int64_t rows, int64_t classes,
+                        float scale, float* dlogits, double* row_loss) {
+  if (rows == 0) return;
+  cross_entropy_rows_k<<<rows_grid(rows, "cross_entropy"), kThreads, 0, s>>>(logits, targets, classes, scale, dlogits,
+                                                                             row_loss);
+  launched("cross_entropy");
+}
+
+}  // namespace braid_cuda

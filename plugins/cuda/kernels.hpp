@@ -1,0 +1,60 @@
+// The CUDA backend's kernels (kernels.cu), as launchers: each enqueues on `stream` and
+// checks the launch. No reduction uses atomics: a row is reduced by one block in a fixed
+// tree, a column by one thread in row order, a whole tensor by a fixed grid then one block,
+// so the same inputs give the same bits on the same GPU.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace braid_cuda {
+
+struct AdamWCoefficients {
+  float decay, beta1, rest1, beta2, rest2, step_size, sqrt_correction2, eps;
+};
+
+void fill_rows(cudaStream_t s, float* y, const float* row, int64_t rows, int64_t cols);        // y[r] = row
+void column_sums_add(cudaStream_t s, float* out, const float* x, int64_t rows, int64_t cols);  // out += sum_r x[r]
+void add(cudaStream_t s, float* y, const float* x, int64_t n);
+void scale(cudaStream_t s, float* t, float factor, int64_t n);
+void gelu_forward(cudaStream_t s, const float* x, float* y, int64_t n);
+void gelu_backward(cudaStream_t s, const float* x, const float* dy, float* dx, int64_t n);
+void adamw(cudaStream_t s, float* p, const float* g, float* m, float* v, int64_t n, const AdamWCoefficients& c);
+// *result (device) = sum of x[i]^2 in double.
+void sum_squares(cudaStream_t s, const float* x, int64_t n, double* result);
+// *result (device) = sum of x[i] in double, in index order's fixed tree.
+void sum_doubles(cudaStream_t s, const double* x, int64_t n, double* result);
+
+void layernorm_forward(cudaStream_t s, const float* x, const float* gamma, const float* beta, float eps, float* y,
+                       float* mean, float* rstd, int64_t rows, int64_t f);
+void layernorm_backward_dx(cudaStream_t s, const float* x, const float* gamma, const float* mean, const float* rstd,
+                           const float* dy, float* dx, int64_t rows, int64_t f);
+// dgamma += sum_r dy (x - mean) rstd, dbeta += sum_r dy (either may be null).
+void layernorm_backward_params(cudaStream_t s, const float* x, const float* mean, const float* rstd, const float* dy,
+                               float* dgamma, float* dbeta, int64_t rows, int64_t f);
+void l2_normalize_forward(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t f);
+void l2_normalize_backward(cudaStream_t s, const float* x, const float* dy, float* dx, int64_t rows, int64_t f);
+
+// Rows of `sk` scaled scores, in blocks of `sq` query rows: softmax in place; with causal,
+// row i of a block sees keys 0..i and the rest become exactly 0.
+void softmax_rows(cudaStream_t s, float* p, int64_t rows, int64_t sq, int64_t sk, bool causal);
+// ds = p * (ds - sum_j p ds), per row.
+void softmax_backward_rows(cudaStream_t s, const float* p, float* ds, int64_t rows, int64_t sk);
+
+void embedding_forward(cudaStream_t s, const float* table, const int32_t* ids, float* out, int64_t n, int64_t e);
+// dtable[ids[i]] += dout[i], positions in order per feature.
+void embedding_backward(cudaStream_t s, const int32_t* ids, const float* dout, float* dtable, int64_t n, int64_t e);
+
+// images (B, C, H, W) <-> patch rows (B * (H/P) * (W/P), C*P*P), each flattened (c, i, j).
+void patchify(cudaStream_t s, const float* image, float* cols, int64_t images, int64_t c, int64_t h, int64_t w,
+              int64_t p);
+void unpatchify(cudaStream_t s, const float* cols, float* image, int64_t images, int64_t c, int64_t h, int64_t w,
+                int64_t p);
+
+// Per row: row_loss[r] = -log softmax(logits[r])[target] (0 for target -1) and, with
+// dlogits, (softmax - onehot) * scale (zero rows for ignored targets).
+void cross_entropy_rows(cudaStream_t s, const float* logits, const int32_t* targets, int64_t rows, int64_t classes,
+                        float scale, float* dlogits, double* row_loss);
+
+}  // namespace braid_cuda

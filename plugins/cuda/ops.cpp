@@ -1,0 +1,468 @@
+// The CUDA backend's op table: each entry checks its views as the host ops do, then
+// enqueues cuBLAS calls and kernels (kernels.hpp) on the given stream. Scalars the
+// interface returns in host memory (losses, norms) are copied back and waited for.
+//
+// Not implemented yet: the contrastive loss (supports() says 0 and its entry is NULL);
+// its tiled CUDA kernel is still to come.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "cuda_backend.hpp"
+#include "kernels.hpp"
+
+namespace {
+
+using braid_cuda::data;
+using braid_cuda::expect_same_shape;
+using braid_cuda::expect_shape;
+using braid_cuda::f32;
+using braid_cuda::features;
+using braid_cuda::guarded;
+using braid_cuda::invalid;
+using braid_cuda::numel;
+using braid_cuda::Scratch;
+using braid_cuda::Tensor;
+using Stream = braid_device_stream_s*;
+
+// Rows of x (every axis but the last) after checking x against weight (out, in).
+int64_t linear_rows(const Tensor& x, const Tensor& w, const char* op) {
+  if (w.rank != 2) invalid(std::string(op) + ": weight must be (out, in), got " + braid_cuda::shape_string(w));
+  if (x.rank < 1 || x.shape[x.rank - 1] != w.shape[1])
+    invalid(std::string(op) + ": x " + braid_cuda::shape_string(x) + " does not end in the " +
+            std::to_string(w.shape[1]) + " input features of weight " + braid_cuda::shape_string(w));
+  return w.shape[1] ? numel(x) / w.shape[1] : 0;
+}
+
+// x's shape with the last axis replaced.
+Tensor with_last(const Tensor& x, int64_t last) {
+  Tensor t = x;
+  t.shape[t.rank - 1] = last;
+  return t;
+}
+
+void linear_forward_on(Stream s, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y, const char* op) {
+  const int64_t rows = linear_rows(x, w, op), in = w.shape[1], out = w.shape[0];
+  if (b) expect_shape(f32(b, op, "bias"), {out}, op, "bias");
+  expect_same_shape(y, with_last(x, out), op, "y");
+  if (b) braid_cuda::fill_rows(s->stream, data(y), data(*b), rows, out);  // the GEMM adds x W^T to it
+  braid_cuda::gemm(s, false, true, rows, out, in, 1.0f, data(x), in, data(w), in, b ? 1.0f : 0.0f, data(y), out);
+}
+
+void linear_backward_on(Stream s, const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw,
+                        Tensor* db, const char* op) {
+  const int64_t rows = linear_rows(x, w, op), in = w.shape[1], out = w.shape[0];
+  expect_same_shape(dy, with_last(x, out), op, "dy");
+  if (dx) expect_same_shape(f32(dx, op, "dx"), x, op, "dx");
+  if (dw) expect_same_shape(f32(dw, op, "dweight"), w, op, "dweight");
+  if (db) expect_shape(f32(db, op, "dbias"), {out}, op, "dbias");
+  if (dx) braid_cuda::gemm(s, false, false, rows, in, out, 1.0f, data(dy), out, data(w), in, 0.0f, data(*dx), in);
+  if (dw) braid_cuda::gemm(s, true, false, out, in, rows, 1.0f, data(dy), out, data(x), in, 1.0f, data(*dw), in);
+  if (db) braid_cuda::column_sums_add(s->stream, data(*db), data(dy), rows, out);
+}
+
+int linear_forward(Stream s, const Tensor* x, const Tensor* w, const Tensor* b, Tensor* y, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "linear_forward";
+    linear_forward_on(s, f32(x, op, "x"), f32(w, op, "weight"), b, f32(y, op, "y"), op);
+  });
+}
+
+int linear_backward(Stream s, const Tensor* x, const Tensor* w, const Tensor* dy, Tensor* dx, Tensor* dw, Tensor* db,
+                    char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "linear_backward";
+    linear_backward_on(s, f32(x, op, "x"), f32(w, op, "weight"), f32(dy, op, "dy"), dx, dw, db, op);
+  });
+}
+
+int layernorm_forward(Stream s, const Tensor* x, const Tensor* gamma, const Tensor* beta, float eps, Tensor* y,
+                      Tensor* mean, Tensor* rstd, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "layernorm_forward";
+    const int64_t f = features(f32(x, op, "x"), op, "x"), rows = numel(*x) / f;
+    expect_shape(f32(gamma, op, "gamma"), {f}, op, "gamma");
+    expect_shape(f32(beta, op, "beta"), {f}, op, "beta");
+    expect_same_shape(f32(y, op, "y"), *x, op, "y");
+    expect_shape(f32(mean, op, "mean"), {rows}, op, "mean");
+    expect_shape(f32(rstd, op, "rstd"), {rows}, op, "rstd");
+    braid_cuda::layernorm_forward(s->stream, data(*x), data(*gamma), data(*beta), eps, data(*y), data(*mean),
+                                  data(*rstd), rows, f);
+  });
+}
+
+int layernorm_backward(Stream s, const Tensor* x, const Tensor* gamma, const Tensor* mean, const Tensor* rstd,
+                       const Tensor* dy, Tensor* dx, Tensor* dgamma, Tensor* dbeta, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "layernorm_backward";
+    const int64_t f = features(f32(x, op, "x"), op, "x"), rows = numel(*x) / f;
+    expect_shape(f32(gamma, op, "gamma"), {f}, op, "gamma");
+    expect_shape(f32(mean, op, "saved.mean"), {rows}, op, "saved.mean");
+    expect_shape(f32(rstd, op, "saved.rstd"), {rows}, op, "saved.rstd");
+    expect_same_shape(f32(dy, op, "dy"), *x, op, "dy");
+    if (dx) expect_same_shape(f32(dx, op, "dx"), *x, op, "dx");
+    if (dgamma) expect_shape(f32(dgamma, op, "dgamma"), {f}, op, "dgamma");
+    if (dbeta) expect_shape(f32(dbeta, op, "dbeta"), {f}, op, "dbeta");
+    if (dx)
+      braid_cuda::layernorm_backward_dx(s->stream, data(*x), data(*gamma), data(*mean), data(*rstd), data(*dy),
+                                        data(*dx), rows, f);
+    if (dgamma || dbeta)
+      braid_cuda::layernorm_backward_params(s->stream, data(*x), data(*mean), data(*rstd), data(*dy),
+                                            dgamma ? data(*dgamma) : nullptr, dbeta ? data(*dbeta) : nullptr, rows, f);
+  });
+}
+
+int l2_normalize_forward(Stream s, const Tensor* x, Tensor* y, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "l2_normalize_forward";
+    const int64_t f = features(f32(x, op, "x"), op, "x");
+    expect_same_shape(f32(y, op, "y"), *x, op, "y");
+    braid_cuda::l2_normalize_forward(s->stream, data(*x), data(*y), numel(*x) / f, f);
+  });
+}
+
+int l2_normalize_backward(Stream s, const Tensor* x, const Tensor* dy, Tensor* dx, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "l2_normalize_backward";
+    const int64_t f = features(f32(x, op, "x"), op, "x");
+    expect_same_shape(f32(dy, op, "dy"), *x, op, "dy");
+    expect_same_shape(f32(dx, op, "dx"), *x, op, "dx");
+    braid_cuda::l2_normalize_backward(s->stream, data(*x), data(*dy), data(*dx), numel(*x) / f, f);
+  });
+}
+
+int add(Stream s, Tensor* y, const Tensor* x, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    expect_same_shape(f32(x, "add", "x"), f32(y, "add", "y"), "add", "x");
+    braid_cuda::add(s->stream, data(*y), data(*x), numel(*y));
+  });
+}
+
+int gelu_forward(Stream s, const Tensor* x, Tensor* y, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    expect_same_shape(f32(y, "gelu_forward", "y"), f32(x, "gelu_forward", "x"), "gelu_forward", "y");
+    braid_cuda::gelu_forward(s->stream, data(*x), data(*y), numel(*x));
+  });
+}
+
+int gelu_backward(Stream s, const Tensor* x, const Tensor* dy, Tensor* dx, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "gelu_backward";
+    expect_same_shape(f32(dy, op, "dy"), f32(x, op, "x"), op, "dy");
+    expect_same_shape(f32(dx, op, "dx"), *x, op, "dx");
+    braid_cuda::gelu_backward(s->stream, data(*x), data(*dy), data(*dx), numel(*x));
+  });
+}
+
+// Attention's dimensions after the host op's checks (host_attention.cpp).
+struct Dims {
+  int64_t batch, sq, sk, width, heads, head_dim;
+};
+
+Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, int64_t heads, bool causal, const char* op) {
+  if (q.rank != 3 || k.rank != 3)
+    invalid(std::string(op) + ": q and k must be (B, S, H*D), got " + braid_cuda::shape_string(q) + " and " +
+            braid_cuda::shape_string(k));
+  const Dims d{q.shape[0], q.shape[1], k.shape[1], q.shape[2], heads, heads > 0 ? q.shape[2] / heads : 0};
+  if (heads <= 0 || d.width % heads != 0 || d.head_dim == 0)
+    invalid(std::string(op) + ": " + std::to_string(heads) + " heads do not divide the " + std::to_string(d.width) +
+            " features");
+  expect_shape(k, {d.batch, d.sk, d.width}, op, "k");
+  expect_shape(v, {d.batch, d.sk, d.width}, op, "v");
+  if (d.sq > 0 && d.sk == 0) invalid(std::string(op) + ": queries need at least one key to attend to");
+  if (causal && d.sq != d.sk)
+    invalid(std::string(op) + ": causal attention needs as many queries as keys, got " + std::to_string(d.sq) +
+            " and " + std::to_string(d.sk));
+  return d;
+}
+
+int attention_forward(Stream s, const Tensor* q, const Tensor* k, const Tensor* v, int64_t heads, int32_t causal,
+                      Tensor* out, Tensor* saved, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "attention_forward";
+    const Dims d = attention_dims(f32(q, op, "q"), f32(k, op, "k"), f32(v, op, "v"), heads, causal, op);
+    expect_same_shape(f32(out, op, "out"), *q, op, "out");
+    expect_shape(f32(saved, op, "saved"), {d.batch, d.heads, d.sq, d.sk}, op, "saved");
+    const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
+    for (int64_t b = 0; b < d.batch; ++b) {  // one batched GEMM over the heads per sample
+      const float* qb = data(*q) + b * d.sq * d.width;
+      const float* kb = data(*k) + b * d.sk * d.width;
+      float* p = data(*saved) + b * d.heads * d.sq * d.sk;
+      braid_cuda::gemm_batched(s, false, true, d.sq, d.sk, d.head_dim, scale, qb, d.width, d.head_dim, kb, d.width,
+                               d.head_dim, 0.0f, p, d.sk, d.sq * d.sk, d.heads);
+    }
+    braid_cuda::softmax_rows(s->stream, data(*saved), d.batch * d.heads * d.sq, d.sq, d.sk, causal != 0);
+    for (int64_t b = 0; b < d.batch; ++b)
+      braid_cuda::gemm_batched(s, false, false, d.sq, d.head_dim, d.sk, 1.0f, data(*saved) + b * d.heads * d.sq * d.sk,
+                               d.sk, d.sq * d.sk, data(*v) + b * d.sk * d.width, d.width, d.head_dim, 0.0f,
+                               data(*out) + b * d.sq * d.width, d.width, d.head_dim, d.heads);
+  });
+}
+
+int attention_backward(Stream s, const Tensor* q, const Tensor* k, const Tensor* v, int64_t heads, int32_t causal,
+                       const Tensor* saved, const Tensor* dout, Tensor* dq, Tensor* dk, Tensor* dv, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "attention_backward";
+    const Dims d = attention_dims(f32(q, op, "q"), f32(k, op, "k"), f32(v, op, "v"), heads, causal, op);
+    expect_shape(f32(saved, op, "saved"), {d.batch, d.heads, d.sq, d.sk}, op, "saved");
+    expect_same_shape(f32(dout, op, "dout"), *q, op, "dout");
+    expect_same_shape(f32(dq, op, "dq"), *q, op, "dq");
+    expect_same_shape(f32(dk, op, "dk"), *k, op, "dk");
+    expect_same_shape(f32(dv, op, "dv"), *v, op, "dv");
+    const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
+    const int64_t block = d.sq * d.sk;
+    Scratch ds(s->stream, static_cast<size_t>(d.batch * d.heads * block) * sizeof(float));  // dP, then dS
+    for (int64_t b = 0; b < d.batch; ++b) {
+      const int64_t q_at = b * d.sq * d.width, k_at = b * d.sk * d.width;
+      const float* p = data(*saved) + b * d.heads * block;
+      float* dsb = ds.f() + b * d.heads * block;
+      // out = P V: dV = P^T dout, dP = dout V^T.
+      braid_cuda::gemm_batched(s, true, false, d.sk, d.head_dim, d.sq, 1.0f, p, d.sk, block, data(*dout) + q_at,
+                               d.width, d.head_dim, 0.0f, data(*dv) + k_at, d.width, d.head_dim, d.heads);
+      braid_cuda::gemm_batched(s, false, true, d.sq, d.sk, d.head_dim, 1.0f, data(*dout) + q_at, d.width, d.head_dim,
+                               data(*v) + k_at, d.width, d.head_dim, 0.0f, dsb, d.sk, block, d.heads);
+    }
+    braid_cuda::softmax_backward_rows(s->stream, data(*saved), ds.f(), d.batch * d.heads * d.sq, d.sk);
+    for (int64_t b = 0; b < d.batch; ++b) {
+      const int64_t q_at = b * d.sq * d.width, k_at = b * d.sk * d.width;
+      const float* dsb = ds.f() + b * d.heads * block;
+      // S = scale Q K^T: dQ = scale dS K, dK = scale dS^T Q.
+      braid_cuda::gemm_batched(s, false, false, d.sq, d.head_dim, d.sk, scale, dsb, d.sk, block, data(*k) + k_at,
+                               d.width, d.head_dim, 0.0f, data(*dq) + q_at, d.width, d.head_dim, d.heads);
+      braid_cuda::gemm_batched(s, true, false, d.sk, d.head_dim, d.sq, scale, dsb, d.sk, block, data(*q) + q_at,
+                               d.width, d.head_dim, 0.0f, data(*dk) + k_at, d.width, d.head_dim, d.heads);
+    }
+  });
+}
+
+const int32_t* ids_of(const Tensor* t, const char* op, const char* what) {
+  if (!t || t->dtype != BRAID_DEVICE_I32 || t->rank != 1)
+    invalid(std::string(op) + ": " + what + " must be an I32 vector");
+  return static_cast<const int32_t*>(t->data);
+}
+
+int embedding_forward(Stream s, const Tensor* table, const Tensor* ids, Tensor* out, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "embedding_forward";
+    if (f32(table, op, "table").rank != 2) invalid("embedding_forward: table must be (V, E)");
+    const int32_t* id = ids_of(ids, op, "ids");
+    expect_shape(f32(out, op, "out"), {ids->shape[0], table->shape[1]}, op, "out");
+    braid_cuda::embedding_forward(s->stream, data(*table), id, data(*out), ids->shape[0], table->shape[1]);
+  });
+}
+
+int embedding_backward(Stream s, const Tensor* ids, const Tensor* dout, Tensor* dtable, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "embedding_backward";
+    const int32_t* id = ids_of(ids, op, "ids");
+    if (f32(dtable, op, "dtable").rank != 2) invalid("embedding_backward: dtable must be (V, E)");
+    if (numel(f32(dout, op, "dout")) != ids->shape[0] * dtable->shape[1])
+      invalid("embedding_backward: dout " + braid_cuda::shape_string(*dout) + " does not hold " +
+              std::to_string(ids->shape[0]) + " rows of " + std::to_string(dtable->shape[1]));
+    braid_cuda::embedding_backward(s->stream, id, data(*dout), data(*dtable), ids->shape[0], dtable->shape[1]);
+  });
+}
+
+// An image batch's grid: images, channels, height, width; P must divide H and W.
+struct Grid {
+  int64_t images, c, h, w, p;
+  int64_t patches() const { return (h / p) * (w / p); }
+};
+
+Grid patch_grid(const Tensor& image, int64_t patch, const Tensor& w, const char* op) {
+  if (image.rank != 3 && image.rank != 4)
+    invalid(std::string(op) + ": image must be (C, H, W) or (B, C, H, W), got " + braid_cuda::shape_string(image));
+  const int64_t* s = image.shape + (image.rank - 3);
+  const Grid g{image.rank == 4 ? image.shape[0] : 1, s[0], s[1], s[2], patch};
+  if (patch <= 0 || g.h % patch != 0 || g.w % patch != 0)
+    invalid(std::string(op) + ": patch size " + std::to_string(patch) + " does not divide the image " +
+            braid_cuda::shape_string(image));
+  if (w.rank != 2 || w.shape[1] != g.c * patch * patch)
+    invalid(std::string(op) + ": weight must be (E, C*P*P) = (E, " + std::to_string(g.c * patch * patch) + "), got " +
+            braid_cuda::shape_string(w));
+  return g;
+}
+
+// The patch rows as a (rows, C*P*P) view over scratch memory.
+Tensor rows_view(float* memory, const Grid& g) {
+  Tensor t{};
+  t.data = memory;
+  t.dtype = BRAID_DEVICE_F32;
+  t.rank = 2;
+  t.shape[0] = g.images * g.patches();
+  t.shape[1] = g.c * g.p * g.p;
+  return t;
+}
+
+Tensor reshaped(const Tensor& t, int64_t rows, int64_t cols) {
+  Tensor r = t;
+  r.rank = 2;
+  r.shape[0] = rows;
+  r.shape[1] = cols;
+  return r;
+}
+
+int patch_embedding_forward(Stream s, const Tensor* image, int64_t patch, const Tensor* w, const Tensor* b, Tensor* out,
+                            char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "patch_embedding_forward";
+    const Grid g = patch_grid(f32(image, op, "image"), patch, f32(w, op, "weight"), op);
+    const int64_t emb = w->shape[0];
+    if (image->rank == 4)
+      expect_shape(f32(out, op, "out"), {g.images, g.patches(), emb}, op, "out");
+    else
+      expect_shape(f32(out, op, "out"), {g.patches(), emb}, op, "out");
+    Scratch cols(s->stream, static_cast<size_t>(numel(*image)) * sizeof(float));
+    braid_cuda::patchify(s->stream, data(*image), cols.f(), g.images, g.c, g.h, g.w, g.p);
+    Tensor y = reshaped(*out, g.images * g.patches(), emb);
+    linear_forward_on(s, rows_view(cols.f(), g), *w, b, y, op);
+  });
+}
+
+int patch_embedding_backward(Stream s, const Tensor* image, int64_t patch, const Tensor* w, const Tensor* dout,
+                             Tensor* dimage, Tensor* dw, Tensor* db, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "patch_embedding_backward";
+    const Grid g = patch_grid(f32(image, op, "image"), patch, f32(w, op, "weight"), op);
+    const int64_t emb = w->shape[0], rows = g.images * g.patches();
+    if (image->rank == 4)
+      expect_shape(f32(dout, op, "dout"), {g.images, g.patches(), emb}, op, "dout");
+    else
+      expect_shape(f32(dout, op, "dout"), {g.patches(), emb}, op, "dout");
+    if (dimage) expect_same_shape(f32(dimage, op, "dimage"), *image, op, "dimage");
+    const size_t bytes = static_cast<size_t>(numel(*image)) * sizeof(float);
+    Scratch cols(s->stream, bytes), dcols(s->stream, dimage ? bytes : 0);
+    braid_cuda::patchify(s->stream, data(*image), cols.f(), g.images, g.c, g.h, g.w, g.p);
+    Tensor dcols_view = rows_view(dcols.f(), g);
+    linear_backward_on(s, rows_view(cols.f(), g), *w, reshaped(*dout, rows, emb), dimage ? &dcols_view : nullptr, dw,
+                       db, op);
+    if (dimage) braid_cuda::unpatchify(s->stream, dcols.f(), data(*dimage), g.images, g.c, g.h, g.w, g.p);
+  });
+}
+
+// Copies a device value to the host and waits for it.
+template <typename T>
+T fetch(Stream s, const T* device) {
+  T host{};
+  braid_cuda::check(cudaMemcpyAsync(&host, device, sizeof(T), cudaMemcpyDeviceToHost, s->stream), "cudaMemcpyAsync");
+  braid_cuda::check(cudaStreamSynchronize(s->stream), "cudaStreamSynchronize");
+  return host;
+}
+
+int cross_entropy(Stream s, const Tensor* logits, const Tensor* targets, int64_t normalizer, Tensor* dlogits,
+                  float* loss, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "cross_entropy";
+    const int64_t classes = features(f32(logits, op, "logits"), op, "logits"), rows = numel(*logits) / classes;
+    const int32_t* t = ids_of(targets, op, "targets");
+    if (targets->shape[0] != rows)
+      invalid("cross_entropy: " + std::to_string(targets->shape[0]) + " targets for " + std::to_string(rows) +
+              " rows of logits " + braid_cuda::shape_string(*logits));
+    if (normalizer < 0) invalid("cross_entropy: negative normalizer");
+    if (dlogits) expect_same_shape(f32(dlogits, op, "dlogits"), *logits, op, "dlogits");
+    // The targets come back to count the rows and check them, as the host op does.
+    std::vector<int32_t> host(static_cast<size_t>(rows));
+    braid_cuda::check(cudaMemcpyAsync(host.data(), t, host.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, s->stream),
+                      "cudaMemcpyAsync (targets)");
+    braid_cuda::check(cudaStreamSynchronize(s->stream), "cudaStreamSynchronize");
+    int64_t counted = 0;
+    for (size_t r = 0; r < host.size(); ++r) {
+      if (host[r] == -1) continue;
+      if (host[r] < 0 || host[r] >= classes)
+        invalid("cross_entropy: target " + std::to_string(host[r]) + " of row " + std::to_string(r) +
+                " is outside [0, " + std::to_string(classes) + ") and is not the ignore index -1");
+      ++counted;
+    }
+    const int64_t divide_by = normalizer > 0 ? normalizer : counted;
+    if (divide_by == 0) {  // every row ignored: no loss, no gradient
+      if (dlogits)
+        braid_cuda::check(
+            cudaMemsetAsync(dlogits->data, 0, static_cast<size_t>(numel(*dlogits)) * sizeof(float), s->stream),
+            "cudaMemsetAsync");
+      *loss = 0.0f;
+      return;
+    }
+    const auto scale = static_cast<float>(1.0 / static_cast<double>(divide_by));
+    Scratch row_loss(s->stream, static_cast<size_t>(rows + 1) * sizeof(double));
+    braid_cuda::cross_entropy_rows(s->stream, data(*logits), t, rows, classes, scale,
+                                   dlogits ? data(*dlogits) : nullptr, row_loss.d());
+    braid_cuda::sum_doubles(s->stream, row_loss.d(), rows, row_loss.d() + rows);
+    *loss = static_cast<float>(fetch(s, row_loss.d() + rows) / static_cast<double>(divide_by));
+  });
+}
+
+int adamw_step(Stream s, Tensor* param, const Tensor* grad, Tensor* m, Tensor* v, int64_t step,
+               const braid_adamw_config_v2* c, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "adamw_step";
+    if (step < 1 || !c) invalid("adamw_step: step must be at least 1 and config given");
+    expect_same_shape(f32(grad, op, "grad"), f32(param, op, "param"), op, "grad");
+    expect_same_shape(f32(m, op, "state.m"), *param, op, "state.m");
+    expect_same_shape(f32(v, op, "state.v"), *param, op, "state.v");
+    // Every coefficient in double, then once to float, as the host op (and torch.optim.AdamW).
+    const double correction1 = 1.0 - std::pow(c->beta1, static_cast<double>(step));
+    const double correction2 = 1.0 - std::pow(c->beta2, static_cast<double>(step));
+    const braid_cuda::AdamWCoefficients k{static_cast<float>(1.0 - c->lr * c->weight_decay),
+                                          static_cast<float>(c->beta1),
+                                          static_cast<float>(1.0 - c->beta1),
+                                          static_cast<float>(c->beta2),
+                                          static_cast<float>(1.0 - c->beta2),
+                                          static_cast<float>(c->lr / correction1),
+                                          static_cast<float>(std::sqrt(correction2)),
+                                          static_cast<float>(c->eps)};
+    braid_cuda::adamw(s->stream, data(*param), data(*grad), data(*m), data(*v), numel(*param), k);
+  });
+}
+
+int squared_norm(Stream s, const Tensor* t, double* result, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    Scratch sum(s->stream, sizeof(double));
+    braid_cuda::sum_squares(s->stream, data(f32(t, "squared_norm", "t")), numel(*t), sum.d());
+    *result = fetch(s, sum.d());
+  });
+}
+
+int scale(Stream s, Tensor* t, float factor, char* e, size_t n) {
+  return guarded(e, n, [&] { braid_cuda::scale(s->stream, data(f32(t, "scale", "t")), factor, numel(*t)); });
+}
+
+}  // namespace
+
+const braid_device_ops_v2 braid_cuda_ops = {linear_forward,
+                                            linear_backward,
+                                            layernorm_forward,
+                                            layernorm_backward,
+                                            l2_normalize_forward,
+                                            l2_normalize_backward,
+                                            add,
+                                            gelu_forward,
+                                            gelu_backward,
+                                            attention_forward,
+                                            attention_backward,
+                                            embedding_forward,
+                                            embedding_backward,
+                                            patch_embedding_forward,
+                                            patch_embedding_backward,
+                                            cross_entropy,
+                                            nullptr,  // contrastive_loss: not implemented on CUDA yet
+                                            adamw_step,
+                                            squared_norm,
+                                            scale};
+
+int braid_cuda_supports(int32_t op) {
+  return op >= 0 && op < BRAID_OP_COUNT_V2 && op != BRAID_OP_CONTRASTIVE_LOSS ? 1 : 0;
+}
+
+int braid_cuda_attention_saved_shape(const braid_device_tensor_v2* q, const braid_device_tensor_v2* k, int64_t heads,
+                                     int32_t, braid_device_tensor_v2* saved, char* error, size_t size) {
+  return guarded(error, size, [&] {
+    if (!q || !k || !saved || q->rank != 3 || k->rank != 3 || heads <= 0)
+      invalid("attention_saved_shape: q and k must be (B, S, H*D) and heads positive");
+    saved->dtype = BRAID_DEVICE_F32;
+    saved->rank = 4;
+    saved->shape[0] = q->shape[0];
+    saved->shape[1] = heads;
+    saved->shape[2] = q->shape[1];
+    saved->shape[3] = k->shape[1];
+  });
+}
