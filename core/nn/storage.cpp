@@ -52,26 +52,30 @@ void Storage::require_host(const char* what) const {
                                               device_.name() + " from the host; copy it with its backend");
 }
 
+// A borrowed storage of another size: host memory it shares the ownership of (a backend's
+// allocation) is let go for a vector; a plain view, or device memory, cannot change size.
+bool Storage::let_go_for(std::size_t count) {
+  if (!borrowed_ || count == borrowed_count_) return false;
+  if (!keeper_ || !device_.is_host())
+    throw Error(Status::invalid_argument, "tensor storage: borrowed memory holds " + std::to_string(borrowed_count_) +
+                                              " elements and cannot hold " + std::to_string(count));
+  *this = Storage();
+  return true;
+}
+
 void Storage::assign(std::size_t count, float value) {
   require_host("fill");
+  let_go_for(count);
   if (!borrowed_) {
     owned_.assign(count, value);
     return;
   }
-  if (count != borrowed_count_)
-    throw Error(Status::invalid_argument, "tensor storage: borrowed memory holds " + std::to_string(borrowed_count_) +
-                                              " elements, not " + std::to_string(count));
   std::fill(begin(), end(), value);
 }
 
 void Storage::resize(std::size_t count, float fill) {
-  if (!borrowed_) {
-    owned_.resize(count, fill);
-    return;
-  }
-  if (count != borrowed_count_)
-    throw Error(Status::invalid_argument, "tensor storage: borrowed memory holds " + std::to_string(borrowed_count_) +
-                                              " elements and cannot hold " + std::to_string(count));
+  let_go_for(count);
+  if (!borrowed_) owned_.resize(count, fill);
 }
 
 bool Storage::operator==(const Storage& other) const {

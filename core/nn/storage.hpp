@@ -3,8 +3,9 @@
 // count someone else owns (a device allocation, a buffer of the host framework), with an
 // optional keeper that frees it when the last storage using it goes.
 //
-// The vector-like accessors (operator[], begin, end) are for host memory only; a borrowed
-// storage never changes size. Copying host storage copies the elements (into a vector);
+// The vector-like accessors (operator[], begin, end) are for host memory only. A view (no
+// keeper) never changes size; host memory shared through a keeper is let go for a vector
+// when asked to hold another size. Copying host storage copies the elements (into a vector);
 // copying device storage throws: device memory is copied by its backend, explicitly.
 #pragma once
 
@@ -58,9 +59,9 @@ class Storage {
   operator std::span<float>() { return {data(), size()}; }              // NOLINT: as a vector converts
   operator std::span<const float>() const { return {data(), size()}; }  // NOLINT
 
-  // `count` copies of `value`; a borrowed storage must already hold `count` (host only).
+  // `count` copies of `value` (host only); a view must already hold `count`.
   void assign(std::size_t count, float value);
-  // Owned storage grows or shrinks; a borrowed one only accepts its own size.
+  // Owned storage grows or shrinks; a view only accepts its own size.
   void resize(std::size_t count, float fill = 0.0f);
   bool operator==(const Storage& other) const;  // same elements (host)
   // The elements as a vector, leaving this storage empty: owned ones move out, borrowed
@@ -69,6 +70,7 @@ class Storage {
 
  private:
   void require_host(const char* what) const;
+  bool let_go_for(std::size_t count);
 
   std::vector<float> owned_;
   float* borrowed_ = nullptr;

@@ -42,6 +42,9 @@ struct ExecutorOptions {
   std::function<void(std::int64_t step)> after_reduce;  // called between reduce_grads and optimizer_step
   // An error inside a step, while its receives and sends are pending (see Interpreter::run).
   std::function<void(const std::exception_ptr&)> on_fatal;
+  // Host memory the ops' backend holds but does not use (its pool's cached blocks), so the
+  // measured activations are what is in use; null for none.
+  std::function<std::size_t()> idle_heap;
 };
 
 class Executor {

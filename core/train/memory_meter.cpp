@@ -69,20 +69,28 @@ MemoryBytes MemoryMeter::tracked() const {
   return m;
 }
 
+void MemoryMeter::add_idle_heap(std::function<std::size_t()> bytes) { idle_.push_back(std::move(bytes)); }
+
+double MemoryMeter::heap_used() const {
+  double heap = static_cast<double>(heap_in_use());
+  for (const auto& idle : idle_) heap -= static_cast<double>(idle());
+  return heap;
+}
+
 void MemoryMeter::begin_step() {
   // One baseline, before the first step: later steps' activations are measured against the
   // same heap, so state created by a step (AdamW's moments) counts as its own kind, not as a
   // drop in activations. The heap first: computing the other kinds allocates nothing, but the
   // order keeps the two baselines from one moment whatever the sources do.
   if (samples_ == 0) {
-    heap_at_start_ = static_cast<double>(heap_in_use());
+    heap_at_start_ = heap_used();
     tracked_at_start_ = sum(tracked());
   }
   sample();
 }
 
 void MemoryMeter::sample() {
-  const double heap = static_cast<double>(heap_in_use());
+  const double heap = heap_used();
   MemoryBytes now = tracked();
   const double grown = sum(now) - tracked_at_start_;
   now[MemoryKind::activations] = std::max(0.0, heap - heap_at_start_ - grown);

@@ -60,6 +60,10 @@ class MemoryMeter {
   // Error(invalid_argument) for activations, which are measured, not reported.
   void add_source(MemoryKind kind, std::function<std::size_t()> bytes);
 
+  // Heap memory the process holds but does not use, e.g. the freed blocks a device
+  // backend's caching pool keeps in host memory: taken out of the heap in use.
+  void add_idle_heap(std::function<std::size_t()> bytes);
+
   // At the start of a step, before any of its activations exist: a sample, and before the
   // first step the heap baseline activations are measured from.
   void begin_step();
@@ -80,6 +84,8 @@ class MemoryMeter {
 
   const std::vector<TrainedParameter>* params_;
   std::vector<std::pair<MemoryKind, std::function<std::size_t()>>> sources_;
+  std::vector<std::function<std::size_t()>> idle_;
+  double heap_used() const;  // heap in use less the idle heap
   double heap_at_start_ = 0, tracked_at_start_ = 0;
   MemoryBytes peak_, last_;
   std::int64_t samples_ = 0;

@@ -19,6 +19,7 @@
 #include "core/train/evaluate.hpp"
 #include "core/train/executor.hpp"
 #include "core/train/sharded_state.hpp"
+#include "core/train/train_device.hpp"
 #include "core/train/zero.hpp"
 
 namespace braid::train {
@@ -254,7 +255,9 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   if (threads <= 0)
     threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, world.local_size()));
   nn::keep_freed_host_memory();  // activations are reallocated every step
-  nn::HostOps ops(threads);
+  TrainDevice device = open_train_device(o.device, threads);
+  nn::Ops& ops = *device.ops;
+  if (rank == 0 && device.backend) out << "device: " << device.description << "\n" << std::flush;
   nn::Model model = nn::build_model(run.model, seed);
   const data::ShapesDataset dataset = make_dataset(run, seed);
   ExecutorOptions eo;
@@ -263,6 +266,11 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   eo.data.last_step = total;
   eo.on_fatal = o.on_fatal;
   eo.schedule = o.schedule;
+  if (device.backend && device.backend->device().is_host())
+    eo.idle_heap = [backend = device.backend] {
+      const nn::DeviceMemoryStats m = backend->memory_stats();
+      return static_cast<std::size_t>(m.reserved - m.in_use);
+    };
   const std::string meta = metadata(o, seed, size);
   Executor* executor_ptr = nullptr;
   if (!o.gradients_dir.empty()) {
@@ -391,6 +399,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       metrics->write_line(comparison_json(report.comparison, report.summary.last_step));
     if (metrics && trained) metrics->write_line(memory_json(report.memory, report.summary.last_step));
     out << format_summary(report.summary);
+    out << device_memory_line(device);
     if (measured.steps > 0) out << format_comparison(report.comparison);
     if (trained) out << format_memory_comparison(report.memory);
     if (!o.trace_path.empty()) out << "trace of the last step as measured: " << o.trace_path << "\n";

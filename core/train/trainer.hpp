@@ -39,6 +39,7 @@ struct TrainOptions {
   // reports it and aborts the world); the error is rethrown when it returns.
   std::function<void(const std::exception_ptr&)> on_fatal;
   int threads = 0;                  // host threads; 0: the run file's, else cores / local processes
+  std::string device = "auto";      // auto | host | cuda: what runs the ops (see train_device.hpp)
   std::int64_t progress_every = 1;  // rank 0 prints a progress line every N steps; 0: none
   bool live_progress = false;       // a terminal: one progress line rewritten after every step
 };

@@ -3,7 +3,7 @@
 // streams, op dispatch and memory accounting — runs and is tested on machines without a
 // GPU. Its device memory is host memory, its ops are braid's host ops (OpenBLAS + threads)
 // on borrowed views, and a stream runs its work in the calling thread as it is issued, so
-// events are complete once recorded.
+// events are complete once recorded. BRAID_HOST_THREADS sets the ops' thread count.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -104,8 +104,13 @@ Pool& pool() {
   return p;
 }
 
+// Threads from BRAID_HOST_THREADS (braid train sets it to its --threads), else one per
+// hardware thread: several processes on one host must not each take every core.
 braid::nn::HostOps& host_ops() {
-  static braid::nn::HostOps ops;
+  static braid::nn::HostOps ops([] {
+    const char* env = std::getenv("BRAID_HOST_THREADS");
+    return env ? std::atoi(env) : 0;
+  }());
   return ops;
 }
 
@@ -126,7 +131,8 @@ int device_properties(int32_t device, braid_device_properties_v2* out, char* err
   if (int rc = check_device(device, error, size)) return rc;
   if (!out || out->struct_size < sizeof(braid_device_properties_v2))
     return fail(error, size, "host backend: properties struct_size too small");
-  std::snprintf(out->name, sizeof out->name, "host (%d threads)", host_ops().threads());
+  const int threads = host_ops().threads();
+  std::snprintf(out->name, sizeof out->name, "host (%d thread%s)", threads, threads == 1 ? "" : "s");
   out->memory_bytes = 0;  // whatever the process may take
   out->multiprocessors = host_ops().threads();
   out->compute_major = out->compute_minor = 0;

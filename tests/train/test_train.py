@@ -721,6 +721,45 @@ class Cli(unittest.TestCase):
         self.assertRegex(text, r"\r\033\[Kstep 3/3  loss [\d.]+ [^\n]*\neval at step 3: ")
 
 
+class Device(unittest.TestCase):
+    """`--device host` runs every op through the device interface (libbraid-host.so behind
+    nn::DeviceOps): the path a GPU backend takes, on host memory. It runs the same host ops,
+    so every step's loss must be the same bits as the default's."""
+
+    def assert_same_bits(self, config, ranks, *args):
+        with tempfile.TemporaryDirectory() as d:
+            runs = {}
+            for device in ["auto", "host"]:
+                r = train(ranks, "--config", config, "--steps", "4", "--device", device, "--metrics",
+                          f"{d}/{device}.jsonl", *args)
+                check(self, r)
+                runs[device] = r.stdout
+            self.assertEqual(losses(d + "/auto.jsonl"), losses(d + "/host.jsonl"))
+            self.assertIn("device: host backend", runs["host"])
+            self.assertRegex(runs["host"], r"device memory \(host backend\): peak [\d.]+ MiB in use, "
+                                           r"[\d.]+ MiB reserved, \d+ allocations")
+            self.assertNotIn("device:", runs["auto"])
+            # What the pool caches is not counted as activations: both measure the same.
+            measured = {dev: [m for m in metrics(f"{d}/{dev}.jsonl") if m.get("memory")][-1] for dev in runs}
+            for rank_auto, rank_host in zip(measured["auto"]["ranks"], measured["host"]["ranks"]):
+                a, h = rank_auto["measured_bytes"]["activations"], rank_host["measured_bytes"]["activations"]
+                self.assertLess(abs(h - a), 0.25 * a + (2 << 20), (a, h))
+
+    def test_clip_on_one_process(self):
+        self.assert_same_bits(CLIP, 1)
+
+    def test_mllm_pipeline_on_two_processes(self):
+        self.assert_same_bits(MLLM, 2, "--strategy", "disttrain")
+
+    def test_cuda_and_unknown_devices_are_refused_with_the_reason(self):
+        r = train(1, "--config", CLIP, "--steps", "1", "--device", "cuda")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("trainer's stages still read and write activations and messages in host memory", r.stderr)
+        r = train(1, "--config", CLIP, "--device", "gpu")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--device must be auto, host or cuda, got 'gpu'", r.stderr)
+
+
 class Calibrate(unittest.TestCase):
     """braid calibrate under mpiexec writes a cluster file that plan, simulate and train read."""
 

@@ -383,6 +383,39 @@ TEST_P(DeviceOpsTest, SupportsEveryOp) {
   EXPECT_NO_THROW(backend_->plugin().self_test(0));
 }
 
+TEST(Storage, ViewsKeepTheirSizeAndSharedHostMemoryIsLetGo) {
+  std::vector<float> buffer = {1, 2, 3, 4};
+  Tensor view;
+  view.shape = {4};
+  view.data = nn::Storage::borrow(buffer.data(), 4, nn::Device{});
+  nn::reset(view, {2, 2});  // the same count: zeroed in place
+  EXPECT_EQ(buffer, std::vector<float>(4, 0.0f));
+  test::expect_error([&] { nn::reset(view, {3}); }, Status::invalid_argument, {"holds 4 elements", "cannot hold 3"});
+
+  auto memory = std::make_shared<std::vector<float>>(4, 1.0f);
+  Tensor shared;
+  shared.data = nn::Storage::borrow(memory->data(), 4, nn::Device{}, memory);
+  nn::reset(shared, {6});  // another size: a vector of its own, the shared memory untouched
+  EXPECT_FALSE(shared.data.borrowed());
+  EXPECT_EQ(shared.numel(), 6);
+  EXPECT_EQ(*memory, std::vector<float>(4, 1.0f));
+
+  Tensor copy;
+  copy.data = nn::Storage::borrow(buffer.data(), 4, nn::Device{});
+  Tensor deep = copy;  // host memory copies into a vector
+  EXPECT_FALSE(deep.data.borrowed());
+  Tensor moved = std::move(copy);
+  EXPECT_TRUE(moved.data.borrowed());
+  EXPECT_TRUE(copy.data.empty());  // NOLINT: the moved-from storage is empty, host
+
+  float device_memory[2] = {0, 0};  // stands for GPU memory: never read from the host
+  Tensor on_gpu;
+  on_gpu.data = nn::Storage::borrow(device_memory, 2, nn::Device{nn::DeviceType::cuda, 1});
+  EXPECT_EQ(on_gpu.device().name(), "cuda:1");
+  test::expect_error([&] { Tensor c = on_gpu; }, Status::invalid_argument, {"cuda:1", "copy it with its backend"});
+  test::expect_error([&] { nn::reset(on_gpu, {2}); }, Status::invalid_argument, {"cannot fill memory on cuda:1"});
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, DeviceOpsTest, testing::ValuesIn(backends_under_test()),
                          [](const testing::TestParamInfo<std::string>& info) { return info.param; });
 

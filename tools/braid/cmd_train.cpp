@@ -59,6 +59,7 @@ int run_train(const std::vector<std::string>& args) {
   plan_opts.strategy = "megatron";
   long long steps = 0, seed = -1, progress_every = 0;
   int threads = 0, data_workers = 1;
+  std::string device = "auto";
   std::string metrics, checkpoint_dir, gradients_dir, schedule, trace;
   po::options_description opts(kTrainUsage);
   opts.add_options()("help,h", "show this help");
@@ -83,6 +84,10 @@ int run_train(const std::vector<std::string>& args) {
       "threads rendering the next steps' samples ahead of training (default 1; 0: render them in the training "
       "loop)")("threads", po::value(&threads)->value_name("N"),
                "host threads per process (default: trainer.threads, else the node's cores / processes on it)")(
+      "device", po::value(&device)->value_name("D"),
+      "what runs the ops: auto (default: braid's host ops, called directly), host (the host backend "
+      "libbraid-host.so through the device interface, as a GPU backend runs: same results bit for bit), cuda "
+      "(refused for now: the trainer keeps activations in host memory)")(
       "dump-gradients", po::value(&gradients_dir)->value_name("DIR"),
       "write each step's reduced gradients as checkpoint shards (for layout-equivalence checks)")(
       "progress-every", po::value(&progress_every)->value_name("N"),
@@ -109,6 +114,8 @@ int run_train(const std::vector<std::string>& args) {
   if (problem.empty() && vm.count("seed") && seed < 0) problem = "--seed must be >= 0";
   if (problem.empty() && vm.count("resume") && checkpoint_dir.empty()) problem = "--resume needs --checkpoint-dir DIR";
   if (problem.empty() && threads < 0) problem = "--threads must be >= 0";
+  if (problem.empty() && device != "auto" && device != "host" && device != "cuda")
+    problem = "--device must be auto, host or cuda, got '" + device + "'";
   if (problem.empty() && data_workers < 0) problem = "--data-workers must be >= 0";
   if (problem.empty() && vm.count("progress-every") && progress_every < 1) problem = "--progress-every must be >= 1";
   if (!problem.empty()) {
@@ -141,6 +148,7 @@ int run_train(const std::vector<std::string>& args) {
     o.data_workers = data_workers;
     o.trace_path = trace;
     o.threads = threads;
+    o.device = device;
     // Inside a step, before its pending messages are torn down (they would wait for peers
     // that wait for this rank).
     o.on_fatal = [&](const std::exception_ptr& error) { fail(error); };
