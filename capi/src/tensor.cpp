@@ -1,9 +1,11 @@
-// braid/tensor.h: braid_tensor views converted to core views, and the contrastive loss
-// (core/nn/contrastive_tiled).
+// braid/tensor.h: braid_tensor views converted to core views, and the contrastive loss:
+// CPU tensors on core/nn/contrastive_tiled, CUDA tensors on the CUDA plugin's tiled op
+// (device interface v2), ordered on the caller's stream.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "capi/src/cuda_contrastive.hpp"
 #include "capi/src/guard.hpp"
 #include "core/nn/contrastive_tiled.hpp"
 
@@ -28,18 +30,25 @@ std::string shape_text(const braid_tensor& t) {
   return s + (t.ndim == 1 ? ",)" : ")");
 }
 
-// A 2-D float32 CPU tensor with contiguous rows as a core view, or an error naming `name`.
+std::string device_text(const braid_device& d) {
+  return d.type == BRAID_DEVICE_CPU    ? std::string("CPU memory")
+         : d.type == BRAID_DEVICE_CUDA ? "CUDA device " + std::to_string(d.index)
+                                       : "device type " + std::to_string(d.type);
+}
+
+// A 2-D float32 tensor on `device` with contiguous rows as a core view, or an error naming
+// `name`. CUDA views must also be dense (the device ops take row-major views).
 template <class T>
-RowsView<T> rows_view(const char* func, const char* name, const braid_tensor* t) {
+RowsView<T> rows_view(const char* func, const char* name, const braid_tensor* t, braid_device device) {
   const std::string where = std::string(func) + ": " + name;
   if (!t) throw Error(Status::invalid_argument, where + " is NULL");
-  if (t->device.type == BRAID_DEVICE_CUDA)
-    throw Error(Status::unsupported,
-                where + " is in CUDA memory (device type BRAID_DEVICE_CUDA); CUDA tensors are " +
-                    "not supported until the CUDA backend lands: pass CPU tensors (BRAID_DEVICE_CPU)");
-  if (t->device.type != BRAID_DEVICE_CPU)
+  if (t->device.type != BRAID_DEVICE_CPU && t->device.type != BRAID_DEVICE_CUDA)
     throw Error(Status::unsupported, where + " has device type " + std::to_string(t->device.type) +
-                                         "; supported: CPU memory (BRAID_DEVICE_CPU, 1)");
+                                         "; supported: CPU memory (BRAID_DEVICE_CPU, 1) and CUDA memory "
+                                         "(BRAID_DEVICE_CUDA, 2)");
+  if (t->device.type != device.type || (device.type == BRAID_DEVICE_CUDA && t->device.index != device.index))
+    throw Error(Status::invalid_argument, where + " is in " + device_text(t->device) + " but local_image is in " +
+                                              device_text(device) + ": every tensor of the call must be on one device");
   if (t->dtype.code != BRAID_DTYPE_FLOAT || t->dtype.bits != 32 || t->dtype.lanes != 1)
     throw Error(Status::unsupported, where + " has dtype {code " + std::to_string(t->dtype.code) + ", bits " +
                                          std::to_string(t->dtype.bits) + ", lanes " + std::to_string(t->dtype.lanes) +
@@ -65,6 +74,10 @@ RowsView<T> rows_view(const char* func, const char* name, const braid_tensor* t)
                                            ", " + std::to_string(t->strides[1]) +
                                            "): its rows overlap; supported: a row stride >= " + std::to_string(cols));
   }
+  if (device.type == BRAID_DEVICE_CUDA && rows > 1 && row_stride != cols)
+    throw Error(Status::unsupported, where + " " + shape_text(*t) + " has a row stride of " +
+                                         std::to_string(row_stride) + "; CUDA tensors need dense rows (stride " +
+                                         std::to_string(cols) + ")");
   if (!t->data && rows * cols > 0) throw Error(Status::invalid_argument, where + "->data is NULL");
   char* first = static_cast<char*>(t->data) + t->byte_offset;
   if (reinterpret_cast<std::uintptr_t>(first) % alignof(float) != 0)
@@ -73,15 +86,22 @@ RowsView<T> rows_view(const char* func, const char* name, const braid_tensor* t)
 }
 
 // The problem from the four inputs, the scale and the caller's options.
+// The call's device: local_image's (every other tensor must be on it).
+braid_device call_device(const char* func, const braid_tensor* local_image) {
+  if (!local_image) throw Error(Status::invalid_argument, std::string(func) + ": local_image is NULL");
+  return local_image->device;
+}
+
 braid::nn::ContrastiveProblem read_problem(const char* func, const braid_tensor* local_image,
                                            const braid_tensor* local_text, const braid_tensor* all_image,
                                            const braid_tensor* all_text, float logit_scale,
                                            const braid_contrastive_options& options) {
+  const braid_device device = call_device(func, local_image);
   braid::nn::ContrastiveProblem p;
-  p.local_image = rows_view<const float>(func, "local_image", local_image);
-  p.local_text = rows_view<const float>(func, "local_text", local_text);
-  p.all_image = rows_view<const float>(func, "all_image", all_image);
-  p.all_text = rows_view<const float>(func, "all_text", all_text);
+  p.local_image = rows_view<const float>(func, "local_image", local_image, device);
+  p.local_text = rows_view<const float>(func, "local_text", local_text, device);
+  p.all_image = rows_view<const float>(func, "all_image", all_image, device);
+  p.all_text = rows_view<const float>(func, "all_text", all_text, device);
   p.row_offset = options.row_offset;
   p.logit_scale = logit_scale;
   p.tile = options.tile;
@@ -90,8 +110,8 @@ braid::nn::ContrastiveProblem read_problem(const char* func, const braid_tensor*
 }
 
 // stats (2, n): its two rows.
-braid::nn::ContrastiveStats read_stats(const char* func, const braid_tensor* stats, int64_t n) {
-  const auto view = rows_view<float>(func, "stats", stats);
+braid::nn::ContrastiveStats read_stats(const char* func, const braid_tensor* stats, int64_t n, braid_device device) {
+  const auto view = rows_view<float>(func, "stats", stats, device);
   if (view.rows != 2 || view.cols != n)
     throw Error(Status::invalid_argument, std::string(func) + ": stats is (" + std::to_string(view.rows) + ", " +
                                               std::to_string(view.cols) + "); expected (2, " + std::to_string(n) +
@@ -99,8 +119,8 @@ braid::nn::ContrastiveStats read_stats(const char* func, const braid_tensor* sta
   return {view.data, view.data + view.stride};
 }
 
-RowsView<float> optional_view(const char* func, const char* name, braid_tensor* t) {
-  return t ? rows_view<float>(func, name, t) : RowsView<float>{};
+RowsView<float> optional_view(const char* func, const char* name, braid_tensor* t, braid_device device) {
+  return t ? rows_view<float>(func, name, t, device) : RowsView<float>{};
 }
 
 }  // namespace
@@ -111,15 +131,22 @@ BRAID_API braid_status braid_contrastive_forward(const braid_tensor* local_image
                                                  const braid_tensor* all_image, const braid_tensor* all_text,
                                                  float logit_scale, const braid_contrastive_options* options,
                                                  braid_tensor* stats, float* loss, void* stream) {
-  BRAID_API_BEGIN(void) stream;  // CPU tensors only, for now: the call is synchronous
-  BRAID_REQUIRE(loss, "loss is NULL");
+  BRAID_API_BEGIN  // CPU tensors: synchronous, the stream unused
+      BRAID_REQUIRE(loss, "loss is NULL");
   braid_contrastive_options opts = BRAID_CONTRASTIVE_OPTIONS_INIT;
   if (options)
     BRAID_READ_OPTIONS(options, braid_contrastive_options, kOptionsV1, BRAID_CONTRASTIVE_OPTIONS_VERSION,
                        BRAID_CONTRASTIVE_OPTIONS_INIT, &opts);
   const auto problem = read_problem(__func__, local_image, local_text, all_image, all_text, logit_scale, opts);
   const int64_t n = problem.local_image.rows;
-  *loss = static_cast<float>(braid::nn::contrastive_local_mean_forward(problem, read_stats(__func__, stats, n)));
+  const braid_device device = local_image->device;
+  const auto st = read_stats(__func__, stats, n, device);
+  if (device.type == BRAID_DEVICE_CUDA) {
+    const double sum = braid::capi::cuda_contrastive_forward(problem, st, device.index, stream);
+    *loss = n > 0 ? static_cast<float>(sum / (2.0 * static_cast<double>(n))) : 0.0f;
+    return BRAID_OK;
+  }
+  *loss = static_cast<float>(braid::nn::contrastive_local_mean_forward(problem, st));
   return BRAID_OK;
   BRAID_API_END
 }
@@ -131,19 +158,24 @@ BRAID_API braid_status braid_contrastive_backward(const braid_tensor* local_imag
                                                   braid_tensor* grad_local_image, braid_tensor* grad_local_text,
                                                   braid_tensor* grad_all_image, braid_tensor* grad_all_text,
                                                   float* grad_logit_scale, void* stream) {
-  BRAID_API_BEGIN(void) stream;  // CPU tensors only, for now: the call is synchronous
-  braid_contrastive_options opts = BRAID_CONTRASTIVE_OPTIONS_INIT;
+  BRAID_API_BEGIN  // CPU tensors: synchronous, the stream unused
+      braid_contrastive_options opts = BRAID_CONTRASTIVE_OPTIONS_INIT;
   if (options)
     BRAID_READ_OPTIONS(options, braid_contrastive_options, kOptionsV1, BRAID_CONTRASTIVE_OPTIONS_VERSION,
                        BRAID_CONTRASTIVE_OPTIONS_INIT, &opts);
   const auto problem = read_problem(__func__, local_image, local_text, all_image, all_text, logit_scale, opts);
   const int64_t n = problem.local_image.rows;
-  const braid::nn::ContrastiveGradViews grads{optional_view(__func__, "grad_local_image", grad_local_image),
-                                              optional_view(__func__, "grad_local_text", grad_local_text),
-                                              optional_view(__func__, "grad_all_image", grad_all_image),
-                                              optional_view(__func__, "grad_all_text", grad_all_text)};
-  const double d_scale =
-      braid::nn::contrastive_local_mean_backward(problem, read_stats(__func__, stats, n), grad_loss, grads);
+  const braid_device device = local_image->device;
+  const braid::nn::ContrastiveGradViews grads{optional_view(__func__, "grad_local_image", grad_local_image, device),
+                                              optional_view(__func__, "grad_local_text", grad_local_text, device),
+                                              optional_view(__func__, "grad_all_image", grad_all_image, device),
+                                              optional_view(__func__, "grad_all_text", grad_all_text, device)};
+  const auto st = read_stats(__func__, stats, n, device);
+  // open_clip's local mean: the gradient of grad_loss * sum / 2n.
+  const double weight = n > 0 ? grad_loss / (2.0 * static_cast<double>(n)) : 0.0;
+  const double d_scale = device.type == BRAID_DEVICE_CUDA
+                             ? braid::capi::cuda_contrastive_backward(problem, st, weight, grads, device.index, stream)
+                             : braid::nn::contrastive_local_mean_backward(problem, st, grad_loss, grads);
   if (grad_logit_scale) *grad_logit_scale = static_cast<float>(d_scale);
   return BRAID_OK;
   BRAID_API_END

@@ -27,6 +27,13 @@ struct RowsView {
 // buffers 2 x n x 512 floats (one tile of n x 512 when local and all rows are the same).
 inline constexpr int64_t kDefaultContrastiveTile = 512;
 
+// The trainer's tile for n local rows of N gathered ones: all N columns at once while the
+// logits fit in 2^26 floats (256 MiB; its fastest form at its batch sizes), else the
+// default tiles (bounded memory for one more GEMM, the backward's recomputation).
+inline int64_t trainer_contrastive_tile(int64_t n, int64_t total) {
+  return 2 * n * total <= (int64_t{1} << 26) ? total : 0;
+}
+
 // One rank's problem. local_* (n, E): its L2-normalised embeddings; all_* (N, E): every
 // rank's, this rank's at rows [row_offset, row_offset + n). logits = logit_scale * I T^T.
 // When local and all are the same memory (n == N, one process), the text -> image logits

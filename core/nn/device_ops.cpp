@@ -1,8 +1,11 @@
 #include "core/nn/device_ops.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/common/error.hpp"
+#include "core/nn/contrastive_tiled.hpp"
+#include "core/nn/optim.hpp"
 
 namespace braid::nn {
 namespace {
@@ -304,30 +307,55 @@ float DeviceOps::cross_entropy(const Tensor& logits, std::span<const int32_t> ta
 float DeviceOps::contrastive_loss(const Tensor& local_image, const Tensor& local_text, const Tensor& all_image,
                                   const Tensor& all_text, int64_t offset, float logit_scale_param,
                                   ContrastiveGrads* grads) {
-  const auto& o = ops_for(BRAID_OP_CONTRASTIVE_LOSS, "contrastive_loss");
+  // HostOps::contrastive_loss's formula (host_contrastive.cpp) on the backend's tiled loss
+  // (forward alone without gradients): this rank's share 1 / 2N of its rows'
+  // cross-entropies, the scale capped.
+  const auto& o = ops_for(grads ? BRAID_OP_CONTRASTIVE_LOSS : BRAID_OP_CONTRASTIVE_FORWARD, "contrastive_loss");
   for (auto [t, what] : {std::pair{&local_image, "local_image"},
                          {&local_text, "local_text"},
                          {&all_image, "all_image"},
                          {&all_text, "all_text"}})
     expect_here(*t, "contrastive_loss", what);
-  Desc li = describe(local_image), lt = describe(local_text), ai = describe(all_image), at = describe(all_text);
-  float loss = 0.0f;
-  if (!grads) {
-    check(o.contrastive_loss(backend_->stream(), &li, &lt, &ai, &at, offset, logit_scale_param, &loss, nullptr, nullptr,
-                             nullptr, nullptr, nullptr, error_, sizeof error_),
-          "contrastive_loss");
-    return loss;
+  if (local_image.rank() != 2 || all_image.rank() != 2)
+    throw Error(Status::invalid_argument, "contrastive_loss: embeddings must be (rows, E), got " +
+                                              shape_string(local_image.shape) + " and " +
+                                              shape_string(all_image.shape));
+  const int64_t n = local_image.dim(0), total = all_image.dim(0);
+  if (grads) {
+    prepare(grads->local_image, local_image.shape);
+    prepare(grads->local_text, local_text.shape);
+    prepare(grads->all_image, all_image.shape);
+    prepare(grads->all_text, all_text.shape);
+    grads->logit_scale_param = 0.0f;
   }
-  prepare(grads->local_image, local_image.shape);
-  prepare(grads->local_text, local_text.shape);
-  prepare(grads->all_image, all_image.shape);
-  prepare(grads->all_text, all_text.shape);
+  Desc li = describe(local_image), lt = describe(local_text), ai = describe(all_image), at = describe(all_text);
+  if (n == 0) {  // no rows: no loss, zero gradients
+    if (grads)
+      for (Tensor* g : {&grads->local_image, &grads->local_text, &grads->all_image, &grads->all_text})
+        backend_->zero(*g);
+    return 0.0f;
+  }
+  const bool capped = logit_scale_param > kMaxLogitScaleParam;
+  const auto scale = static_cast<float>(std::exp(capped ? kMaxLogitScaleParam : logit_scale_param));
+  const int64_t tile = trainer_contrastive_tile(n, total);
+  const double share = 1.0 / (2.0 * static_cast<double>(total));
+  Tensor stats = backend_->empty({2, n});
+  Desc st = describe(stats);
+  double sum = 0.0;
+  if (!grads) {
+    check(o.contrastive_forward(backend_->stream(), &li, &lt, &ai, &at, offset, scale, tile, &st, &sum, error_,
+                                sizeof error_),
+          "contrastive_loss");
+    return static_cast<float>(sum * share);
+  }
   Desc gli = describe(grads->local_image), glt = describe(grads->local_text), gai = describe(grads->all_image),
        gat = describe(grads->all_text);
-  check(o.contrastive_loss(backend_->stream(), &li, &lt, &ai, &at, offset, logit_scale_param, &loss, &gli, &glt, &gai,
-                           &gat, &grads->logit_scale_param, error_, sizeof error_),
+  double d_scale = 0.0;
+  check(o.contrastive_loss(backend_->stream(), &li, &lt, &ai, &at, offset, scale, tile, &st, share, &sum, &gli, &glt,
+                           &gai, &gat, &d_scale, error_, sizeof error_),
         "contrastive_loss");
-  return loss;
+  if (!capped) grads->logit_scale_param = static_cast<float>(d_scale * scale);
+  return static_cast<float>(sum * share);
 }
 
 void DeviceOps::adamw_step(Tensor& param, const Tensor& grad, AdamWState& state, const AdamWConfig& config) {

@@ -28,8 +28,8 @@
 // The computation is the tiled kernel of the C ABI (contrastive_tiled.hpp): with one tile
 // spanning all N columns it stores the logits once (n x N floats, twice for two directions
 // when n < N) and never recomputes them, the trainer's fastest form at its batch sizes; past
-// kOneTileFloats logits it takes the kernel's default tiles: bounded memory for one more
-// GEMM (the backward's recomputation of the logits).
+// 2^26 logits it takes the kernel's default tiles (trainer_contrastive_tile): bounded memory
+// for one more GEMM (the backward's recomputation of the logits).
 //
 // The temperature: logit scale s = exp(t) is capped at 100 as open_clip caps it (there by
 // clamping t to [0, ln 100] after each optimizer step, see clamp_logit_scale_param); above
@@ -46,9 +46,6 @@
 
 namespace braid::nn {
 namespace {
-
-// The most logits one tile may hold (256 MiB of floats).
-constexpr int64_t kOneTileFloats = int64_t{1} << 26;
 
 RowsView<const float> rows_of(const Tensor& t) { return {t.ptr(), t.dim(0), t.dim(1), t.dim(1)}; }
 RowsView<float> rows_of(Tensor& t) { return {t.ptr(), t.dim(0), t.dim(1), t.dim(1)}; }
@@ -87,7 +84,7 @@ float HostOps::contrastive_loss(const Tensor& local_image, const Tensor& local_t
   problem.all_text = rows_of(all_text);
   problem.row_offset = offset;
   problem.logit_scale = static_cast<float>(std::exp(capped ? kMaxLogitScaleParam : logit_scale_param));
-  problem.tile = 2 * n * total <= kOneTileFloats ? total : 0;
+  problem.tile = trainer_contrastive_tile(n, total);
   problem.threads = threads_;
   // This rank's share of the global loss: (1 / 2N) of its rows' cross-entropies.
   const double share = 1.0 / (2.0 * static_cast<double>(total));

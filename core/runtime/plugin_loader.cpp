@@ -141,6 +141,7 @@ std::string check_v2(const void* p) {
                             reinterpret_cast<const void*>(api->memset_zero),
                             reinterpret_cast<const void*>(api->stream_create),
                             reinterpret_cast<const void*>(api->stream_destroy),
+                            reinterpret_cast<const void*>(api->stream_wrap),
                             reinterpret_cast<const void*>(api->stream_synchronize),
                             reinterpret_cast<const void*>(api->event_create),
                             reinterpret_cast<const void*>(api->event_destroy),

@@ -18,6 +18,7 @@ struct braid_device_stream_s {
   int32_t device = 0;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;  // one handle per stream, bound to it
+  bool owns_stream = true;        // false for a wrapped native stream (stream_wrap)
 };
 
 struct braid_device_event_s {

@@ -174,32 +174,40 @@ int memset_zero(void* dst, size_t bytes, braid_device_stream_v2 stream, char* er
   });
 }
 
+// A stream object with its own cuBLAS handle over `native`, or over a new stream.
+braid_device_stream_s* new_stream(int32_t device, cudaStream_t native, bool owns) {
+  braid_cuda::check(cudaSetDevice(device), "cudaSetDevice");
+  auto* s = new braid_device_stream_s{device, native, nullptr, owns};
+  try {
+    if (owns) braid_cuda::check(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    braid_cuda::check(cublasCreate(&s->blas), "cublasCreate");
+    braid_cuda::check(cublasSetStream(s->blas, s->stream), "cublasSetStream");
+    // Strict fp32: no TF32 tensor-core math unless a later version asks for it.
+    braid_cuda::check(cublasSetMathMode(s->blas, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
+  } catch (...) {
+    if (s->blas) cublasDestroy(s->blas);
+    if (owns && s->stream) cudaStreamDestroy(s->stream);
+    delete s;
+    throw;
+  }
+  return s;
+}
+
 int stream_create(int32_t device, braid_device_stream_v2* out, char* error, size_t size) {
-  return guarded(error, size, [&] {
-    braid_cuda::check(cudaSetDevice(device), "cudaSetDevice");
-    auto* s = new braid_device_stream_s{device, nullptr, nullptr};
-    try {
-      braid_cuda::check(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate");
-      braid_cuda::check(cublasCreate(&s->blas), "cublasCreate");
-      braid_cuda::check(cublasSetStream(s->blas, s->stream), "cublasSetStream");
-      // Strict fp32: no TF32 tensor-core math unless a later version asks for it.
-      braid_cuda::check(cublasSetMathMode(s->blas, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
-    } catch (...) {
-      if (s->blas) cublasDestroy(s->blas);
-      if (s->stream) cudaStreamDestroy(s->stream);
-      delete s;
-      throw;
-    }
-    *out = s;
-  });
+  return guarded(error, size, [&] { *out = new_stream(device, nullptr, true); });
+}
+
+int stream_wrap(int32_t device, void* native, braid_device_stream_v2* out, char* error, size_t size) {
+  return guarded(error, size, [&] { *out = new_stream(device, static_cast<cudaStream_t>(native), false); });
 }
 
 int stream_destroy(braid_device_stream_v2 s, char* error, size_t size) {
   return guarded(error, size, [&] {
     if (!s) return;
     cublasDestroy(s->blas);
-    braid_cuda::check(cudaStreamDestroy(s->stream), "cudaStreamDestroy");
+    const cudaError_t err = s->owns_stream ? cudaStreamDestroy(s->stream) : cudaSuccess;
     delete s;
+    braid_cuda::check(err, "cudaStreamDestroy");
   });
 }
 
@@ -265,6 +273,7 @@ extern "C" BRAID_PLUGIN_EXPORT const braid_device_plugin_v2 braidDevicePlugin_v2
                                                                                     memset_zero,
                                                                                     stream_create,
                                                                                     stream_destroy,
+                                                                                    stream_wrap,
                                                                                     stream_synchronize,
                                                                                     event_create,
                                                                                     event_destroy,

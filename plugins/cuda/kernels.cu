@@ -271,6 +271,54 @@ __global__ void cross_entropy_rows_k(const float* logits, const int32_t* targets
   if (threadIdx.x == 0) row_loss[r] = log_sum - static_cast<double>(row[t] - top);
 }
 
+__global__ void contrastive_tile_stats_k(const float* raw, int64_t w, float scale, int64_t col0, int64_t label_offset,
+                                         bool first, float* row_max, double* row_sum, float* label_logit) {
+  const int64_t r = blockIdx.x;
+  const float* row = raw + r * w;
+  float top = -INFINITY;
+  for (int64_t j = threadIdx.x; j < w; j += blockDim.x) top = fmaxf(top, scale * row[j]);
+  top = block_max(top);
+  double sum = 0.0;
+  for (int64_t j = threadIdx.x; j < w; j += blockDim.x) sum += exp(static_cast<double>(scale * row[j] - top));
+  sum = block_sum(sum);
+  if (threadIdx.x != 0) return;
+  if (first) {
+    row_max[r] = top;
+    row_sum[r] = sum;
+  } else {  // merge with the earlier tiles: rescale whichever maximum is smaller
+    const float m = fmaxf(row_max[r], top);
+    row_sum[r] = row_sum[r] * exp(static_cast<double>(row_max[r] - m)) + sum * exp(static_cast<double>(top - m));
+    row_max[r] = m;
+  }
+  const int64_t label = label_offset + r - col0;
+  if (label >= 0 && label < w) label_logit[r] = scale * row[label];
+}
+
+__global__ void contrastive_finish_k(const float* row_max, const double* row_sum, const float* label_logit,
+                                     int64_t rows, float* lse, double* row_loss) {
+  GRID_LOOP(r, rows) {
+    const double l = static_cast<double>(row_max[r]) + log(row_sum[r]);
+    lse[r] = static_cast<float>(l);
+    row_loss[r] = l - static_cast<double>(label_logit[r]);
+  }
+}
+
+__global__ void contrastive_tile_grad_k(float* raw, int64_t w, float scale, int64_t col0, int64_t label_offset,
+                                        const float* lse, double weight, bool first, double* d_scale_rows) {
+  const int64_t r = blockIdx.x;
+  float* row = raw + r * w;
+  const int64_t label = label_offset + r - col0;
+  double ds = 0.0;
+  for (int64_t j = threadIdx.x; j < w; j += blockDim.x) {
+    const double p = exp(static_cast<double>(scale * row[j]) - static_cast<double>(lse[r]));
+    const auto d = static_cast<float>(weight * (p - (j == label ? 1.0 : 0.0)));
+    ds += static_cast<double>(d) * row[j];
+    row[j] = d;
+  }
+  ds = block_sum(ds);
+  if (threadIdx.x == 0) d_scale_rows[r] = first ? ds : d_scale_rows[r] + ds;
+}
+
 int rows_grid(int64_t rows, const char* what) {
   if (rows > INT32_MAX) invalid(std::string(what) + ": too many rows for one launch");
   return static_cast<int>(rows);
@@ -380,6 +428,26 @@ void cross_entropy_rows(cudaStream_t s, const float* logits, const int32_t* targ
   cross_entropy_rows_k<<<rows_grid(rows, "cross_entropy"), kThreads, 0, s>>>(logits, targets, classes, scale, dlogits,
                                                                              row_loss);
   launched("cross_entropy");
+}
+
+void contrastive_tile_stats(cudaStream_t s, const float* raw, int64_t rows, int64_t w, float scale, int64_t col0,
+                            int64_t label_offset, bool first, float* row_max, double* row_sum, float* label_logit) {
+  if (rows == 0 || w == 0) return;
+  contrastive_tile_stats_k<<<rows_grid(rows, "contrastive_forward"), kThreads, 0, s>>>(
+      raw, w, scale, col0, label_offset, first, row_max, row_sum, label_logit);
+  launched("contrastive_forward (tile)");
+}
+void contrastive_finish(cudaStream_t s, const float* row_max, const double* row_sum, const float* label_logit,
+                        int64_t rows, float* lse, double* row_loss) {
+  contrastive_finish_k<<<blocks_for(rows), kThreads, 0, s>>>(row_max, row_sum, label_logit, rows, lse, row_loss);
+  launched("contrastive_forward (finish)");
+}
+void contrastive_tile_grad(cudaStream_t s, float* raw, int64_t rows, int64_t w, float scale, int64_t col0,
+                           int64_t label_offset, const float* lse, double weight, bool first, double* d_scale_rows) {
+  if (rows == 0 || w == 0) return;
+  contrastive_tile_grad_k<<<rows_grid(rows, "contrastive_backward"), kThreads, 0, s>>>(
+      raw, w, scale, col0, label_offset, lse, weight, first, d_scale_rows);
+  launched("contrastive_backward (tile)");
 }
 
 }  // namespace braid_cuda

@@ -57,4 +57,18 @@ void unpatchify(cudaStream_t s, const float* cols, float* image, int64_t images,
 void cross_entropy_rows(cudaStream_t s, const float* logits, const int32_t* targets, int64_t rows, int64_t classes,
                         float scale, float* dlogits, double* row_loss);
 
+// The tiled contrastive loss, per tile of w columns of raw dot products R (rows x w, logits
+// s R), row r's label at column label_offset + r:
+// stats merges the tile's max and sum of exponentials into row r's running (max, sum)
+// (first: starts them) and keeps the label's logit when its column is in the tile;
+void contrastive_tile_stats(cudaStream_t s, const float* raw, int64_t rows, int64_t w, float scale, int64_t col0,
+                            int64_t label_offset, bool first, float* row_max, double* row_sum, float* label_logit);
+// finish: lse[r] = max + log(sum), row_loss[r] = lse[r] - label logit;
+void contrastive_finish(cudaStream_t s, const float* row_max, const double* row_sum, const float* label_logit,
+                        int64_t rows, float* lse, double* row_loss);
+// grad: R becomes d logits = weight (exp(s R - lse) - onehot) in place, and d_scale_rows[r]
+// (first: =, else +=) the sum of d logits x R over the tile's columns.
+void contrastive_tile_grad(cudaStream_t s, float* raw, int64_t rows, int64_t w, float scale, int64_t col0,
+                           int64_t label_offset, const float* lse, double weight, bool first, double* d_scale_rows);
+
 }  // namespace braid_cuda

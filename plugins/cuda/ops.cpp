@@ -2,8 +2,10 @@
 // enqueues cuBLAS calls and kernels (kernels.hpp) on the given stream. Scalars the
 // interface returns in host memory (losses, norms) are copied back and waited for.
 //
-// Not implemented yet: the contrastive loss (supports() says 0 and its entry is NULL);
-// its tiled CUDA kernel is still to come.
+// The contrastive loss is tiled as the host's (contrastive_tiled.hpp, general layout): per
+// tile of columns one GEMM gives the raw dot products, a row kernel merges them into each
+// row's running log-sum-exp; the backward recomputes each tile. O(n * tile) scratch.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -391,6 +393,120 @@ int cross_entropy(Stream s, const Tensor* logits, const Tensor* targets, int64_t
   });
 }
 
+// The contrastive problem's sizes after the host op's checks (check_contrastive_problem).
+struct Contrastive {
+  int64_t n, total, e, offset, tile;
+};
+
+Contrastive contrastive_dims(const Tensor* li, const Tensor* lt, const Tensor* ai, const Tensor* at, int64_t offset,
+                             float scale, int64_t tile, const char* op) {
+  const Tensor& image = f32(li, op, "local_image");
+  const Tensor& all = f32(ai, op, "all_image");
+  if (image.rank != 2 || all.rank != 2)
+    invalid(std::string(op) + ": embeddings must be (rows, E), got " + braid_cuda::shape_string(image) + " and " +
+            braid_cuda::shape_string(all));
+  const Contrastive c{image.shape[0], all.shape[0], image.shape[1], offset, 0};
+  expect_shape(f32(lt, op, "local_text"), {c.n, c.e}, op, "local_text");
+  expect_shape(all, {c.total, c.e}, op, "all_image");
+  expect_shape(f32(at, op, "all_text"), {c.total, c.e}, op, "all_text");
+  if (offset < 0 || offset + c.n > c.total)
+    invalid(std::string(op) + ": local rows [" + std::to_string(offset) + ", " + std::to_string(offset + c.n) +
+            ") are not inside the " + std::to_string(c.total) + " gathered rows");
+  if (!std::isfinite(scale)) invalid(std::string(op) + ": the logit scale must be finite");
+  if (tile < 0) invalid(std::string(op) + ": negative tile");
+  constexpr int64_t kDefaultTile = 512;
+  Contrastive out = c;
+  out.tile = std::min(tile > 0 ? tile : kDefaultTile, std::max<int64_t>(c.total, 1));
+  return out;
+}
+
+// The two directions: image -> text (local images against gathered texts) and back.
+struct Direction {
+  const float* local;
+  const float* gathered;
+  float* d_local;     // may be null
+  float* d_gathered;  // may be null
+};
+
+int contrastive_forward(Stream s, const Tensor* li, const Tensor* lt, const Tensor* ai, const Tensor* at,
+                        int64_t offset, float scale, int64_t tile, Tensor* stats, double* sum, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "contrastive_forward";
+    const Contrastive c = contrastive_dims(li, lt, ai, at, offset, scale, tile, op);
+    expect_shape(f32(stats, op, "stats"), {2, c.n}, op, "stats");
+    *sum = 0.0;
+    if (c.n == 0) return;
+    const Direction dirs[2] = {{data(*li), data(*at), nullptr, nullptr}, {data(*lt), data(*ai), nullptr, nullptr}};
+    Scratch raw(s->stream, static_cast<size_t>(c.n * c.tile) * sizeof(float));
+    Scratch row_max(s->stream, static_cast<size_t>(2 * c.n) * sizeof(float));
+    Scratch label(s->stream, static_cast<size_t>(2 * c.n) * sizeof(float));
+    Scratch row_sum(s->stream, static_cast<size_t>(2 * c.n + 1) * sizeof(double));
+    Scratch row_loss(s->stream, static_cast<size_t>(2 * c.n + 1) * sizeof(double));
+    for (int d = 0; d < 2; ++d)
+      for (int64_t c0 = 0; c0 < c.total; c0 += c.tile) {
+        const int64_t w = std::min(c.tile, c.total - c0);
+        braid_cuda::gemm(s, false, true, c.n, w, c.e, 1.0f, dirs[d].local, c.e, dirs[d].gathered + c0 * c.e, c.e, 0.0f,
+                         raw.f(), w);
+        braid_cuda::contrastive_tile_stats(s->stream, raw.f(), c.n, w, scale, c0, c.offset, c0 == 0,
+                                           row_max.f() + d * c.n, row_sum.d() + d * c.n, label.f() + d * c.n);
+      }
+    braid_cuda::contrastive_finish(s->stream, row_max.f(), row_sum.d(), label.f(), 2 * c.n, data(*stats), row_loss.d());
+    braid_cuda::sum_doubles(s->stream, row_loss.d(), 2 * c.n, row_loss.d() + 2 * c.n);
+    *sum = fetch(s, row_loss.d() + 2 * c.n);
+  });
+}
+
+int contrastive_backward(Stream s, const Tensor* li, const Tensor* lt, const Tensor* ai, const Tensor* at,
+                         int64_t offset, float scale, int64_t tile, const Tensor* stats, double weight, Tensor* dli,
+                         Tensor* dlt, Tensor* dai, Tensor* dat, double* d_scale, char* e, size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "contrastive_backward";
+    const Contrastive c = contrastive_dims(li, lt, ai, at, offset, scale, tile, op);
+    expect_shape(f32(stats, op, "stats"), {2, c.n}, op, "stats");
+    if (dli) expect_same_shape(f32(dli, op, "d_local_image"), *li, op, "d_local_image");
+    if (dlt) expect_same_shape(f32(dlt, op, "d_local_text"), *lt, op, "d_local_text");
+    if (dai) expect_same_shape(f32(dai, op, "d_all_image"), *ai, op, "d_all_image");
+    if (dat) expect_same_shape(f32(dat, op, "d_all_text"), *at, op, "d_all_text");
+    // Local gradients add up over the tiles; gathered rows are written once, by their tile.
+    for (Tensor* g : {dli, dlt, dai, dat})
+      if (g && numel(*g) > 0)
+        braid_cuda::check(cudaMemsetAsync(g->data, 0, static_cast<size_t>(numel(*g)) * sizeof(float), s->stream),
+                          "cudaMemsetAsync");
+    *d_scale = 0.0;
+    if (c.n == 0) return;
+    const Direction dirs[2] = {{data(*li), data(*at), dli ? data(*dli) : nullptr, dat ? data(*dat) : nullptr},
+                               {data(*lt), data(*ai), dlt ? data(*dlt) : nullptr, dai ? data(*dai) : nullptr}};
+    Scratch raw(s->stream, static_cast<size_t>(c.n * c.tile) * sizeof(float));
+    Scratch d_scale_rows(s->stream, static_cast<size_t>(2 * c.n + 1) * sizeof(double));
+    for (int d = 0; d < 2; ++d)
+      for (int64_t c0 = 0; c0 < c.total; c0 += c.tile) {
+        const int64_t w = std::min(c.tile, c.total - c0);
+        const Direction& dir = dirs[d];
+        braid_cuda::gemm(s, false, true, c.n, w, c.e, 1.0f, dir.local, c.e, dir.gathered + c0 * c.e, c.e, 0.0f, raw.f(),
+                         w);
+        braid_cuda::contrastive_tile_grad(s->stream, raw.f(), c.n, w, scale, c0, c.offset, data(*stats) + d * c.n,
+                                          weight, c0 == 0, d_scale_rows.d() + d * c.n);
+        // logits = s R: d local += s dL gathered[tile], d gathered[tile] = s dL^T local.
+        if (dir.d_local)
+          braid_cuda::gemm(s, false, false, c.n, c.e, w, scale, raw.f(), w, dir.gathered + c0 * c.e, c.e, 1.0f,
+                           dir.d_local, c.e);
+        if (dir.d_gathered)
+          braid_cuda::gemm(s, true, false, w, c.e, c.n, scale, raw.f(), w, dir.local, c.e, 0.0f,
+                           dir.d_gathered + c0 * c.e, c.e);
+      }
+    braid_cuda::sum_doubles(s->stream, d_scale_rows.d(), 2 * c.n, d_scale_rows.d() + 2 * c.n);
+    *d_scale = fetch(s, d_scale_rows.d() + 2 * c.n);
+  });
+}
+
+// Both halves in turn: the backward recomputes the tiles (no n x N buffer is kept).
+int contrastive_loss(Stream s, const Tensor* li, const Tensor* lt, const Tensor* ai, const Tensor* at, int64_t offset,
+                     float scale, int64_t tile, Tensor* stats, double weight, double* sum, Tensor* dli, Tensor* dlt,
+                     Tensor* dai, Tensor* dat, double* d_scale, char* e, size_t n) {
+  if (int rc = contrastive_forward(s, li, lt, ai, at, offset, scale, tile, stats, sum, e, n)) return rc;
+  return contrastive_backward(s, li, lt, ai, at, offset, scale, tile, stats, weight, dli, dlt, dai, dat, d_scale, e, n);
+}
+
 int adamw_step(Stream s, Tensor* param, const Tensor* grad, Tensor* m, Tensor* v, int64_t step,
                const braid_adamw_config_v2* c, char* e, size_t n) {
   return guarded(e, n, [&] {
@@ -444,14 +560,14 @@ const braid_device_ops_v2 braid_cuda_ops = {linear_forward,
                                             patch_embedding_forward,
                                             patch_embedding_backward,
                                             cross_entropy,
-                                            nullptr,  // contrastive_loss: not implemented on CUDA yet
+                                            contrastive_forward,
+                                            contrastive_backward,
+                                            contrastive_loss,
                                             adamw_step,
                                             squared_norm,
                                             scale};
 
-int braid_cuda_supports(int32_t op) {
-  return op >= 0 && op < BRAID_OP_COUNT_V2 && op != BRAID_OP_CONTRASTIVE_LOSS ? 1 : 0;
-}
+int braid_cuda_supports(int32_t op) { return op >= 0 && op < BRAID_OP_COUNT_V2 ? 1 : 0; }
 
 int braid_cuda_attention_saved_shape(const braid_device_tensor_v2* q, const braid_device_tensor_v2* k, int64_t heads,
                                      int32_t, braid_device_tensor_v2* saved, char* error, size_t size) {

@@ -17,6 +17,7 @@
 
 #include "braid_device_v2.h"
 #include "core/common/error.hpp"
+#include "core/nn/contrastive_tiled.hpp"
 #include "core/nn/host_ops.hpp"
 
 #define BRAID_PLUGIN_EXPORT __attribute__((visibility("default")))
@@ -199,6 +200,9 @@ int stream_create(int32_t device, braid_device_stream_v2* stream, char* error, s
 int stream_destroy(braid_device_stream_v2 stream, char*, size_t) {
   delete stream;
   return 0;
+}
+int stream_wrap(int32_t device, void*, braid_device_stream_v2* stream, char* error, size_t size) {
+  return stream_create(device, stream, error, size);  // host work has no native stream to order on
 }
 int stream_synchronize(braid_device_stream_v2, char*, size_t) { return 0; }
 int event_create(int32_t device, braid_device_event_v2* event, char* error, size_t size) {
@@ -455,27 +459,76 @@ int cross_entropy(braid_ds, const braid_dt* logits, const braid_dt* targets, int
   });
 }
 
+// A dense view as the tiled kernel's rows (n, E); a null view is an empty one.
+template <class T>
+braid::nn::RowsView<T> rows(const braid_device_tensor_v2* t, const char* op, const char* what) {
+  if (!t) return {};
+  if (t->dtype != BRAID_DEVICE_F32 || t->rank != 2)
+    throw std::invalid_argument(std::string(op) + ": " + what + " must be F32 (rows, E)");
+  return {static_cast<T*>(t->data), t->shape[0], t->shape[1], t->shape[1]};
+}
+
+braid::nn::ContrastiveProblem contrastive_problem(const braid_dt* li, const braid_dt* lt, const braid_dt* ai,
+                                                  const braid_dt* at, int64_t row_offset, float scale, int64_t tile,
+                                                  const char* op) {
+  braid::nn::ContrastiveProblem p;
+  p.local_image = rows<const float>(li, op, "local_image");
+  p.local_text = rows<const float>(lt, op, "local_text");
+  p.all_image = rows<const float>(ai, op, "all_image");
+  p.all_text = rows<const float>(at, op, "all_text");
+  p.row_offset = row_offset;
+  p.logit_scale = scale;
+  p.tile = tile;
+  p.threads = host_ops().threads();
+  braid::nn::check_contrastive_problem(p);
+  return p;
+}
+
+braid::nn::ContrastiveStats contrastive_stats(const braid_dt* stats, int64_t n, const char* op) {
+  const Tensor s = view(stats, op, "stats");
+  if (s.shape != Shape{2, n})
+    throw std::invalid_argument(std::string(op) + ": stats has shape " + braid::nn::shape_string(s.shape) +
+                                " but (2, " + std::to_string(n) + ") is expected");
+  float* data = static_cast<float*>(stats->data);
+  return {data, data + n};
+}
+
+int contrastive_forward(braid_ds, const braid_dt* li, const braid_dt* lt, const braid_dt* ai, const braid_dt* at,
+                        int64_t row_offset, float scale, int64_t tile, braid_dt* stats, double* sum, char* e,
+                        size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "contrastive_forward";
+    const auto p = contrastive_problem(li, lt, ai, at, row_offset, scale, tile, op);
+    *sum = braid::nn::contrastive_tiled_forward(p, contrastive_stats(stats, p.local_image.rows, op));
+  });
+}
+
+int contrastive_backward(braid_ds, const braid_dt* li, const braid_dt* lt, const braid_dt* ai, const braid_dt* at,
+                         int64_t row_offset, float scale, int64_t tile, const braid_dt* stats, double weight,
+                         braid_dt* dli, braid_dt* dlt, braid_dt* dai, braid_dt* dat, double* d_scale, char* e,
+                         size_t n) {
+  return guarded(e, n, [&] {
+    const char* op = "contrastive_backward";
+    const auto p = contrastive_problem(li, lt, ai, at, row_offset, scale, tile, op);
+    const braid::nn::ContrastiveGradViews grads{
+        rows<float>(dli, op, "d_local_image"), rows<float>(dlt, op, "d_local_text"),
+        rows<float>(dai, op, "d_all_image"), rows<float>(dat, op, "d_all_text")};
+    *d_scale =
+        braid::nn::contrastive_tiled_backward(p, contrastive_stats(stats, p.local_image.rows, op), weight, grads);
+  });
+}
+
 int contrastive_loss(braid_ds, const braid_dt* li, const braid_dt* lt, const braid_dt* ai, const braid_dt* at,
-                     int64_t offset, float t, float* loss, braid_dt* dli, braid_dt* dlt, braid_dt* dai, braid_dt* dat,
-                     float* dscale, char* e, size_t n) {
+                     int64_t row_offset, float scale, int64_t tile, braid_dt* stats, double weight, double* sum,
+                     braid_dt* dli, braid_dt* dlt, braid_dt* dai, braid_dt* dat, double* d_scale, char* e, size_t n) {
   return guarded(e, n, [&] {
     const char* op = "contrastive_loss";
-    const bool grads = dli || dlt || dai || dat || dscale;
-    if (grads && !(dli && dlt && dai && dat && dscale))
-      throw std::invalid_argument("contrastive_loss: give all four gradients and d_logit_scale, or none");
-    braid::nn::ContrastiveGrads g;
-    if (grads)
-      g = {view(dli, op, "d_local_image"), view(dlt, op, "d_local_text"), view(dai, op, "d_all_image"),
-           view(dat, op, "d_all_text")};
-    *loss =
-        host_ops().contrastive_loss(view(li, op, "local_image"), view(lt, op, "local_text"), view(ai, op, "all_image"),
-                                    view(at, op, "all_text"), offset, t, grads ? &g : nullptr);
-    if (!grads) return;
-    settle(g.local_image, dli, op, "d_local_image");
-    settle(g.local_text, dlt, op, "d_local_text");
-    settle(g.all_image, dai, op, "d_all_image");
-    settle(g.all_text, dat, op, "d_all_text");
-    *dscale = g.logit_scale_param;
+    const auto p = contrastive_problem(li, lt, ai, at, row_offset, scale, tile, op);
+    contrastive_stats(stats, p.local_image.rows, op);  // checked: the fused kernel keeps its own
+    const braid::nn::ContrastiveGradViews grads{
+        rows<float>(dli, op, "d_local_image"), rows<float>(dlt, op, "d_local_text"),
+        rows<float>(dai, op, "d_all_image"), rows<float>(dat, op, "d_all_text")};
+    *sum = braid::nn::contrastive_tiled_loss(p, weight, grads, d_scale);
   });
 }
 
@@ -521,6 +574,8 @@ const braid_device_ops_v2 kOps = {linear_forward,
                                   patch_embedding_forward,
                                   patch_embedding_backward,
                                   cross_entropy,
+                                  contrastive_forward,
+                                  contrastive_backward,
                                   contrastive_loss,
                                   adamw_step,
                                   squared_norm,
@@ -541,6 +596,7 @@ extern "C" BRAID_PLUGIN_EXPORT const braid_device_plugin_v2 braidDevicePlugin_v2
                                                                                     memset_zero,
                                                                                     stream_create,
                                                                                     stream_destroy,
+                                                                                    stream_wrap,
                                                                                     stream_synchronize,
                                                                                     event_create,
                                                                                     event_destroy,

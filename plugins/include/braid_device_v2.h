@@ -101,6 +101,8 @@ typedef enum braid_device_op_v2 {
   BRAID_OP_PATCH_EMBEDDING_FORWARD,
   BRAID_OP_PATCH_EMBEDDING_BACKWARD,
   BRAID_OP_CROSS_ENTROPY,
+  BRAID_OP_CONTRASTIVE_FORWARD,
+  BRAID_OP_CONTRASTIVE_BACKWARD,
   BRAID_OP_CONTRASTIVE_LOSS,
   BRAID_OP_ADAMW_STEP,
   BRAID_OP_SQUARED_NORM,
@@ -115,7 +117,8 @@ typedef struct braid_adamw_config_v2 {
 typedef braid_device_tensor_v2 braid_dt; /* shorthand for the table below */
 typedef braid_device_stream_v2 braid_ds;
 
-/* One entry per nn::Ops method; an entry is NULL exactly when supports() says 0. */
+/* One entry per nn::Ops method (the contrastive loss as its tiled forward and backward);
+ * an entry is NULL exactly when supports() says 0. */
 typedef struct braid_device_ops_v2 {
   int (*linear_forward)(braid_ds, const braid_dt* x, const braid_dt* weight, const braid_dt* bias, braid_dt* y,
                         char* error, size_t error_size);
@@ -153,12 +156,34 @@ typedef struct braid_device_ops_v2 {
   /* targets: I32 (rows), -1 ignored. *loss is host memory, written before the call returns. */
   int (*cross_entropy)(braid_ds, const braid_dt* logits, const braid_dt* targets, int64_t normalizer,
                        braid_dt* dlogits, float* loss, char* error, size_t error_size);
-  /* The four gradients are all given or all NULL; d_logit_scale (host) with them. */
+  /* CLIP's contrastive loss, tiled (Inf-CL): local_* (n, E) this rank's L2-normalised
+   * embeddings, all_* (N, E) every rank's with this rank's at rows [row_offset, row_offset
+   * + n); logits = logit_scale * I T^T, never stored whole: `tile` columns at a time (0: the
+   * backend's default), O(n * tile) working memory.
+   * forward: *sum (host) = sum over the n local rows of both directions' cross-entropies
+   * (label: column row_offset + i); stats F32 (2, n): the log-sum-exp of each local row,
+   * image -> text then text -> image, for the backward.
+   * backward: the gradients of weight * sum, overwritten (NULL: not computed), and *d_scale
+   * (host) = d (weight * sum) / d logit_scale. all_* rows' gradients belong to the ranks that
+   * own those rows (the caller reduce-scatters them); only the sum of local_* and all_*
+   * gradients of the same rows is defined.
+   * loss: both at once (the trainer's nn::Ops::contrastive_loss), free to keep the logits
+   * between the two when one tile spans all N columns; stats is scratch here. The C ABI's
+   * braid_contrastive_forward/backward call the two halves. */
+  int (*contrastive_forward)(braid_ds, const braid_dt* local_image, const braid_dt* local_text,
+                             const braid_dt* all_image, const braid_dt* all_text, int64_t row_offset,
+                             float logit_scale, int64_t tile, braid_dt* stats, double* sum, char* error,
+                             size_t error_size);
+  int (*contrastive_backward)(braid_ds, const braid_dt* local_image, const braid_dt* local_text,
+                              const braid_dt* all_image, const braid_dt* all_text, int64_t row_offset,
+                              float logit_scale, int64_t tile, const braid_dt* stats, double weight,
+                              braid_dt* d_local_image, braid_dt* d_local_text, braid_dt* d_all_image,
+                              braid_dt* d_all_text, double* d_scale, char* error, size_t error_size);
   int (*contrastive_loss)(braid_ds, const braid_dt* local_image, const braid_dt* local_text,
-                          const braid_dt* all_image, const braid_dt* all_text, int64_t offset,
-                          float logit_scale_param, float* loss, braid_dt* d_local_image, braid_dt* d_local_text,
-                          braid_dt* d_all_image, braid_dt* d_all_text, float* d_logit_scale, char* error,
-                          size_t error_size);
+                          const braid_dt* all_image, const braid_dt* all_text, int64_t row_offset, float logit_scale,
+                          int64_t tile, braid_dt* stats, double weight, double* sum, braid_dt* d_local_image,
+                          braid_dt* d_local_text, braid_dt* d_all_image, braid_dt* d_all_text, double* d_scale,
+                          char* error, size_t error_size);
   /* step: the steps taken including this one (1 on the first); m and v start at zero. */
   int (*adamw_step)(braid_ds, braid_dt* param, const braid_dt* grad, braid_dt* m, braid_dt* v, int64_t step,
                     const braid_adamw_config_v2* config, char* error, size_t error_size);
@@ -191,6 +216,10 @@ typedef struct braid_device_plugin_v2 {
   /* Streams and events. */
   int (*stream_create)(int32_t device, braid_device_stream_v2* stream, char* error, size_t error_size);
   int (*stream_destroy)(braid_device_stream_v2 stream, char* error, size_t error_size);
+  /* A stream object over the caller's own native stream (a cudaStream_t; NULL: the
+   * device's default stream), for hosts that order work on their streams: stream_destroy
+   * then releases the object only, never the native stream. */
+  int (*stream_wrap)(int32_t device, void* native, braid_device_stream_v2* stream, char* error, size_t error_size);
   int (*stream_synchronize)(braid_device_stream_v2 stream, char* error, size_t error_size);
   int (*event_create)(int32_t device, braid_device_event_v2* event, char* error, size_t error_size);
   int (*event_destroy)(braid_device_event_v2 event, char* error, size_t error_size);

@@ -9,7 +9,7 @@
  *    scale 0 (every logit 0) and at a negative scale;
  *  - gradients left NULL are not needed for the others, and grad_loss scales them;
  *  - braid_tensor has DLPack's DLTensor layout;
- *  - misuse (NULL pointers, wrong dtype, 3 dimensions, CUDA memory, mismatched E, rows
+ *  - misuse (NULL pointers, wrong dtype, 3 dimensions, CPU and CUDA memory mixed, mismatched E, rows
  *    outside the gathered batch, bad options or shapes) returns the documented status and
  *    a message naming the argument.
  * Compiled as C99 with -Wall -Wextra -Wpedantic -Werror.
@@ -407,9 +407,9 @@ static void test_misuse(void) {
     CHECK(contains(api.last_error(), "(1, 2, 4)"));
   }
   make_view(&vbad, image, N, E, 0);
-  vbad.t.device.type = BRAID_DEVICE_CUDA;
-  EXPECT_FAILS(api.forward(li, lt, &vbad.t, at, 10.0f, &o, st, &loss, NULL), BRAID_ERR_UNSUPPORTED, "all_image",
-               "until the CUDA backend lands");
+  vbad.t.device.type = BRAID_DEVICE_CUDA; /* refused before any device work: safe with or without a GPU */
+  EXPECT_FAILS(api.forward(li, lt, &vbad.t, at, 10.0f, &o, st, &loss, NULL), BRAID_ERR_INVALID_ARGUMENT, "all_image",
+               "is in CUDA device 0 but local_image is in CPU memory");
   make_view(&vbad, image, N, E, 0);
   vbad.t.device.type = 13; /* kDLCUDAManaged */
   EXPECT_FAILS(api.forward(li, lt, &vbad.t, at, 10.0f, &o, st, &loss, NULL), BRAID_ERR_UNSUPPORTED, "all_image",

@@ -8,11 +8,15 @@
  * the constants below are DLPack's. braid reads and writes through the view during the
  * call only: it never frees one, and keeps no pointer into it after returning.
  *
- * Supported now: float32 tensors in CPU memory, 2-D, each row contiguous (strides NULL, or
- * strides[1] == 1 with any row stride strides[0] >= shape[1]). Anything else is
- * BRAID_ERR_UNSUPPORTED with a message that says what is supported; CUDA tensors until the
- * CUDA backend lands. Every op takes a stream: the stream (cudaStream_t) its device work is
- * ordered on; ignored for CPU tensors, where the call returns when the work is done.
+ * Supported: float32 tensors, 2-D, each row contiguous (strides NULL, or strides[1] == 1
+ * with any row stride strides[0] >= shape[1]), in CPU memory, or in CUDA memory with dense
+ * rows (row stride == shape[1]). Every tensor of a call is on one device (local_image's);
+ * anything else is an error that says what is supported. Every op takes a stream: for CUDA
+ * tensors the cudaStream_t its work is ordered on (NULL: the device's default stream), run
+ * by the CUDA plugin (libbraid-cuda.so, loaded on first use; BRAID_ERR_PLUGIN when it
+ * cannot run); the call returns once the loss or d logit_scale is on the host, the
+ * gradients may still be in flight on the stream. For CPU tensors the stream is ignored
+ * and the call returns when the work is done.
  *
  * The distributed contrastive loss, one call per rank and step:
  *

@@ -26,13 +26,13 @@ def _gather_rows(x: torch.Tensor, group) -> torch.Tensor:
     return torch.cat(parts, dim=0)
 
 
-def _host_float32(x: torch.Tensor, name: str) -> torch.Tensor:
+def _float32_rows(x: torch.Tensor, name: str) -> torch.Tensor:
+    """Dense float32 rows on the tensor's own device: host memory runs braid's host kernel,
+    CUDA memory the CUDA plugin's, on the tensor's current stream."""
     if x.dim() != 2:
         raise ValueError(f"ContrastiveLoss: {name} must be (rows, features), got shape {tuple(x.shape)}")
-    if x.device.type != "cpu":
-        raise NotImplementedError(
-            f"ContrastiveLoss: {name} is on {x.device}; braid's contrastive kernel runs on host memory "
-            "until the CUDA backend lands")
+    if x.device.type not in ("cpu", "cuda"):
+        raise NotImplementedError(f"ContrastiveLoss: {name} is on {x.device}; braid runs on cpu and cuda tensors")
     return x.detach().to(torch.float32).contiguous()
 
 
@@ -42,12 +42,13 @@ class _ContrastiveFunction(torch.autograd.Function):
         if image.shape != text.shape:
             raise ValueError(f"ContrastiveLoss: image features {tuple(image.shape)} and text features "
                              f"{tuple(text.shape)} differ in shape")
-        local_image = _host_float32(image, "image_features")
-        local_text = _host_float32(text, "text_features")
+        local_image = _float32_rows(image, "image_features")
+        local_text = _float32_rows(text, "text_features")
         distributed = group is not None or (dist.is_available() and dist.is_initialized())
         if distributed:
-            sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
-            dist.all_gather(sizes, torch.tensor([local_image.shape[0]], dtype=torch.int64), group=group)
+            sizes = [torch.zeros(1, dtype=torch.int64, device=image.device) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(sizes, torch.tensor([local_image.shape[0]], dtype=torch.int64, device=image.device),
+                            group=group)
             if any(int(s) != local_image.shape[0] for s in sizes):
                 raise ValueError("ContrastiveLoss: every rank of the group must hold the same number of rows, got "
                                  + ", ".join(str(int(s)) for s in sizes))
@@ -61,7 +62,8 @@ class _ContrastiveFunction(torch.autograd.Function):
         ctx.save_for_backward(local_image, local_text, all_image, all_text, stats)
         ctx.scale, ctx.offset, ctx.group, ctx.tile, ctx.distributed = scale, offset, group, tile, distributed
         ctx.dtypes = (image.dtype, text.dtype, logit_scale.dtype)
-        return torch.tensor(loss, dtype=image.dtype)
+        ctx.scale_device = logit_scale.device
+        return torch.tensor(loss, dtype=image.dtype, device=image.device)
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
@@ -86,8 +88,8 @@ class _ContrastiveFunction(torch.autograd.Function):
             grad_image = grad_local_image + grad_all_image
             grad_text = grad_local_text + grad_all_text
         image_dtype, text_dtype, scale_dtype = ctx.dtypes
-        return (grad_image.to(image_dtype), grad_text.to(text_dtype), torch.tensor(grad_scale, dtype=scale_dtype),
-                None, None)
+        return (grad_image.to(image_dtype), grad_text.to(text_dtype),
+                torch.tensor(grad_scale, dtype=scale_dtype, device=ctx.scale_device), None, None)
 
 
 class ContrastiveLoss(torch.nn.Module):
