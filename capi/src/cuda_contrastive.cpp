@@ -133,8 +133,9 @@ double cuda_contrastive_backward(const nn::ContrastiveProblem& problem, const nn
   // modality's whole gradient in one tensor, local_* (all_* without it), the other zeroed.
   // The backend splits it between the two, so a missing one gets scratch memory here and
   // the halves are added after the call.
-  const bool same[2] = {problem.local_image.data == problem.all_image.data,
-                        problem.local_text.data == problem.all_text.data};
+  const bool one_process = n == problem.all_image.rows;  // a prefix view of more rows is not
+  const bool same[2] = {one_process && problem.local_image.data == problem.all_image.data,
+                        one_process && problem.local_text.data == problem.all_text.data};
   std::unique_ptr<Scratch> scratch[2];
   for (int m = 0; m < 2; ++m) {
     if (!same[m] || (!local[m].data && !all[m].data)) continue;

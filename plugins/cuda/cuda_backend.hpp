@@ -67,6 +67,43 @@ int guarded(char* error, size_t size, F&& body) {
   }
 }
 
+// Makes `device` current for a scope and restores the caller's (a host framework's,
+// through the C ABI) when it ends.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int32_t device) {
+    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) {
+      check(cudaSetDevice(device), "cudaSetDevice");
+      switched_ = true;
+    }
+  }
+  ~DeviceScope() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+// An op's body on `stream`'s device; a null stream is the caller's mistake.
+template <typename F>
+int on_stream(braid_device_stream_s* stream, char* error, size_t size, F&& body) {
+  return guarded(error, size, [&] {
+    if (!stream) invalid("cuda backend: a null stream (make one with stream_create or stream_wrap)");
+    const DeviceScope scope(stream->device);
+    body();
+  });
+}
+
+// The plugin's own stream-ordered pool on `device` (release threshold raised: what a step
+// frees stays reserved for the next), separate from the device's default pool that a host
+// framework may use with its own settings.
+cudaMemPool_t pool(int32_t device);
+
 using Tensor = braid_device_tensor_v2;
 
 int64_t numel(const Tensor& t);
@@ -83,8 +120,8 @@ inline float* data(const Tensor& t) { return static_cast<float*>(t.data); }
 // Stream-ordered scratch memory, given back (stream-ordered) when it goes.
 class Scratch {
  public:
-  Scratch(cudaStream_t stream, size_t bytes) : stream_(stream) {
-    if (bytes) check(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync (scratch)");
+  Scratch(braid_device_stream_s* stream, size_t bytes) : stream_(stream->stream) {
+    if (bytes) check(cudaMallocFromPoolAsync(&ptr_, bytes, pool(stream->device), stream_), "cudaMallocAsync (scratch)");
   }
   ~Scratch() {
     if (ptr_) cudaFreeAsync(ptr_, stream_);

@@ -1,4 +1,6 @@
 // The CUDA backend's shared helpers: view checks and row-major GEMMs on cuBLAS.
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "cuda_backend.hpp"
@@ -71,11 +73,27 @@ int as_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
+// With k == 0 the product is empty: C = beta C, without asking cuBLAS (its leading
+// dimensions would be 0).
+bool empty_product(braid_device_stream_s* s, int64_t m, int64_t n, int64_t k, float beta, float* c, int64_t ldc,
+                   int64_t batch, int64_t stride_c) {
+  if (m == 0 || n == 0 || batch == 0) return true;
+  if (k > 0) return false;
+  if (beta == 0.0f)
+    for (int64_t i = 0; i < batch; ++i)
+      check(cudaMemset2DAsync(c + i * stride_c, static_cast<size_t>(ldc) * sizeof(float), 0,
+                              static_cast<size_t>(n) * sizeof(float), static_cast<size_t>(m), s->stream),
+            "cudaMemset2DAsync");
+  else if (beta != 1.0f)
+    invalid("gemm: an empty product with beta other than 0 or 1");
+  return true;
+}
+
 }  // namespace
 
 void gemm(braid_device_stream_s* s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
+  if (empty_product(s, m, n, k, beta, c, ldc, 1, 0)) return;
   check(cublasSgemm(s->blas, op_of(trans_b), op_of(trans_a), as_int(n, "n"), as_int(m, "m"), as_int(k, "k"), &alpha, b,
                     as_int(ldb, "ldb"), a, as_int(lda, "lda"), &beta, c, as_int(ldc, "ldc")),
         "cublasSgemm");
@@ -84,11 +102,30 @@ void gemm(braid_device_stream_s* s, bool trans_a, bool trans_b, int64_t m, int64
 void gemm_batched(braid_device_stream_s* s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                   const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b,
                   float beta, float* c, int64_t ldc, int64_t stride_c, int64_t batch) {
-  if (m == 0 || n == 0 || batch == 0) return;
+  if (empty_product(s, m, n, k, beta, c, ldc, batch, stride_c)) return;
   check(cublasSgemmStridedBatched(s->blas, op_of(trans_b), op_of(trans_a), as_int(n, "n"), as_int(m, "m"),
                                   as_int(k, "k"), &alpha, b, as_int(ldb, "ldb"), stride_b, a, as_int(lda, "lda"),
                                   stride_a, &beta, c, as_int(ldc, "ldc"), stride_c, as_int(batch, "batch")),
         "cublasSgemmStridedBatched");
+}
+
+cudaMemPool_t pool(int32_t device) {
+  static std::mutex mutex;
+  static std::map<int32_t, cudaMemPool_t> pools;
+  std::lock_guard lock(mutex);
+  if (auto it = pools.find(device); it != pools.end()) return it->second;
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  cudaMemPool_t p = nullptr;
+  check(cudaMemPoolCreate(&p, &props), "cudaMemPoolCreate");
+  uint64_t keep = UINT64_MAX;  // never give freed memory back between steps
+  const cudaError_t err = cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &keep);
+  if (err != cudaSuccess) cudaMemPoolDestroy(p);
+  check(err, "cudaMemPoolSetAttribute");
+  pools[device] = p;
+  return p;
 }
 
 }  // namespace braid_cuda

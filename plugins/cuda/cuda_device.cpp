@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "braid_device_v1.h"
 #include "cuda_backend.hpp"
@@ -72,7 +73,8 @@ int device_properties_v2(int32_t index, braid_device_properties_v2* out, char* e
   }
   braid_device_properties_v1 v1{};
   v1.struct_size = sizeof v1;
-  if (int rc = device_properties(index, &v1, error, size)) return rc;
+  // v1's codes are CUDA's, and cudaErrorInvalidValue (1) would read as the caller's mistake.
+  if (int rc = device_properties(index, &v1, error, size)) return 1000 + rc;
   std::memcpy(out->name, v1.name, sizeof out->name);
   out->memory_bytes = v1.memory_bytes;
   out->multiprocessors = v1.multiprocessors;
@@ -83,12 +85,11 @@ int device_properties_v2(int32_t index, braid_device_properties_v2* out, char* e
   return 0;
 }
 
-// What alloc handed out, for the statistics; the pool itself is CUDA's.
+// What alloc handed out, for the statistics; the memory itself is the pool's.
 struct Accounting {
   std::mutex mutex;
   std::map<void*, size_t> sizes;
   braid_device_memory_stats_v2 stats{};
-  bool pool_ready = false;
 };
 
 Accounting& accounting(int32_t device) {
@@ -98,25 +99,16 @@ Accounting& accounting(int32_t device) {
   return per_device[device];
 }
 
-// The default pool keeps what is freed (release threshold: everything), so a step's
-// allocations are served from memory the first step reserved.
-void prepare_pool(int32_t device, Accounting& a) {
-  if (a.pool_ready) return;
-  cudaMemPool_t pool = nullptr;
-  braid_cuda::check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
-  uint64_t keep = UINT64_MAX;
-  braid_cuda::check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
-  a.pool_ready = true;
-}
+cudaStream_t native(braid_device_stream_v2 stream) { return stream ? stream->stream : nullptr; }
 
 int alloc(int32_t device, size_t bytes, braid_device_stream_v2 stream, void** ptr, char* error, size_t size) {
   return guarded(error, size, [&] {
+    const braid_cuda::DeviceScope scope(device);
+    cudaMemPool_t pool = braid_cuda::pool(device);
     Accounting& a = accounting(device);
     std::lock_guard lock(a.mutex);
-    braid_cuda::check(cudaSetDevice(device), "cudaSetDevice");
-    prepare_pool(device, a);
     *ptr = nullptr;
-    braid_cuda::check(cudaMallocAsync(ptr, bytes ? bytes : 1, stream ? stream->stream : nullptr), "cudaMallocAsync");
+    braid_cuda::check(cudaMallocFromPoolAsync(ptr, bytes ? bytes : 1, pool, native(stream)), "cudaMallocAsync");
     a.sizes[*ptr] = bytes;
     a.stats.in_use += bytes;
     a.stats.peak_in_use = std::max(a.stats.peak_in_use, a.stats.in_use);
@@ -127,13 +119,14 @@ int alloc(int32_t device, size_t bytes, braid_device_stream_v2 stream, void** pt
 int release(int32_t device, void* ptr, braid_device_stream_v2 stream, char* error, size_t size) {
   return guarded(error, size, [&] {
     if (!ptr) return;
+    const braid_cuda::DeviceScope scope(device);
     Accounting& a = accounting(device);
     std::lock_guard lock(a.mutex);
     auto it = a.sizes.find(ptr);
     if (it == a.sizes.end()) braid_cuda::invalid("cuda backend: free of a pointer it did not allocate");
     a.stats.in_use -= it->second;
     a.sizes.erase(it);
-    braid_cuda::check(cudaFreeAsync(ptr, stream ? stream->stream : nullptr), "cudaFreeAsync");
+    braid_cuda::check(cudaFreeAsync(ptr, native(stream)), "cudaFreeAsync");
   });
 }
 
@@ -141,11 +134,11 @@ int memory_stats(int32_t device, braid_device_memory_stats_v2* out, char* error,
   return guarded(error, size, [&] {
     if (!out || out->struct_size < sizeof(braid_device_memory_stats_v2))
       braid_cuda::invalid("cuda backend: memory stats struct_size too small");
+    const braid_cuda::DeviceScope scope(device);
+    cudaMemPool_t pool = braid_cuda::pool(device);
     Accounting& a = accounting(device);
     std::lock_guard lock(a.mutex);
     braid_device_memory_stats_v2 s = a.stats;
-    cudaMemPool_t pool = nullptr;
-    braid_cuda::check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
     uint64_t reserved = 0;
     braid_cuda::check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved),
                       "cudaMemPoolGetAttribute");
@@ -164,28 +157,64 @@ int copy(void* dst, const void* src, size_t bytes, int32_t kind, braid_device_st
         : kind == BRAID_COPY_DEVICE_TO_DEVICE
             ? cudaMemcpyDeviceToDevice
             : (braid_cuda::invalid("cuda backend: unknown copy kind " + std::to_string(kind)), cudaMemcpyDefault);
-    if (bytes) braid_cuda::check(cudaMemcpyAsync(dst, src, bytes, k, stream ? stream->stream : nullptr), "copy");
+    if (bytes) braid_cuda::check(cudaMemcpyAsync(dst, src, bytes, k, native(stream)), "copy");
   });
 }
 
 int memset_zero(void* dst, size_t bytes, braid_device_stream_v2 stream, char* error, size_t size) {
   return guarded(error, size, [&] {
-    if (bytes) braid_cuda::check(cudaMemsetAsync(dst, 0, bytes, stream ? stream->stream : nullptr), "cudaMemsetAsync");
+    if (bytes) braid_cuda::check(cudaMemsetAsync(dst, 0, bytes, native(stream)), "cudaMemsetAsync");
   });
 }
 
-// A stream object with its own cuBLAS handle over `native`, or over a new stream.
-braid_device_stream_s* new_stream(int32_t device, cudaStream_t native, bool owns) {
-  braid_cuda::check(cudaSetDevice(device), "cudaSetDevice");
-  auto* s = new braid_device_stream_s{device, native, nullptr, owns};
+// cuBLAS handles, kept per device once made: cublasDestroy synchronises the whole device,
+// so a stream object that goes (a wrapped host stream, one per C ABI call) hands its handle
+// back here instead, and the next one takes it.
+class Handles {
+ public:
+  cublasHandle_t take(int32_t device) {
+    {
+      std::lock_guard lock(mutex_);
+      auto& free = free_[device];
+      if (!free.empty()) {
+        cublasHandle_t h = free.back();
+        free.pop_back();
+        return h;
+      }
+    }
+    cublasHandle_t h = nullptr;
+    braid_cuda::check(cublasCreate(&h), "cublasCreate");
+    // Strict fp32: no TF32 tensor-core math unless a later version asks for it.
+    const cublasStatus_t mode = cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH);
+    if (mode != CUBLAS_STATUS_SUCCESS) cublasDestroy(h);
+    braid_cuda::check(mode, "cublasSetMathMode");
+    return h;
+  }
+  void give_back(int32_t device, cublasHandle_t h) {
+    std::lock_guard lock(mutex_);
+    free_[device].push_back(h);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<int32_t, std::vector<cublasHandle_t>> free_;
+};
+
+Handles& handles() {
+  static Handles h;
+  return h;
+}
+
+// A stream object with a cuBLAS handle over `native`, or over a new stream.
+braid_device_stream_s* new_stream(int32_t device, cudaStream_t native_stream, bool owns) {
+  const braid_cuda::DeviceScope scope(device);
+  auto* s = new braid_device_stream_s{device, native_stream, nullptr, owns};
   try {
     if (owns) braid_cuda::check(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    braid_cuda::check(cublasCreate(&s->blas), "cublasCreate");
+    s->blas = handles().take(device);
     braid_cuda::check(cublasSetStream(s->blas, s->stream), "cublasSetStream");
-    // Strict fp32: no TF32 tensor-core math unless a later version asks for it.
-    braid_cuda::check(cublasSetMathMode(s->blas, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
   } catch (...) {
-    if (s->blas) cublasDestroy(s->blas);
+    if (s->blas) handles().give_back(device, s->blas);
     if (owns && s->stream) cudaStreamDestroy(s->stream);
     delete s;
     throw;
@@ -197,14 +226,15 @@ int stream_create(int32_t device, braid_device_stream_v2* out, char* error, size
   return guarded(error, size, [&] { *out = new_stream(device, nullptr, true); });
 }
 
-int stream_wrap(int32_t device, void* native, braid_device_stream_v2* out, char* error, size_t size) {
-  return guarded(error, size, [&] { *out = new_stream(device, static_cast<cudaStream_t>(native), false); });
+int stream_wrap(int32_t device, void* native_stream, braid_device_stream_v2* out, char* error, size_t size) {
+  return guarded(error, size, [&] { *out = new_stream(device, static_cast<cudaStream_t>(native_stream), false); });
 }
 
 int stream_destroy(braid_device_stream_v2 s, char* error, size_t size) {
   return guarded(error, size, [&] {
     if (!s) return;
-    cublasDestroy(s->blas);
+    const braid_cuda::DeviceScope scope(s->device);
+    handles().give_back(s->device, s->blas);
     const cudaError_t err = s->owns_stream ? cudaStreamDestroy(s->stream) : cudaSuccess;
     delete s;
     braid_cuda::check(err, "cudaStreamDestroy");
@@ -212,13 +242,12 @@ int stream_destroy(braid_device_stream_v2 s, char* error, size_t size) {
 }
 
 int stream_synchronize(braid_device_stream_v2 s, char* error, size_t size) {
-  return guarded(error, size,
-                 [&] { braid_cuda::check(cudaStreamSynchronize(s ? s->stream : nullptr), "cudaStreamSynchronize"); });
+  return guarded(error, size, [&] { braid_cuda::check(cudaStreamSynchronize(native(s)), "cudaStreamSynchronize"); });
 }
 
 int event_create(int32_t device, braid_device_event_v2* out, char* error, size_t size) {
   return guarded(error, size, [&] {
-    braid_cuda::check(cudaSetDevice(device), "cudaSetDevice");
+    const braid_cuda::DeviceScope scope(device);
     auto* e = new braid_device_event_s{device, nullptr};
     cudaError_t err = cudaEventCreateWithFlags(&e->event, cudaEventDisableTiming);
     if (err != cudaSuccess) delete e;
@@ -235,19 +264,29 @@ int event_destroy(braid_device_event_v2 e, char* error, size_t size) {
   });
 }
 
+void require_event(braid_device_event_v2 e) {
+  if (!e) braid_cuda::invalid("cuda backend: a null event (make one with event_create)");
+}
+
 int event_record(braid_device_event_v2 e, braid_device_stream_v2 s, char* error, size_t size) {
-  return guarded(error, size,
-                 [&] { braid_cuda::check(cudaEventRecord(e->event, s ? s->stream : nullptr), "cudaEventRecord"); });
+  return guarded(error, size, [&] {
+    require_event(e);
+    braid_cuda::check(cudaEventRecord(e->event, native(s)), "cudaEventRecord");
+  });
 }
 
 int stream_wait_event(braid_device_stream_v2 s, braid_device_event_v2 e, char* error, size_t size) {
   return guarded(error, size, [&] {
-    braid_cuda::check(cudaStreamWaitEvent(s ? s->stream : nullptr, e->event, 0), "cudaStreamWaitEvent");
+    require_event(e);
+    braid_cuda::check(cudaStreamWaitEvent(native(s), e->event, 0), "cudaStreamWaitEvent");
   });
 }
 
 int event_synchronize(braid_device_event_v2 e, char* error, size_t size) {
-  return guarded(error, size, [&] { braid_cuda::check(cudaEventSynchronize(e->event), "cudaEventSynchronize"); });
+  return guarded(error, size, [&] {
+    require_event(e);
+    braid_cuda::check(cudaEventSynchronize(e->event), "cudaEventSynchronize");
+  });
 }
 
 }  // namespace

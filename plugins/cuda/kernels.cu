@@ -67,7 +67,9 @@ constexpr float kGeluA = 0.044715f;
 // s = sigmoid(2u) and 1 - s, as the host computes them (host_pointwise.cpp).
 __device__ void gelu_sigmoid(float v, float& s, float& one_minus_s) {
   const float u = kGeluC * (v + kGeluA * v * v * v);
-  const float e = expf(-2.0f * u);
+  // The host's exp clamps its argument to [-87, 88] (float4.hpp): e stays finite, so 1 - s
+  // is about 1 rather than inf * 0 for inputs below about -10.
+  const float e = expf(fminf(fmaxf(-2.0f * u, -87.0f), 88.0f));
   s = 1.0f / (1.0f + e);
   one_minus_s = e * s;
 }
@@ -354,11 +356,11 @@ void adamw(cudaStream_t s, float* p, const float* g, float* m, float* v, int64_t
   adamw_k<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, v, n, c);
   launched("adamw_step");
 }
-void sum_squares(cudaStream_t s, const float* x, int64_t n, double* result) {
-  Scratch partial(s, kGrid * sizeof(double));
-  partial_squares_k<<<kGrid, kThreads, 0, s>>>(x, n, partial.d());
+void sum_squares(cudaStream_t s, const float* x, int64_t n, double* partial, double* result) {
+  static_assert(kGrid == kSquaresPartials, "one partial sum per block");
+  partial_squares_k<<<kGrid, kThreads, 0, s>>>(x, n, partial);
   launched("squared_norm");
-  sum_doubles_k<<<1, kThreads, 0, s>>>(partial.d(), kGrid, result);
+  sum_doubles_k<<<1, kThreads, 0, s>>>(partial, kGrid, result);
   launched("squared_norm (final sum)");
 }
 void sum_doubles(cudaStream_t s, const double* x, int64_t n, double* result) {

@@ -21,8 +21,9 @@ void scale(cudaStream_t s, float* t, float factor, int64_t n);
 void gelu_forward(cudaStream_t s, const float* x, float* y, int64_t n);
 void gelu_backward(cudaStream_t s, const float* x, const float* dy, float* dx, int64_t n);
 void adamw(cudaStream_t s, float* p, const float* g, float* m, float* v, int64_t n, const AdamWCoefficients& c);
-// *result (device) = sum of x[i]^2 in double.
-void sum_squares(cudaStream_t s, const float* x, int64_t n, double* result);
+// *result (device) = sum of x[i]^2 in double; partial: kSquaresPartials doubles of scratch.
+inline constexpr int kSquaresPartials = 256;
+void sum_squares(cudaStream_t s, const float* x, int64_t n, double* partial, double* result);
 // *result (device) = sum of x[i] in double, in index order's fixed tree.
 void sum_doubles(cudaStream_t s, const double* x, int64_t n, double* result);
 

@@ -23,6 +23,7 @@ using braid_cuda::features;
 using braid_cuda::guarded;
 using braid_cuda::invalid;
 using braid_cuda::numel;
+using braid_cuda::on_stream;
 using braid_cuda::Scratch;
 using braid_cuda::Tensor;
 using Stream = braid_device_stream_s*;
@@ -64,7 +65,7 @@ void linear_backward_on(Stream s, const Tensor& x, const Tensor& w, const Tensor
 }
 
 int linear_forward(Stream s, const Tensor* x, const Tensor* w, const Tensor* b, Tensor* y, char* e, size_t n) {
-  return guarded(e, n, [&] {
+  return on_stream(s, e, n, [&] {
     const char* op = "linear_forward";
     linear_forward_on(s, f32(x, op, "x"), f32(w, op, "weight"), b, f32(y, op, "y"), op);
   });
@@ -72,7 +73,7 @@ int linear_forward(Stream s, const Tensor* x, const Tensor* w, const Tensor* b, 
 
 int linear_backward(Stream s, const Tensor* x, const Tensor* w, const Tensor* dy, Tensor* dx, Tensor* dw, Tensor* db,
                     char* e, size_t n) {
-  return guarded(e, n, [&] {
+  return on_stream(s, e, n, [&] {
     const char* op = "linear_backward";
     linear_backward_on(s, f32(x, op, "x"), f32(w, op, "weight"), f32(dy, op, "dy"), dx, dw, db, op);
   });
@@ -80,7 +81,7 @@ int linear_backward(Stream s, const Tensor* x, const Tensor* w, const Tensor* dy
 
 int layernorm_forward(Stream s, const Tensor* x, const Tensor* gamma, const Tensor* beta, float eps, Tensor* y,
                       Tensor* mean, Tensor* rstd, char* e, size_t n) {
-  return guarded(e, n, [&] {
+  return on_stream(s, e, n, [&] {
     const char* op = "layernorm_forward";
     const int64_t f = features(f32(x, op, "x"), op, "x"), rows = numel(*x) / f;
     expect_shape(f32(gamma, op, "gamma"), {f}, op, "gamma");
@@ -95,7 +96,7 @@ int layernorm_forward(Stream s, const Tensor* x, const Tensor* gamma, const Tens
 
 int layernorm_backward(Stream s, const Tensor* x, const Tensor* gamma, const Tensor* mean, const Tensor* rstd,
                        const Tensor* dy, Tensor* dx, Tensor* dgamma, Tensor* dbeta, char* e, size_t n) {
-  return guarded(e, n, [&] {
+  return on_stream(s, e, n, [&] {
     const char* op = "layernorm_backward";
     const int64_t f = features(f32(x, op, "x"), op, "x"), rows = numel(*x) / f;
     expect_shape(f32(gamma, op, "gamma"), {f}, op, "gamma");
@@ -115,7 +116,7 @@ int layernorm_backward(Stream s, const Tensor* x, const Tensor* gamma, const Ten
 }
 
 int l2_normalize_forward(Stream s, const Tensor* x, Tensor* y, char* e, size_t n) {
-  return guarded(e, n, [&] {
+  return on_stream(s, e, n, [&] {
     const char* op = "l2_normalize_forward";
     const int64_t f = features(f32(x, op, "x"), op, "x");
     expect_same_shape(f32(y, op, "y"), *x, op, "y");
@@ -124,7 +125,7 @@ int l2_normalize_forward(Stream s, const Tensor* x, Tensor* y, char* e, size_t n
 }
 
 int l2_normalize_backward(Stream s, const Tensor* x, const Tensor* dy, Tensor* dx, char* e, size_t n) {
-  return guarded(e, n, [&] {
+  return on_stream(s, e, n, [&] {
     const char* op = "l2_normalize_backward";
     const int64_t f = features(f32(x, op, "x"), op, "x");
     expect_same_shape(f32(dy, op, "dy"), *x, op, "dy");
@@ -134,21 +135,21 @@ int l2_normalize_backward(Stream s, const Tensor* x, const Tensor* dy, Tensor* d
 }
 
 int add(Stream s, Tensor* y, const Tensor* x, char* e, size_t n) {
-  return guarded(e, n, [&] {
+  return on_stream(s, e, n, [&] {
     expect_same_shape(f32(x, "add", "x"), f32(y, "add", "y"), "add", "x");
     braid_cuda::add(s->stream, data(*y), data(*x), numel(*y));
   });
 }
 
 int gelu_forward(Stream s, const Tensor* x, Tensor* y, char* e, size_t n) {
-  return guarded(e, n, [&] {
+  return on_stream(s, e, n, [&] {
     expect_same_shape(f32(y, "gelu_forward", "y"), f32(x, "gelu_forward", "x"), "gelu_forward", "y");
     braid_cuda::gelu_forward(s->stream, data(*x), data(*y), numel(*x));
   });
 }
 
 int gelu_backward(Stream s, const Tensor* x, const Tensor* dy, Tensor* dx, char* e, size_t n) {
-  return guarded(e, n, [&] {
+  return on_stream(s, e, n, [&] {
     const char* op = "gelu_backward";
     expect_same_shape(f32(dy, op, "dy"), f32(x, op, "x"), op, "dy");
     expect_same_shape(f32(dx, op, "dx"), *x, op, "dx");
@@ -180,7 +181,7 @@ Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, int64_t h
 
 int attention_forward(Stream s, const Tensor* q, const Tensor* k, const Tensor* v, int64_t heads, int32_t causal,
                       Tensor* out, Tensor* saved, char* e, size_t n) {
-  return guarded(e, n, [&] {
+  return on_stream(s, e, n, [&] {
     const char* op = "attention_forward";
     const Dims d = attention_dims(f32(q, op, "q"), f32(k, op, "k"), f32(v, op, "v"), heads, causal, op);
     expect_same_shape(f32(out, op, "out"), *q, op, "out");
@@ -203,7 +204,7 @@ int attention_forward(Stream s, const Tensor* q, const Tensor* k, const Tensor* 
 
 int attention_backward(Stream s, const Tensor* q, const Tensor* k, const Tensor* v, int64_t heads, int32_t causal,
                        const Tensor* saved, const Tensor* dout, Tensor* dq, Tensor* dk, Tensor* dv, char* e, size_t n) {
-  return guarded(e, n, [&] {
+  return on_stream(s, e, n, [&] {
     const char* op = "attention_backward";
     const Dims d = attention_dims(f32(q, op, "q"), f32(k, op, "k"), f32(v, op, "v"), heads, causal, op);
     expect_shape(f32(saved, op, "saved"), {d.batch, d.heads, d.sq, d.sk}, op, "saved");
@@ -213,7 +214,7 @@ int attention_backward(Stream s, const Tensor* q, const Tensor* k, const Tensor*
     expect_same_shape(f32(dv, op, "dv"), *v, op, "dv");
     const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
     const int64_t block = d.sq * d.sk;
-    Scratch ds(s->stream, static_cast<size_t>(d.batch * d.heads * block) * sizeof(float));  // dP, then dS
+    Scratch ds(s, static_cast<size_t>(d.batch * d.heads * block) * sizeof(float));  // dP, then dS
     for (int64_t b = 0; b < d.batch; ++b) {
       const int64_t q_at = b * d.sq * d.width, k_at = b * d.sk * d.width;
       const float* p = data(*saved) + b * d.heads * block;
@@ -240,27 +241,48 @@ int attention_backward(Stream s, const Tensor* q, const Tensor* k, const Tensor*
 const int32_t* ids_of(const Tensor* t, const char* op, const char* what) {
   if (!t || t->dtype != BRAID_DEVICE_I32 || t->rank != 1)
     invalid(std::string(op) + ": " + what + " must be an I32 vector");
+  if (!t->data && t->shape[0] > 0) invalid(std::string(op) + ": " + what + " has no memory");
   return static_cast<const int32_t*>(t->data);
 }
 
+// The ids, copied back to the host (waiting for the stream), each checked to be in
+// [lowest, rows): a kernel cannot say which one was out of range, and one out of range
+// would read or write outside the table. Returns them.
+std::vector<int32_t> check_ids(Stream s, const int32_t* ids, int64_t count, int64_t rows, int32_t lowest,
+                               const char* op, const char* what) {
+  std::vector<int32_t> host(static_cast<size_t>(count));
+  if (count == 0) return host;
+  braid_cuda::check(cudaMemcpyAsync(host.data(), ids, host.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, s->stream),
+                    "cudaMemcpyAsync (ids)");
+  braid_cuda::check(cudaStreamSynchronize(s->stream), "cudaStreamSynchronize");
+  for (size_t i = 0; i < host.size(); ++i)
+    if (host[i] < lowest || host[i] >= rows)
+      invalid(std::string(op) + ": " + what + " " + std::to_string(host[i]) + " at position " + std::to_string(i) +
+              " is outside [" + std::to_string(lowest) + ", " + std::to_string(rows) + ")");
+  return host;
+}
+
 int embedding_forward(Stream s, const Tensor* table, const Tensor* ids, Tensor* out, char* e, size_t n) {
-  return guarded(e, n, [&] {
+  return on_stream(s, e, n, [&] {
     const char* op = "embedding_forward";
     if (f32(table, op, "table").rank != 2) invalid("embedding_forward: table must be (V, E)");
     const int32_t* id = ids_of(ids, op, "ids");
     expect_shape(f32(out, op, "out"), {ids->shape[0], table->shape[1]}, op, "out");
+    check_ids(s, id, ids->shape[0], table->shape[0], 0, op, "id");
     braid_cuda::embedding_forward(s->stream, data(*table), id, data(*out), ids->shape[0], table->shape[1]);
   });
 }
 
 int embedding_backward(Stream s, const Tensor* ids, const Tensor* dout, Tensor* dtable, char* e, size_t n) {
-  return guarded(e, n, [&] {
+  return on_stream(s, e, n, [&] {
     const char* op = "embedding_backward";
     const int32_t* id = ids_of(ids, op, "ids");
     if (f32(dtable, op, "dtable").rank != 2) invalid("embedding_backward: dtable must be (V, E)");
-    if (numel(f32(dout, op, "dout")) != ids->shape[0] * dtable->shape[1])
-      invalid("embedding_backward: dout " + braid_cuda::shape_string(*dout) + " does not hold " +
+    if (numel(f32(dout, op, "dout")) != ids->shape[0] * dtable->shape[1] || dout->rank < 1 ||
+        dout->shape[dout->rank - 1] != dtable->shape[1])
+      invalid("embedding_backward: dout " + braid_cuda::shape_string(*dout) + " is not " +
               std::to_string(ids->shape[0]) + " rows of " + std::to_string(dtable->shape[1]));
+    check_ids(s, id, ids->shape[0], dtable->shape[0], 0, op, "id");
     braid_cuda::embedding_backward(s->stream, id, data(*dout), data(*dtable), ids->shape[0], dtable->shape[1]);
   });
 }
@@ -276,7 +298,7 @@ Grid patch_grid(const Tensor& image, int64_t patch, const Tensor& w, const char*
     invalid(std::string(op) + ": image must be (C, H, W) or (B, C, H, W), got " + braid_cuda::shape_string(image));
   const int64_t* s = image.shape + (image.rank - 3);
   const Grid g{image.rank == 4 ? image.shape[0] : 1, s[0], s[1], s[2], patch};
-  if (patch <= 0 || g.h % patch != 0 || g.w % patch != 0)
+  if (patch <= 0 || g.h == 0 || g.w == 0 || g.h % patch != 0 || g.w % patch != 0)
     invalid(std::string(op) + ": patch size " + std::to_string(patch) + " does not divide the image " +
             braid_cuda::shape_string(image));
   if (w.rank != 2 || w.shape[1] != g.c * patch * patch)
@@ -306,7 +328,7 @@ Tensor reshaped(const Tensor& t, int64_t rows, int64_t cols) {
 
 int patch_embedding_forward(Stream s, const Tensor* image, int64_t patch, const Tensor* w, const Tensor* b, Tensor* out,
                             char* e, size_t n) {
-  return guarded(e, n, [&] {
+  return on_stream(s, e, n, [&] {
     const char* op = "patch_embedding_forward";
     const Grid g = patch_grid(f32(image, op, "image"), patch, f32(w, op, "weight"), op);
     const int64_t emb = w->shape[0];
@@ -314,7 +336,7 @@ int patch_embedding_forward(Stream s, const Tensor* image, int64_t patch, const 
       expect_shape(f32(out, op, "out"), {g.images, g.patches(), emb}, op, "out");
     else
       expect_shape(f32(out, op, "out"), {g.patches(), emb}, op, "out");
-    Scratch cols(s->stream, static_cast<size_t>(numel(*image)) * sizeof(float));
+    Scratch cols(s, static_cast<size_t>(numel(*image)) * sizeof(float));
     braid_cuda::patchify(s->stream, data(*image), cols.f(), g.images, g.c, g.h, g.w, g.p);
     Tensor y = reshaped(*out, g.images * g.patches(), emb);
     linear_forward_on(s, rows_view(cols.f(), g), *w, b, y, op);
@@ -323,7 +345,7 @@ int patch_embedding_forward(Stream s, const Tensor* image, int64_t patch, const 
 
 int patch_embedding_backward(Stream s, const Tensor* image, int64_t patch, const Tensor* w, const Tensor* dout,
                              Tensor* dimage, Tensor* dw, Tensor* db, char* e, size_t n) {
-  return guarded(e, n, [&] {
+  return on_stream(s, e, n, [&] {
     const char* op = "patch_embedding_backward";
     const Grid g = patch_grid(f32(image, op, "image"), patch, f32(w, op, "weight"), op);
     const int64_t emb = w->shape[0], rows = g.images * g.patches();
@@ -333,7 +355,7 @@ int patch_embedding_backward(Stream s, const Tensor* image, int64_t patch, const
       expect_shape(f32(dout, op, "dout"), {g.patches(), emb}, op, "dout");
     if (dimage) expect_same_shape(f32(dimage, op, "dimage"), *image, op, "dimage");
     const size_t bytes = static_cast<size_t>(numel(*image)) * sizeof(float);
-    Scratch cols(s->stream, bytes), dcols(s->stream, dimage ? bytes : 0);
+    Scratch cols(s, bytes), dcols(s, dimage ? bytes : 0);
     braid_cuda::patchify(s->stream, data(*image), cols.f(), g.images, g.c, g.h, g.w, g.p);
     Tensor dcols_view = rows_view(dcols.f(), g);
     linear_backward_on(s, rows_view(cols.f(), g), *w, reshaped(*dout, rows, emb), dimage ? &dcols_view : nullptr, dw,
@@ -353,7 +375,7 @@ T fetch(Stream s, const T* device) {
 
 int cross_entropy(Stream s, const Tensor* logits, const Tensor* targets, int64_t normalizer, Tensor* dlogits,
                   float* loss, char* e, size_t n) {
-  return guarded(e, n, [&] {
+  return on_stream(s, e, n, [&] {
     const char* op = "cross_entropy";
     const int64_t classes = features(f32(logits, op, "logits"), op, "logits"), rows = numel(*logits) / classes;
     const int32_t* t = ids_of(targets, op, "targets");
@@ -363,18 +385,9 @@ int cross_entropy(Stream s, const Tensor* logits, const Tensor* targets, int64_t
     if (normalizer < 0) invalid("cross_entropy: negative normalizer");
     if (dlogits) expect_same_shape(f32(dlogits, op, "dlogits"), *logits, op, "dlogits");
     // The targets come back to count the rows and check them, as the host op does.
-    std::vector<int32_t> host(static_cast<size_t>(rows));
-    braid_cuda::check(cudaMemcpyAsync(host.data(), t, host.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, s->stream),
-                      "cudaMemcpyAsync (targets)");
-    braid_cuda::check(cudaStreamSynchronize(s->stream), "cudaStreamSynchronize");
     int64_t counted = 0;
-    for (size_t r = 0; r < host.size(); ++r) {
-      if (host[r] == -1) continue;
-      if (host[r] < 0 || host[r] >= classes)
-        invalid("cross_entropy: target " + std::to_string(host[r]) + " of row " + std::to_string(r) +
-                " is outside [0, " + std::to_string(classes) + ") and is not the ignore index -1");
-      ++counted;
-    }
+    for (int32_t target : check_ids(s, t, rows, classes, -1, op, "target"))
+      if (target != -1) ++counted;
     const int64_t divide_by = normalizer > 0 ? normalizer : counted;
     if (divide_by == 0) {  // every row ignored: no loss, no gradient
       if (dlogits)
@@ -385,7 +398,7 @@ int cross_entropy(Stream s, const Tensor* logits, const Tensor* targets, int64_t
       return;
     }
     const auto scale = static_cast<float>(1.0 / static_cast<double>(divide_by));
-    Scratch row_loss(s->stream, static_cast<size_t>(rows + 1) * sizeof(double));
+    Scratch row_loss(s, static_cast<size_t>(rows + 1) * sizeof(double));
     braid_cuda::cross_entropy_rows(s->stream, data(*logits), t, rows, classes, scale,
                                    dlogits ? data(*dlogits) : nullptr, row_loss.d());
     braid_cuda::sum_doubles(s->stream, row_loss.d(), rows, row_loss.d() + rows);
@@ -430,18 +443,19 @@ struct Direction {
 
 int contrastive_forward(Stream s, const Tensor* li, const Tensor* lt, const Tensor* ai, const Tensor* at,
                         int64_t offset, float scale, int64_t tile, Tensor* stats, double* sum, char* e, size_t n) {
-  return guarded(e, n, [&] {
+  return on_stream(s, e, n, [&] {
     const char* op = "contrastive_forward";
     const Contrastive c = contrastive_dims(li, lt, ai, at, offset, scale, tile, op);
     expect_shape(f32(stats, op, "stats"), {2, c.n}, op, "stats");
+    if (!sum) invalid("contrastive_forward: sum is null");
     *sum = 0.0;
     if (c.n == 0) return;
     const Direction dirs[2] = {{data(*li), data(*at), nullptr, nullptr}, {data(*lt), data(*ai), nullptr, nullptr}};
-    Scratch raw(s->stream, static_cast<size_t>(c.n * c.tile) * sizeof(float));
-    Scratch row_max(s->stream, static_cast<size_t>(2 * c.n) * sizeof(float));
-    Scratch label(s->stream, static_cast<size_t>(2 * c.n) * sizeof(float));
-    Scratch row_sum(s->stream, static_cast<size_t>(2 * c.n + 1) * sizeof(double));
-    Scratch row_loss(s->stream, static_cast<size_t>(2 * c.n + 1) * sizeof(double));
+    Scratch raw(s, static_cast<size_t>(c.n * c.tile) * sizeof(float));
+    Scratch row_max(s, static_cast<size_t>(2 * c.n) * sizeof(float));
+    Scratch label(s, static_cast<size_t>(2 * c.n) * sizeof(float));
+    Scratch row_sum(s, static_cast<size_t>(2 * c.n + 1) * sizeof(double));
+    Scratch row_loss(s, static_cast<size_t>(2 * c.n + 1) * sizeof(double));
     for (int d = 0; d < 2; ++d)
       for (int64_t c0 = 0; c0 < c.total; c0 += c.tile) {
         const int64_t w = std::min(c.tile, c.total - c0);
@@ -459,7 +473,7 @@ int contrastive_forward(Stream s, const Tensor* li, const Tensor* lt, const Tens
 int contrastive_backward(Stream s, const Tensor* li, const Tensor* lt, const Tensor* ai, const Tensor* at,
                          int64_t offset, float scale, int64_t tile, const Tensor* stats, double weight, Tensor* dli,
                          Tensor* dlt, Tensor* dai, Tensor* dat, double* d_scale, char* e, size_t n) {
-  return guarded(e, n, [&] {
+  return on_stream(s, e, n, [&] {
     const char* op = "contrastive_backward";
     const Contrastive c = contrastive_dims(li, lt, ai, at, offset, scale, tile, op);
     expect_shape(f32(stats, op, "stats"), {2, c.n}, op, "stats");
@@ -472,12 +486,13 @@ int contrastive_backward(Stream s, const Tensor* li, const Tensor* lt, const Ten
       if (g && numel(*g) > 0)
         braid_cuda::check(cudaMemsetAsync(g->data, 0, static_cast<size_t>(numel(*g)) * sizeof(float), s->stream),
                           "cudaMemsetAsync");
+    if (!d_scale) invalid("contrastive_backward: d_scale is null");
     *d_scale = 0.0;
     if (c.n == 0) return;
     const Direction dirs[2] = {{data(*li), data(*at), dli ? data(*dli) : nullptr, dat ? data(*dat) : nullptr},
                                {data(*lt), data(*ai), dlt ? data(*dlt) : nullptr, dai ? data(*dai) : nullptr}};
-    Scratch raw(s->stream, static_cast<size_t>(c.n * c.tile) * sizeof(float));
-    Scratch d_scale_rows(s->stream, static_cast<size_t>(2 * c.n + 1) * sizeof(double));
+    Scratch raw(s, static_cast<size_t>(c.n * c.tile) * sizeof(float));
+    Scratch d_scale_rows(s, static_cast<size_t>(2 * c.n + 1) * sizeof(double));
     for (int d = 0; d < 2; ++d)
       for (int64_t c0 = 0; c0 < c.total; c0 += c.tile) {
         const int64_t w = std::min(c.tile, c.total - c0);
@@ -509,7 +524,7 @@ int contrastive_loss(Stream s, const Tensor* li, const Tensor* lt, const Tensor*
 
 int adamw_step(Stream s, Tensor* param, const Tensor* grad, Tensor* m, Tensor* v, int64_t step,
                const braid_adamw_config_v2* c, char* e, size_t n) {
-  return guarded(e, n, [&] {
+  return on_stream(s, e, n, [&] {
     const char* op = "adamw_step";
     if (step < 1 || !c) invalid("adamw_step: step must be at least 1 and config given");
     expect_same_shape(f32(grad, op, "grad"), f32(param, op, "param"), op, "grad");
@@ -531,15 +546,19 @@ int adamw_step(Stream s, Tensor* param, const Tensor* grad, Tensor* m, Tensor* v
 }
 
 int squared_norm(Stream s, const Tensor* t, double* result, char* e, size_t n) {
-  return guarded(e, n, [&] {
-    Scratch sum(s->stream, sizeof(double));
-    braid_cuda::sum_squares(s->stream, data(f32(t, "squared_norm", "t")), numel(*t), sum.d());
-    *result = fetch(s, sum.d());
+  return on_stream(s, e, n, [&] {
+    const Tensor& v = f32(t, "squared_norm", "t");  // checked before anything reads it
+    Scratch sums(s, (braid_cuda::kSquaresPartials + 1) * sizeof(double));
+    braid_cuda::sum_squares(s->stream, data(v), numel(v), sums.d(), sums.d() + braid_cuda::kSquaresPartials);
+    *result = fetch(s, sums.d() + braid_cuda::kSquaresPartials);
   });
 }
 
 int scale(Stream s, Tensor* t, float factor, char* e, size_t n) {
-  return guarded(e, n, [&] { braid_cuda::scale(s->stream, data(f32(t, "scale", "t")), factor, numel(*t)); });
+  return on_stream(s, e, n, [&] {
+    const Tensor& v = f32(t, "scale", "t");  // checked before anything reads it
+    braid_cuda::scale(s->stream, data(v), factor, numel(v));
+  });
 }
 
 }  // namespace

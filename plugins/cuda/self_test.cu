@@ -35,10 +35,12 @@ int braid_cuda_self_test(int32_t index, char* error, size_t size) {
     cudaFree(dx);
     return report(err, "cudaMalloc", error, size);
   }
-  cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice);
-  cudaMemcpy(dy, y.data(), n * sizeof(float), cudaMemcpyHostToDevice);
-  axpy<<<256, 256>>>(n, 2.0f, dx, dy);
-  err = cudaGetLastError();
+  err = cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+  if (err == cudaSuccess) err = cudaMemcpy(dy, y.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+  if (err == cudaSuccess) {
+    axpy<<<256, 256>>>(n, 2.0f, dx, dy);
+    err = cudaGetLastError();
+  }
   if (err == cudaSuccess) err = cudaMemcpy(y.data(), dy, n * sizeof(float), cudaMemcpyDeviceToHost);
   cudaFree(dx);
   cudaFree(dy);

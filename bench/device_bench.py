@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""The device path's cost: `braid train --device host` (every op through the device
+interface v2: nn::DeviceOps over libbraid-host.so, outputs from its caching pool) against
+`--device auto` (braid's host ops called directly), on the tiny reference runs, one process.
+Both run the same host ops, so their losses must be the same bits; the ratio of their
+throughputs is what the interface's dispatch, views and pool cost.
+
+Runs alternate (auto, host, auto, host, ...) so that the machine's drift hits both alike, and
+the figure is the median over the rounds of host / auto samples per second. Goal: >= 0.95.
+
+  python3 bench/device_bench.py --braid build/tools/braid [--rounds 5] [--steps 200]
+                                [--quick] [--format table|json]
+
+--quick (what ctest runs) trains 3 steps once each way, checks the losses are identical and
+prints the ratio without asserting it (a 3-step run times mostly start-up).
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+RUNS = ["configs/runs/tiny-clip.yaml", "configs/runs/tiny-mllm.yaml"]
+GOAL = 0.95
+
+
+def train(braid, config, device, steps, metrics):
+    cmd = [braid, "train", "--config", config, "--steps", str(steps), "--device", device, "--threads", "1",
+           "--data-workers", "1", "--quiet", "--metrics", metrics]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        sys.exit(f"device_bench: {' '.join(cmd)} failed:\n{r.stdout}{r.stderr}")
+    rate = re.search(r"trained steps \d+-\d+ of \d+ in \S+ \(\d+ samples, ([\d.]+) samples/s\)", r.stdout)
+    if not rate:
+        sys.exit(f"device_bench: no throughput in the output of {' '.join(cmd)}:\n{r.stdout}")
+    pool = re.search(r"device memory \(host backend\): peak ([\d.]+) MiB in use, ([\d.]+) MiB reserved, (\d+) "
+                     r"allocations", r.stdout)
+    with open(metrics) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    losses = [m["loss"] for m in lines if "loss" in m and not m.get("eval") and not m.get("summary")
+              and not m.get("memory")]
+    return {"samples_per_s": float(rate.group(1)), "losses": losses,
+            "pool": None if not pool else {"peak_mib": float(pool.group(1)), "reserved_mib": float(pool.group(2)),
+                                           "allocations": int(pool.group(3))}}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--braid", required=True)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--quick", action="store_true", help="3 steps, one round, no goal check")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    a = p.parse_args()
+    rounds, steps = (1, 3) if a.quick else (a.rounds, a.steps)
+    results = []
+    with tempfile.TemporaryDirectory() as d:
+        for config in RUNS:
+            rates = {"auto": [], "host": []}
+            pool, identical = None, True
+            for r in range(rounds):
+                runs = {dev: train(a.braid, config, dev, steps, os.path.join(d, f"{dev}-{r}.jsonl"))
+                        for dev in ["auto", "host"]}
+                identical &= runs["auto"]["losses"] == runs["host"]["losses"]
+                for dev in rates:
+                    rates[dev].append(runs[dev]["samples_per_s"])
+                pool = runs["host"]["pool"]
+            ratios = [h / x for h, x in zip(rates["host"], rates["auto"])]
+            results.append({"run": os.path.basename(config), "steps": steps, "rounds": rounds,
+                            "auto_samples_per_s": statistics.median(rates["auto"]),
+                            "host_samples_per_s": statistics.median(rates["host"]),
+                            "ratio": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)],
+                            "identical_losses": identical, "pool": pool})
+    if a.format == "json":
+        print(json.dumps({"goal": GOAL, "results": results}, indent=2))
+    else:
+        print(f"--device host (device interface) against --device auto (host ops), {rounds} round(s) of "
+              f"{steps} steps, one process")
+        print(f"{'run':<18}{'auto samples/s':>16}{'host samples/s':>16}{'host/auto':>11}{'range':>16}"
+              f"{'same losses':>13}  pool (peak / reserved MiB, allocations)")
+        for r in results:
+            pool = r["pool"]
+            print(f"{r['run']:<18}{r['auto_samples_per_s']:>16.1f}{r['host_samples_per_s']:>16.1f}"
+                  f"{r['ratio']:>11.3f}{r['ratio_range'][0]:>8.3f}-{r['ratio_range'][1]:.3f}"
+                  f"{'yes' if r['identical_losses'] else 'NO':>13}  "
+                  f"{pool['peak_mib']:.1f} / {pool['reserved_mib']:.1f}, {pool['allocations']}")
+        if not a.quick:
+            print(f"goal: host/auto >= {GOAL}")
+    failed = [r["run"] for r in results if not r["identical_losses"]]
+    if failed:
+        sys.exit(f"device_bench: the device path changed the losses of {', '.join(failed)}")
+    if not a.quick:
+        slow = [r["run"] for r in results if r["ratio"] < GOAL]
+        if slow:
+            sys.exit(f"device_bench: below the goal of {GOAL}: {', '.join(slow)}")
+
+
+if __name__ == "__main__":
+    main()
