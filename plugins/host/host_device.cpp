@@ -5,15 +5,17 @@
 // on borrowed views, and a stream runs its work in the calling thread as it is issued, so
 // events are complete once recorded. BRAID_HOST_THREADS sets the ops' thread count.
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <map>
 #include <mutex>
 #include <new>
 #include <span>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "braid_device_v2.h"
 #include "core/common/error.hpp"
@@ -44,35 +46,44 @@ int fail(char* error, size_t size, const std::string& message) {
 }
 
 // A caching pool: freed blocks are kept by size and handed out again, so a training
-// step allocates nothing from the system once the first step has run.
+// step allocates nothing from the system once the first step has run. Each block starts
+// with a header (a magic number and its size) one alignment unit before the pointer
+// handed out, and the free lists keep their capacity: after warm-up neither alloc nor
+// free touches the heap.
 class Pool {
  public:
   void* allocate(std::size_t bytes) {
+    const std::size_t rounded = round_up(bytes);
     std::lock_guard lock(mutex_);
     ++stats_.allocations;
-    const std::size_t rounded = round_up(bytes);
     void* p = nullptr;
-    if (auto it = cached_.find(rounded); it != cached_.end()) {
-      p = it->second;
-      cached_.erase(it);
+    if (auto& free = cached_[rounded]; !free.empty()) {
+      p = free.back();
+      free.pop_back();
+      header_of(p)->magic = kMagic;
     } else {
-      p = std::aligned_alloc(kAlignment, rounded);
-      if (!p) throw std::bad_alloc();
+      auto* block = static_cast<char*>(std::aligned_alloc(kAlignment, rounded + kAlignment));
+      if (!block) throw std::bad_alloc();
+      auto* header = reinterpret_cast<Header*>(block);
+      header->magic = kMagic;
+      header->size = rounded;
+      p = block + kAlignment;
       stats_.reserved += rounded;
     }
-    sizes_[p] = rounded;
     stats_.in_use += rounded;
     stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
     return p;
   }
 
+  // False for a pointer this pool did not hand out, or handed out and already took back
+  // (its header says so; the caller's pointer must point into a heap block to be read).
   bool release(void* p) {
+    Header* header = header_of(p);
     std::lock_guard lock(mutex_);
-    auto it = sizes_.find(p);
-    if (it == sizes_.end()) return false;
-    stats_.in_use -= it->second;
-    cached_.emplace(it->second, p);
-    sizes_.erase(it);
+    if (header->magic != kMagic) return false;
+    header->magic = kFreed;
+    stats_.in_use -= header->size;
+    cached_[header->size].push_back(p);
     return true;
   }
 
@@ -83,20 +94,26 @@ class Pool {
 
   void clear() {
     std::lock_guard lock(mutex_);
-    for (auto& [size, p] : cached_) std::free(p);
-    for (auto& [p, size] : sizes_) std::free(p);
-    cached_.clear();
-    sizes_.clear();
+    for (auto& [size, free] : cached_)
+      for (void* p : free) std::free(header_of(p));
+    cached_.clear();  // blocks still handed out are the caller's leak; their memory stays
     stats_ = {};
   }
 
  private:
+  struct Header {
+    std::uint64_t magic, size;
+  };
+  static_assert(sizeof(Header) <= kAlignment);
+  static constexpr std::uint64_t kMagic = 0x62726169642d686fULL;  // "braid-ho": in use
+  static constexpr std::uint64_t kFreed = 0x62726169642d6672ULL;  // "braid-fr": in the cache
+
+  static Header* header_of(void* p) { return reinterpret_cast<Header*>(static_cast<char*>(p) - kAlignment); }
   static std::size_t round_up(std::size_t bytes) {
     return std::max<std::size_t>(kAlignment, (bytes + kAlignment - 1) / kAlignment * kAlignment);
   }
   std::mutex mutex_;
-  std::multimap<std::size_t, void*> cached_;
-  std::map<void*, std::size_t> sizes_;
+  std::unordered_map<std::size_t, std::vector<void*>> cached_;
   braid_device_memory_stats_v2 stats_{};
 };
 
@@ -166,7 +183,7 @@ int alloc(int32_t device, size_t bytes, braid_device_stream_v2, void** ptr, char
 
 int release(int32_t device, void* ptr, braid_device_stream_v2, char* error, size_t size) {
   if (int rc = check_device(device, error, size)) return rc;
-  if (ptr && !pool().release(ptr)) return fail(error, size, "host backend: free of a pointer it did not allocate");
+  if (ptr && !pool().release(ptr)) return fail(error, size, "host backend: free of a pointer it did not allocate (or freed already)");
   return 0;
 }
 

@@ -365,6 +365,17 @@ TEST_P(DeviceOpsTest, MemoryComesBackToThePool) {
   EXPECT_GE(after.peak_in_use, (64 * 32 + 16 * 32 + 64 * 16) * sizeof(float));
 }
 
+TEST_P(DeviceOpsTest, FreeingTwiceIsAnError) {
+  const auto& api = backend_->api();
+  char error[512] = "";
+  void* p = nullptr;
+  ASSERT_EQ(api.alloc(0, 1000, backend_->stream(), &p, error, sizeof error), 0) << error;
+  ASSERT_EQ(api.free(0, p, backend_->stream(), error, sizeof error), 0) << error;
+  EXPECT_NE(api.free(0, p, backend_->stream(), error, sizeof error), 0);
+  EXPECT_NE(std::string(error).find("did not allocate"), std::string::npos) << error;
+  EXPECT_EQ(api.free(0, nullptr, backend_->stream(), error, sizeof error), 0) << "free(NULL) does nothing";
+}
+
 TEST_P(DeviceOpsTest, OutputsAreReusedAndCopiesAreExplicit) {
   const Tensor x = random_tensor({8, 4}, rng_), w = random_tensor({3, 4}, rng_);
   Tensor x_d = up(x), w_d = up(w), y_d;
