@@ -16,7 +16,7 @@ install(TARGETS braid braid_plugin_api EXPORT braidTargets
 install(DIRECTORY capi/include/braid DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY plugins/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/braid/plugins
   FILES_MATCHING PATTERN "braid_*.h")
-foreach(_plugin braid-cuda braid-host braid-mpi)
+foreach(_plugin braid-cuda braid-host braid-mpi braid-nccl)
   if(TARGET ${_plugin})
     install(TARGETS ${_plugin} LIBRARY DESTINATION ${BRAID_PLUGIN_INSTALL_DIR})
   endif()

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/runtime/device_comm.hpp"
 #include "core/runtime/plugin_loader.hpp"
 #include "tests/unit/support.hpp"
 
@@ -63,6 +64,21 @@ TEST(Plugin, HostBackendLoadsThroughInterfaceTwo) {
   EXPECT_TRUE(devices[0].host_memory);
   EXPECT_NO_THROW(plugin->self_test(0));
   test::expect_error([&] { plugin->self_test(1); }, Status::plugin, {"self-test on device 1", "no device 1"});
+}
+
+TEST(Plugin, NcclPluginLoadsThroughCommInterfaceTwo) {
+#if BRAID_NCCL_ENABLED
+  auto plugin = runtime::load_device_comm_plugin("nccl");
+  EXPECT_EQ(fs::path(plugin->path()).filename(), "libbraid-nccl.so");
+  EXPECT_STREQ(plugin->name(), "nccl");
+  EXPECT_EQ(plugin->backend_version().rfind("NCCL 2.", 0), 0u) << plugin->backend_version();
+  // Without a bootstrap NCCL cannot find its world; the plugin says so instead of crashing.
+  EXPECT_NE(plugin->api().init(nullptr), 0);
+  EXPECT_NE(std::string(plugin->api().last_error()).find("init needs a bootstrap"), std::string::npos)
+      << plugin->api().last_error();
+#else
+  GTEST_SKIP() << "built without NCCL (no CUDA, or no nccl.h / libnccl found)";
+#endif
 }
 
 TEST(Plugin, CudaPluginLoadsWhereBuilt) {

@@ -7,6 +7,7 @@
 #include "braid/braid.h"
 #include "core/common/error.hpp"
 #include "core/runtime/comm_plugin.hpp"
+#include "core/runtime/device_comm.hpp"
 #include "core/runtime/plugin_loader.hpp"
 #include "tools/braid/commands.hpp"
 
@@ -51,15 +52,18 @@ PluginReport probe(const std::string& name, bool check) {
   return r;
 }
 
-// A communication plugin is loaded, not initialised: `braid info` joins no world.
-PluginReport probe_comm(const std::string& name) {
+// A communication plugin is loaded, not initialised: `braid info` joins no world (and a
+// device one would need a GPU). `load` is the loader of its interface version.
+template <typename Load>
+PluginReport probe_comm(const std::string& name, Load load, int interface, const std::string& what) {
   PluginReport r;
   r.name = name;
   r.kind = "communication";
   try {
-    auto plugin = runtime::load_comm_plugin(name);
+    auto plugin = load(name);
     r.path = plugin->path();
-    r.status = "loaded; " + plugin->backend_version();
+    r.interface = interface;
+    r.status = "loaded" + what + "; " + plugin->backend_version();
   } catch (const Error& e) {
     r.status = e.what();
   }
@@ -74,7 +78,8 @@ int run_info(const std::vector<std::string>& args) {
       "usage: braid info [--check] [--format table|json]\n\n"
       "Prints the version, ABI and build options, the plugins found (device plugins — the host\n"
       "backend, and CUDA where built — with the interface version loaded and the devices they see;\n"
-      "the communication plugin with its MPI library) and where they were looked for.\n\noptions");
+      "the communication plugins: MPI with its library, NCCL with its version where CUDA is built) and\n"
+      "where they were looked for.\n\noptions");
   opts.add_options()("help,h", "show this help")("check", "run each device's self-test kernel (exit 1 if one fails)")(
       "format,f", po::value(&format)->value_name("FMT"), "table (default) | json");
   po::variables_map vm;
@@ -97,7 +102,10 @@ int run_info(const std::vector<std::string>& args) {
   std::vector<PluginReport> plugins;
   plugins.push_back(probe("host", vm.count("check") > 0));
   if (cuda) plugins.push_back(probe("cuda", vm.count("check") > 0));
-  plugins.push_back(probe_comm("mpi"));
+  plugins.push_back(probe_comm("mpi", runtime::load_comm_plugin, 1, ""));
+  if (cuda)
+    plugins.push_back(
+        probe_comm("nccl", runtime::load_device_comm_plugin, 2, " (communication interface 2, device memory)"));
   const std::string version = std::to_string(BRAID_VERSION_MAJOR) + "." + std::to_string(BRAID_VERSION_MINOR) + "." +
                               std::to_string(BRAID_VERSION_PATCH);
   if (format == "json") {

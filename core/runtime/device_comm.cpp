@@ -1,0 +1,91 @@
+#include "core/runtime/device_comm.hpp"
+
+#include <dlfcn.h>
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "core/common/error.hpp"
+#include "core/runtime/plugin_loader.hpp"
+
+namespace braid::runtime {
+
+DeviceCommPlugin::~DeviceCommPlugin() {
+  if (initialised_) api_->finalize();
+  if (handle_) dlclose(handle_);
+}
+
+void DeviceCommPlugin::init(const braid_comm_bootstrap_v2& bootstrap) {
+  if (initialised_) return;
+  if (api_->init(&bootstrap) != 0) {
+    const char* why = api_->last_error();
+    throw Error(Status::plugin, std::string(api_->name) + " plugin " + path_ +
+                                    " failed to start: " + (why && why[0] ? why : "no message"));
+  }
+  initialised_ = true;
+}
+
+void DeviceCommPlugin::check(int code, const std::string& what) const {
+  if (code == 0) return;
+  const char* why = api_->last_error();
+  throw Error(Status::plugin, std::string(api_->name) + " plugin: " + what + " failed (code " + std::to_string(code) +
+                                  "): " + (why && why[0] ? why : "no message"));
+}
+
+std::unique_ptr<DeviceCommPlugin> load_device_comm_plugin(const std::string& name) {
+  PluginLibrary lib = open_plugin(name, BRAID_COMM_PLUGIN_SYMBOL_V2, "communication", [](const void* p) -> std::string {
+    auto* api = static_cast<const braid_comm_plugin_v2*>(p);
+    if (api->interface_version != 2)
+      return "interface version " + std::to_string(api->interface_version) + ", this braid reads 2 here";
+    const void* functions[] = {
+        reinterpret_cast<const void*>(api->last_error),  reinterpret_cast<const void*>(api->backend_version),
+        reinterpret_cast<const void*>(api->init),        reinterpret_cast<const void*>(api->finalize),
+        reinterpret_cast<const void*>(api->world),       reinterpret_cast<const void*>(api->comm_world),
+        reinterpret_cast<const void*>(api->comm_create), reinterpret_cast<const void*>(api->comm_free),
+        reinterpret_cast<const void*>(api->comm_rank),   reinterpret_cast<const void*>(api->comm_size),
+        reinterpret_cast<const void*>(api->isend),       reinterpret_cast<const void*>(api->irecv),
+        reinterpret_cast<const void*>(api->iallreduce),  reinterpret_cast<const void*>(api->iallgather),
+        reinterpret_cast<const void*>(api->ibroadcast),  reinterpret_cast<const void*>(api->ireduce_scatter),
+        reinterpret_cast<const void*>(api->test),        reinterpret_cast<const void*>(api->wait),
+        reinterpret_cast<const void*>(api->barrier),     reinterpret_cast<const void*>(api->abort)};
+    for (const void* f : functions)
+      if (!f) return "a version-2 table with a NULL function (version 2 requires every one)";
+    return api->name ? "" : "name is NULL";
+  });
+  std::unique_ptr<DeviceCommPlugin> plugin(new DeviceCommPlugin());
+  plugin->handle_ = lib.handle;
+  plugin->api_ = static_cast<const braid_comm_plugin_v2*>(lib.api);
+  plugin->path_ = lib.path;
+  return plugin;
+}
+
+WorldBootstrap::WorldBootstrap(const World& world) : world_(&world) {
+  if (!world.has_communicator())
+    throw Error(Status::unsupported,
+                "a device communication plugin's bootstrap needs a world with communicators "
+                "(World::from_plugin), not one a host bootstrapped");
+  bootstrap_.struct_size = sizeof bootstrap_;
+  bootstrap_.rank = world.rank();
+  bootstrap_.size = world.size();
+  bootstrap_.local_rank = world.local_rank();
+  bootstrap_.local_size = world.local_size();
+  bootstrap_.context = this;
+  bootstrap_.broadcast = &WorldBootstrap::broadcast;
+}
+
+// Called by exactly the listed processes, in one order (braid_comm_v2.h), as
+// World::group's communicators must be made.
+int WorldBootstrap::broadcast(void* context, const int32_t* world_ranks, int32_t count, void* data, std::size_t bytes) {
+  try {
+    const auto* self = static_cast<const WorldBootstrap*>(context);
+    if (count <= 1) return 0;
+    Communicator group = self->world_->group(std::vector<int>(world_ranks, world_ranks + count));
+    group.broadcast(std::span<std::byte>(static_cast<std::byte*>(data), bytes), 0);
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
+}  // namespace braid::runtime

@@ -1,0 +1,61 @@
+// A device communication plugin (libbraid-<name>.so exporting braidCommPlugin_v2, see
+// plugins/include/braid_comm_v2.h: NCCL) and the bootstrap braid gives it: a World whose
+// communicators (the MPI plugin's) carry each new communicator's unique id, so the device
+// plugin never links MPI.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/runtime/world.hpp"
+#include "plugins/include/braid_comm_v2.h"
+
+namespace braid::runtime {
+
+class DeviceCommPlugin {
+ public:
+  // Finalizes (when initialised) and unloads.
+  ~DeviceCommPlugin();
+  DeviceCommPlugin(const DeviceCommPlugin&) = delete;
+  DeviceCommPlugin& operator=(const DeviceCommPlugin&) = delete;
+
+  const std::string& path() const { return path_; }
+  const char* name() const { return api_->name; }
+  std::string backend_version() const { return api_->backend_version(); }  // "NCCL 2.28.3"
+  const braid_comm_plugin_v2& api() const { return *api_; }
+
+  // Joins the world `bootstrap` describes; throws Error(Status::plugin) with the plugin's
+  // reason (no GPU, several processes on one GPU, ...). The bootstrap must outlive the plugin.
+  void init(const braid_comm_bootstrap_v2& bootstrap);
+  bool initialised() const { return initialised_; }
+  // Throws Error(Status::plugin, "<name> plugin: <what> failed (code c): <last_error>") unless code is 0.
+  void check(int code, const std::string& what) const;
+
+ private:
+  friend std::unique_ptr<DeviceCommPlugin> load_device_comm_plugin(const std::string&);
+  DeviceCommPlugin() = default;
+  void* handle_ = nullptr;
+  const braid_comm_plugin_v2* api_ = nullptr;
+  std::string path_;
+  bool initialised_ = false;
+};
+
+// Loads libbraid-<name>.so through braidCommPlugin_v2 (not initialised); throws
+// Error(Status::plugin) naming every file tried and why.
+std::unique_ptr<DeviceCommPlugin> load_device_comm_plugin(const std::string& name);
+
+// A bootstrap over `world`'s communicators: rank, size and local placement from the
+// world, broadcast over a communicator of the listed ranks made for the call. The world
+// must have communicators (from_plugin) and outlive the bootstrap's use.
+class WorldBootstrap {
+ public:
+  explicit WorldBootstrap(const World& world);
+  const braid_comm_bootstrap_v2& get() const { return bootstrap_; }
+
+ private:
+  static int broadcast(void* context, const int32_t* world_ranks, int32_t count, void* data, std::size_t bytes);
+  const World* world_;
+  braid_comm_bootstrap_v2 bootstrap_{};
+};
+
+}  // namespace braid::runtime
