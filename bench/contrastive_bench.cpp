@@ -11,9 +11,13 @@
 // per tensor; a difference above 1e-4 fails the run. Without an importable torch, braid's figures are
 // printed and the comparison says "skipped: no torch".
 //
-// usage: contrastive_bench [--quick] [--threads T]
-//   full: N = 4096, median of 7 after 2 warm-up; quick: N = 512, median of 3 after 1 (what
-//   ctest runs; it asserts no wall-clock bound, only the comparison).
+// usage: contrastive_bench [--quick | --big] [--threads T] [--device cpu|host|cuda]
+//   full: N = 4096, D = 512, median of 7 after 2 warm-up; quick: N = 512, median of 3 after 1
+//   (what ctest runs; it asserts no wall-clock bound, only the comparison); big: N = 32768,
+//   D = 1024, median of 5 after 1 (the GPU goal: >= 1.3x and less peak memory than PyTorch).
+//   --device: cpu (default) braid's host ops called directly; host: the same ops through the
+//   device interface (libbraid-host.so); cuda: the CUDA backend, against PyTorch on the GPU
+//   (TF32 off on both), with each side's peak device memory beyond the inputs.
 //   T: threads for braid, OpenBLAS and PyTorch alike (default: every hardware thread).
 //   The peer runs under the first of $BRAID_PYTHON, CMake's Python3, python3 and
 //   /usr/bin/python3 (Debian's python3-torch) that imports torch.
@@ -33,6 +37,7 @@
 #include <vector>
 
 #include "bench/peer_support.hpp"
+#include "core/nn/device_ops.hpp"
 #include "core/nn/host_ops.hpp"
 
 extern "C" void openblas_set_num_threads(int);  // braid_nn links OpenBLAS
@@ -55,20 +60,26 @@ constexpr double kTolerance = 1e-4;
 constexpr double kGoal = 1.3;
 
 struct Options {
-  bool quick = false;
+  bool quick = false, big = false;
   int threads = 0;
+  std::string device = "cpu";
 };
 
 Options parse(int argc, char** argv) {
   Options o;
   auto usage = [] {
-    std::fprintf(stderr, "usage: contrastive_bench [--quick] [--threads T]\n");
+    std::fprintf(stderr, "usage: contrastive_bench [--quick | --big] [--threads T] [--device cpu|host|cuda]\n");
     std::exit(2);
   };
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") {
       o.quick = true;
+    } else if (arg == "--big") {
+      o.big = true;
+    } else if (arg == "--device" && i + 1 < argc) {
+      o.device = argv[++i];
+      if (o.device != "cpu" && o.device != "host" && o.device != "cuda") usage();
     } else if (arg == "--threads" && i + 1 < argc) {
       char* end = nullptr;
       const long t = std::strtol(argv[++i], &end, 10);
@@ -78,6 +89,7 @@ Options parse(int argc, char** argv) {
       usage();
     }
   }
+  if (o.quick && o.big) usage();
   if (o.threads == 0) o.threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   return o;
 }
@@ -97,6 +109,16 @@ Tensor rows_of(const Tensor& t, int64_t first, int64_t count) {
   return Tensor({count, d}, std::vector<float>(t.data.begin() + first * d, t.data.begin() + (first + count) * d));
 }
 
+// Rows [first, first + count) of `t` as a view of its memory, wherever it is (no copy).
+Tensor rows_view(const Tensor& t, int64_t first, int64_t count) {
+  const int64_t d = t.dim(1);
+  Tensor v;
+  v.shape = {count, d};
+  v.data =
+      nn::Storage::borrow(const_cast<float*>(t.ptr()) + first * d, static_cast<std::size_t>(count * d), t.device());
+  return v;
+}
+
 // What one step hands back: the loss, d loss / dt, and the gradients of the raw embeddings.
 struct StepResult {
   float loss = 0.0f;
@@ -106,7 +128,7 @@ struct StepResult {
 
 // Single device: normalise, the loss with its gradients, the two gradient paths of each
 // embedding added (local and gathered rows are the same tensor), normalisation backward.
-StepResult single_step(nn::HostOps& ops, const Tensor& image, const Tensor& text, float t) {
+StepResult single_step(nn::Ops& ops, const Tensor& image, const Tensor& text, float t) {
   Tensor image_n, text_n;
   ops.l2_normalize_forward(image, image_n);
   ops.l2_normalize_forward(text, text_n);
@@ -124,7 +146,7 @@ StepResult single_step(nn::HostOps& ops, const Tensor& image, const Tensor& text
 // One rank at rows [offset, offset + n): its raw rows, and every rank's normalised rows as
 // the all-gather delivers them. The reduce-scatter is left out; its own contribution (the
 // gathered gradient's rows [offset, offset + n)) is added, as that collective would.
-StepResult local_step(nn::HostOps& ops, const Tensor& image, const Tensor& text, const Tensor& all_image,
+StepResult local_step(nn::Ops& ops, const Tensor& image, const Tensor& text, const Tensor& all_image,
                       const Tensor& all_text, int64_t offset, float t) {
   const int64_t n = image.dim(0);
   Tensor image_n, text_n;
@@ -133,8 +155,8 @@ StepResult local_step(nn::HostOps& ops, const Tensor& image, const Tensor& text,
   nn::ContrastiveGrads g;
   StepResult r;
   r.loss = ops.contrastive_loss(image_n, text_n, all_image, all_text, offset, t, &g);
-  ops.add(g.local_image, rows_of(g.all_image, offset, n));
-  ops.add(g.local_text, rows_of(g.all_text, offset, n));
+  ops.add(g.local_image, rows_view(g.all_image, offset, n));
+  ops.add(g.local_text, rows_view(g.all_text, offset, n));
   ops.l2_normalize_backward(image, g.local_image, r.dimage);
   ops.l2_normalize_backward(text, g.local_text, r.dtext);
   r.dt = g.logit_scale_param;
@@ -203,11 +225,12 @@ bool compare(const char* what, const StepResult& braid, const StepResult& peer, 
 
 struct Peer {
   double single_s = 0.0, local_s = 0.0;
+  double single_mib = 0.0, local_mib = 0.0;  // peak device memory beyond the inputs (0 on the CPU)
   std::string line;
 };
 
 Peer run_peer(const std::string& python, const std::filesystem::path& dir, int64_t n, int64_t d, int ranks, int rank,
-              float t, int threads, int reps, int warmup) {
+              float t, int threads, int reps, int warmup, bool cuda) {
   char t_text[32];
   std::snprintf(t_text, sizeof t_text, "%.9g", static_cast<double>(t));  // enough digits to round-trip the float
   const std::string env =
@@ -216,7 +239,7 @@ Peer run_peer(const std::string& python, const std::filesystem::path& dir, int64
                           std::to_string(n) + " --dim " + std::to_string(d) + " --ranks " + std::to_string(ranks) +
                           " --rank " + std::to_string(rank) + " --t " + t_text + " --threads " +
                           std::to_string(threads) + " --reps " + std::to_string(reps) + " --warmup " +
-                          std::to_string(warmup);
+                          std::to_string(warmup) + (cuda ? " --device cuda" : "");
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) throw std::runtime_error("cannot run " + cmd);
   std::string out;
@@ -229,39 +252,95 @@ Peer run_peer(const std::string& python, const std::filesystem::path& dir, int64
       std::sscanf(out.c_str() + at, "peer single_median_s=%lf local_median_s=%lf", &p.single_s, &p.local_s) != 2)
     throw std::runtime_error("no result line from the peer:\n" + out);
   p.line = out.substr(at, out.find('\n', at) - at);
+  if (const auto peak = out.find("peak_mib=", at); peak != std::string::npos)
+    std::sscanf(out.c_str() + peak, "peak_mib=%lf %lf", &p.single_mib, &p.local_mib);
   return p;
 }
 
-// Removes the folder of the exchanged files however the run ends.
+// What runs braid's side: the host ops called directly, or a device backend.
+struct Runner {
+  std::shared_ptr<nn::DeviceBackend> backend;  // null for --device cpu
+  std::unique_ptr<nn::Ops> ops;
+  Tensor on(const Tensor& host) const { return backend ? backend->upload(host) : host; }
+  Tensor back(const Tensor& t) const { return backend && !t.device().is_host() ? backend->download(t) : t; }
+  void wait() const {
+    if (backend) backend->synchronize();
+  }
+  double in_use_mib() const { return backend ? static_cast<double>(backend->memory_stats().in_use) / (1 << 20) : 0.0; }
+};
+
+Runner make_runner(const Options& o) {
+  Runner r;
+  if (o.device == "cpu") {
+    r.ops = std::make_unique<nn::HostOps>(o.threads);
+    return r;
+  }
+  if (o.device == "host") ::setenv("BRAID_HOST_THREADS", std::to_string(o.threads).c_str(), 1);
+  r.backend = nn::DeviceBackend::open(o.device);
+  r.ops = std::make_unique<nn::DeviceOps>(r.backend);
+  return r;
+}
+
+// A step's result with its tensors on the host, for the comparison.
+StepResult to_host(const Runner& r, StepResult s) {
+  s.dimage = r.back(s.dimage);
+  s.dtext = r.back(s.dtext);
+  return s;
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   try {
-    const int64_t N = o.quick ? 512 : 4096, D = 512;
-    const int ranks = 4, rank = 1, reps = o.quick ? 3 : 7, warmup = o.quick ? 1 : 2;
+    const int64_t N = o.quick ? 512 : o.big ? 32768 : 4096, D = o.big ? 1024 : 512;
+    const int ranks = 4, rank = 1, reps = o.quick ? 3 : o.big ? 5 : 7, warmup = o.quick || o.big ? 1 : 2;
     const int64_t n = N / ranks, offset = rank * n;
     const auto t = static_cast<float>(std::log(1.0 / 0.07));  // CLIP's initial temperature
     openblas_set_num_threads(o.threads);
-    nn::HostOps ops(o.threads);
+    nn::HostOps host(o.threads);
+    const Runner run = make_runner(o);
+    const bool cuda = o.device == "cuda";
 
     uint64_t state = 20240501;
     const Tensor image = lcg_tensor(N, D, state), text = lcg_tensor(N, D, state);
     Tensor all_image, all_text;  // what the all-gather of normalised rows delivers
-    ops.l2_normalize_forward(image, all_image);
-    ops.l2_normalize_forward(text, all_text);
+    host.l2_normalize_forward(image, all_image);
+    host.l2_normalize_forward(text, all_text);
     const Tensor local_image = rows_of(image, offset, n), local_text = rows_of(text, offset, n);
 
     std::printf(
-        "braid contrastive loss, forward + backward: N=%lld, D=%lld, float32, %d threads, median of %d "
+        "braid contrastive loss, forward + backward: N=%lld, D=%lld, float32, %s, %d threads, median of %d "
         "after %d warm-up\n\n",
-        static_cast<long long>(N), static_cast<long long>(D), o.threads, reps, warmup);
+        static_cast<long long>(N), static_cast<long long>(D),
+        o.device == "cpu" ? "host ops" : (o.device + " backend (" + run.backend->info().name + ")").c_str(), o.threads,
+        reps, warmup);
+    const Tensor image_d = run.on(image), text_d = run.on(text), all_image_d = run.on(all_image),
+                 all_text_d = run.on(all_text), local_image_d = run.on(local_image), local_text_d = run.on(local_text);
+    run.wait();
     StepResult single, local;
+    double base = run.in_use_mib();
     const double single_s = median_seconds(
-        reps, warmup, [&] { return single_step(ops, image, text, t); }, &single);
+        reps, warmup,
+        [&] {
+          StepResult r = single_step(*run.ops, image_d, text_d, t);
+          run.wait();
+          return r;
+        },
+        &single);
+    const double single_mib =
+        run.backend ? static_cast<double>(run.backend->memory_stats().peak_in_use) / (1 << 20) - base : 0.0;
+    single = to_host(run, std::move(single));
+    base = run.in_use_mib();
     const double local_s = median_seconds(
-        reps, warmup, [&] { return local_step(ops, local_image, local_text, all_image, all_text, offset, t); }, &local);
+        reps, warmup,
+        [&] {
+          StepResult r = local_step(*run.ops, local_image_d, local_text_d, all_image_d, all_text_d, offset, t);
+          run.wait();
+          return r;
+        },
+        &local);
+    local = to_host(run, std::move(local));
 
     const auto python = find_torch_python(BRAID_BENCH_PYTHON3);
     std::optional<Peer> peer;
@@ -270,7 +349,7 @@ int main(int argc, char** argv) {
       const TempDir dir("braid-contrastive");
       write_floats(dir.path / "image.bin", image);
       write_floats(dir.path / "text.bin", text);
-      peer = run_peer(*python, dir.path, N, D, ranks, rank, t, o.threads, reps, warmup);
+      peer = run_peer(*python, dir.path, N, D, ranks, rank, t, o.threads, reps, warmup, cuda);
       std::printf("check against PyTorch on the same inputs (max |braid - torch| / max |torch|, tolerance %.0e):\n",
                   kTolerance);
       same = compare("single device", single, read_peer(dir.path / "single.bin", image, text), 1.0f) && same;
@@ -299,8 +378,17 @@ int main(int argc, char** argv) {
       std::printf("  %-34s %10.4f %10.4f %8.2fx  %s\n", name.c_str(), braid_s, peer_s, speedup,
                   has_goal ? (speedup >= kGoal ? ">= 1.3x: met" : ">= 1.3x: MISSED") : "(no goal)");
     };
-    row(single_name, single_s, peer ? peer->single_s : 0.0, !o.quick);  // the goal is at N = 4096
+    row(single_name, single_s, peer ? peer->single_s : 0.0, !o.quick);  // the goals are at full size
     row(local_name, local_s, peer ? peer->local_s : 0.0, false);
+    if (cuda) {  // peak device memory beyond the inputs, single device
+      const bool less = peer && single_mib < peer->single_mib;
+      if (peer && !o.quick) met = met && less;
+      std::printf("  %-34s %10.1f %10s %9s  %s\n", "single device peak MiB", single_mib,
+                  peer ? std::to_string(static_cast<long long>(peer->single_mib)).c_str() : "-", "",
+                  !peer  ? "below PyTorch's: skipped: no torch"
+                  : less ? "below PyTorch's: met"
+                         : "below PyTorch's: MISSED");
+    }
     if (!same) {
       std::fprintf(stderr, "contrastive_bench: braid and PyTorch disagree beyond %.0e\n", kTolerance);
       return 1;

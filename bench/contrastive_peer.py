@@ -15,7 +15,10 @@ computes, as open_clip does (open_clip/loss.py, ClipLoss):
 
 It writes loss, d loss/dt, d loss/d image and d loss/d text of each (float32) to
 DIR/single.bin and DIR/local.bin for the bench to compare with braid's, and prints one line:
-  peer single_median_s=<s> local_median_s=<s> torch=<version> threads=<T>
+  peer single_median_s=<s> local_median_s=<s> torch=<version> threads=<T> peak_mib=<single> <local>
+With --device cuda everything runs on the GPU (TF32 off, as braid's cuBLAS handles), each
+step ends with a synchronize, and peak_mib is torch.cuda.max_memory_allocated beyond the
+inputs; on the CPU it is 0.
 """
 
 import argparse
@@ -28,15 +31,18 @@ import torch
 import torch.nn.functional as F
 
 
+DEVICE = torch.device("cpu")
+
+
 def read(path, rows, dim):
-    return torch.from_numpy(np.fromfile(path, dtype=np.float32).reshape(rows, dim))
+    return torch.from_numpy(np.fromfile(path, dtype=np.float32).reshape(rows, dim)).to(DEVICE)
 
 
 def write(path, loss, dt, *grads):
     with open(path, "wb") as f:
         np.array([loss.item(), dt.item()], dtype=np.float32).tofile(f)
         for g in grads:
-            g.detach().contiguous().numpy().astype(np.float32).tofile(f)
+            g.detach().contiguous().cpu().numpy().astype(np.float32).tofile(f)
 
 
 def single_step(image, text, t):
@@ -46,7 +52,7 @@ def single_step(image, text, t):
     logit_scale = t.exp()
     logits_per_image = logit_scale * image_n @ text_n.T
     logits_per_text = logits_per_image.T
-    labels = torch.arange(image.shape[0])
+    labels = torch.arange(image.shape[0], device=DEVICE)
     loss = (F.cross_entropy(logits_per_image, labels) + F.cross_entropy(logits_per_text, labels)) / 2
     loss.backward()
     return loss
@@ -63,25 +69,37 @@ def local_step(image, text, t, others_image, others_text, offset):
     logit_scale = t.exp()
     logits_per_image = logit_scale * image_n @ all_text.T
     logits_per_text = logit_scale * text_n @ all_image.T
-    labels = torch.arange(n) + offset
+    labels = torch.arange(n, device=DEVICE) + offset
     loss = (F.cross_entropy(logits_per_image, labels) + F.cross_entropy(logits_per_text, labels)) / 2
     loss.backward()
     return loss
 
 
+def sync():
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def timed(step, leaves, reps, warmup):
-    """Median wall time of step() over reps runs after warmup runs; returns (median, last loss)."""
+    """Median wall time of step() over reps runs after warmup runs; returns (median, last
+    loss, peak MiB allocated beyond what was allocated before)."""
     times = []
     loss = None
+    sync()
+    base = torch.cuda.memory_allocated() if DEVICE.type == "cuda" else 0
+    if DEVICE.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     for i in range(warmup + reps):
         for leaf in leaves:
             leaf.grad = None
         start = time.perf_counter()
         loss = step()
+        sync()
         took = time.perf_counter() - start
         if i >= warmup:
             times.append(took)
-    return statistics.median(times), loss
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if DEVICE.type == "cuda" else 0.0
+    return statistics.median(times), loss, peak
 
 
 def main():
@@ -95,7 +113,12 @@ def main():
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--reps", type=int, required=True)
     p.add_argument("--warmup", type=int, required=True)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     a = p.parse_args()
+    global DEVICE
+    DEVICE = torch.device(a.device)
+    if DEVICE.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # strict fp32, as braid's cuBLAS handles
     if a.n % a.ranks != 0 or not 0 <= a.rank < a.ranks:
         sys.exit(f"contrastive_peer: rank {a.rank} of {a.ranks} does not split {a.n} rows")
     torch.set_num_threads(a.threads)
@@ -104,8 +127,8 @@ def main():
     raw_text = read(f"{a.dir}/text.bin", a.n, a.dim)
     image = raw_image.clone().requires_grad_()
     text = raw_text.clone().requires_grad_()
-    t = torch.tensor(a.t, dtype=torch.float32, requires_grad=True)
-    single_s, loss = timed(lambda: single_step(image, text, t), [image, text, t], a.reps, a.warmup)
+    t = torch.tensor(a.t, dtype=torch.float32, device=DEVICE, requires_grad=True)
+    single_s, loss, single_peak = timed(lambda: single_step(image, text, t), [image, text, t], a.reps, a.warmup)
     write(f"{a.dir}/single.bin", loss, t.grad, image.grad, text.grad)
 
     n = a.n // a.ranks
@@ -115,8 +138,8 @@ def main():
         others_text = torch.cat([F.normalize(raw_text[:offset], dim=-1), F.normalize(raw_text[offset + n :], dim=-1)])
     local_image = raw_image[offset : offset + n].clone().requires_grad_()
     local_text = raw_text[offset : offset + n].clone().requires_grad_()
-    t_local = torch.tensor(a.t, dtype=torch.float32, requires_grad=True)
-    local_s, loss = timed(
+    t_local = torch.tensor(a.t, dtype=torch.float32, device=DEVICE, requires_grad=True)
+    local_s, loss, local_peak = timed(
         lambda: local_step(local_image, local_text, t_local, others_image, others_text, offset),
         [local_image, local_text, t_local],
         a.reps,
@@ -124,7 +147,7 @@ def main():
     )
     write(f"{a.dir}/local.bin", loss, t_local.grad, local_image.grad, local_text.grad)
     print(f"peer single_median_s={single_s:.6f} local_median_s={local_s:.6f} torch={torch.__version__} "
-          f"threads={torch.get_num_threads()}")
+          f"threads={torch.get_num_threads()} peak_mib={single_peak:.1f} {local_peak:.1f}")
 
 
 if __name__ == "__main__":
