@@ -74,7 +74,12 @@ void Storage::assign(std::size_t count, float value) {
 }
 
 void Storage::resize(std::size_t count, float fill) {
-  let_go_for(count);
+  if (borrowed_ && count != borrowed_count_) {              // keeps the elements that fit, as a vector would
+    if (!keeper_ || !device_.is_host()) let_go_for(count);  // throws: a view or device memory
+    std::vector<float> kept(begin(), begin() + std::min(count, borrowed_count_));
+    let_go_for(count);
+    owned_ = std::move(kept);
+  }
   if (!borrowed_) owned_.resize(count, fill);
 }
 

@@ -50,6 +50,9 @@ std::unique_ptr<DeviceCommPlugin> load_device_comm_plugin(const std::string& nam
 class WorldBootstrap {
  public:
   explicit WorldBootstrap(const World& world);
+  // The bootstrap points at this object: it stays where it was made.
+  WorldBootstrap(const WorldBootstrap&) = delete;
+  WorldBootstrap& operator=(const WorldBootstrap&) = delete;
   const braid_comm_bootstrap_v2& get() const { return bootstrap_; }
 
  private:

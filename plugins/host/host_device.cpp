@@ -68,7 +68,7 @@ class Pool {
       header->magic = kMagic;
       header->size = rounded;
       p = block + kAlignment;
-      stats_.reserved += rounded;
+      stats_.reserved += rounded + kAlignment;  // the header's alignment unit too
     }
     stats_.in_use += rounded;
     stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
@@ -138,7 +138,16 @@ int check_device(int32_t device, char* error, size_t size) {
 
 // ---- memory, streams, events ----
 
-int init(char*, size_t) { return 0; }
+// Each loaded copy of the plugin (one per DevicePlugin) inits and finalizes; they share the
+// pool, which is emptied when the last one goes.
+std::mutex users_mutex;
+int users = 0;
+
+int init(char*, size_t) {
+  std::lock_guard lock(users_mutex);
+  ++users;
+  return 0;
+}
 
 int device_count(int32_t* count, char*, size_t) {
   *count = 1;
@@ -183,7 +192,12 @@ int alloc(int32_t device, size_t bytes, braid_device_stream_v2, void** ptr, char
 
 int release(int32_t device, void* ptr, braid_device_stream_v2, char* error, size_t size) {
   if (int rc = check_device(device, error, size)) return rc;
-  if (ptr && !pool().release(ptr)) return fail(error, size, "host backend: free of a pointer it did not allocate (or freed already)");
+  try {
+    if (ptr && !pool().release(ptr))
+      return fail(error, size, "host backend: free of a pointer it did not allocate (or freed already)");
+  } catch (const std::bad_alloc&) {  // the free list could not grow: the block stays allocated
+    return fail(error, size, "host backend: out of memory keeping a freed block");
+  }
   return 0;
 }
 
@@ -211,8 +225,8 @@ int memset_zero(void* dst, size_t bytes, braid_device_stream_v2, char*, size_t) 
 
 int stream_create(int32_t device, braid_device_stream_v2* stream, char* error, size_t size) {
   if (int rc = check_device(device, error, size)) return rc;
-  *stream = new braid_device_stream_s{device};
-  return 0;
+  *stream = new (std::nothrow) braid_device_stream_s{device};
+  return *stream ? 0 : fail(error, size, "host backend: out of memory");
 }
 int stream_destroy(braid_device_stream_v2 stream, char*, size_t) {
   delete stream;
@@ -224,8 +238,8 @@ int stream_wrap(int32_t device, void*, braid_device_stream_v2* stream, char* err
 int stream_synchronize(braid_device_stream_v2, char*, size_t) { return 0; }
 int event_create(int32_t device, braid_device_event_v2* event, char* error, size_t size) {
   if (int rc = check_device(device, error, size)) return rc;
-  *event = new braid_device_event_s{device};
-  return 0;
+  *event = new (std::nothrow) braid_device_event_s{device};
+  return *event ? 0 : fail(error, size, "host backend: out of memory");
 }
 int event_destroy(braid_device_event_v2 event, char*, size_t) {
   delete event;
@@ -252,8 +266,8 @@ Tensor view(const braid_device_tensor_v2* t, const char* op, const char* what) {
 }
 
 std::span<const int32_t> ids_view(const braid_device_tensor_v2* t, const char* op, const char* what) {
-  if (!t || t->dtype != BRAID_DEVICE_I32 || t->rank != 1)
-    throw std::invalid_argument(std::string(op) + ": " + what + " must be an I32 vector");
+  if (!t || t->dtype != BRAID_DEVICE_I32 || t->rank != 1 || t->shape[0] < 0 || (!t->data && t->shape[0] > 0))
+    throw std::invalid_argument(std::string(op) + ": " + what + " must be an I32 vector with its memory");
   return {static_cast<const int32_t*>(t->data), static_cast<std::size_t>(t->shape[0])};
 }
 
@@ -275,7 +289,7 @@ void settle(const Tensor& t, const braid_device_tensor_v2* v, const char* op, co
   if (t.shape != expected)
     throw std::invalid_argument(std::string(op) + ": " + what + " has shape " + braid::nn::shape_string(expected) +
                                 " but " + braid::nn::shape_string(t.shape) + " is expected");
-  if (t.data.data() != v->data)
+  if (t.numel() > 0 && t.data.data() != v->data)
     throw std::logic_error(std::string(op) + ": the host op replaced the memory of " + what);
 }
 
@@ -573,7 +587,10 @@ int scale(braid_ds, braid_dt* t, float factor, char* e, size_t n) {
 
 int supports(int32_t op) { return op >= 0 && op < BRAID_OP_COUNT_V2 ? 1 : 0; }
 
-void finalize() { pool().clear(); }
+void finalize() {
+  std::lock_guard lock(users_mutex);
+  if (users > 0 && --users == 0) pool().clear();
+}
 
 const braid_device_ops_v2 kOps = {linear_forward,
                                   linear_backward,

@@ -21,10 +21,13 @@
  *   ranks, the operation and what the backend can tell of the ranks that did not arrive.
  * - Point to point matches by issue order, per pair of ranks (NCCL has no tags): the
  *   n-th send from a to b meets the n-th receive on b from a. Tags are accepted for
- *   symmetry with version 1 and ignored; sizes must match (a mismatch is undefined in
- *   NCCL: a debug build of the plugin checks them). Sends and receives issued before the
- *   next wait, test, collective or barrier on the communicator run as one group, so a
- *   rank may send to itself and exchange with peers in any order.
+ *   symmetry with version 1 and ignored; sizes must match (NCCL does not check them).
+ *   Sends and receives issued before the next wait, test, collective or barrier on the
+ *   communicator run as one group, on one stream (another stream meanwhile is refused),
+ *   so a rank may send to itself and exchange with peers in any order. A test may
+ *   therefore issue that group, which can take as long as NCCL takes to accept it.
+ * - Every process of a communicator takes part in its creation even when it cannot use
+ *   it (no GPU): the others then fail at NCCL's init deadline instead of waiting forever.
  */
 #ifndef BRAID_COMM_V2_H
 #define BRAID_COMM_V2_H
@@ -60,7 +63,8 @@ typedef struct braid_comm_plugin_v2 {
   const char* (*backend_version)(void); /* "NCCL 2.28.3"; callable before init */
 
   /* Joins the world the bootstrap describes (it is copied; its context must stay valid
-   * until finalize). The device is the node's local_rank-th (modulo the devices there). */
+   * until finalize). The device is the node's local_rank-th (modulo the devices this
+   * process sees: with one visible GPU per process, that one). */
   int (*init)(const braid_comm_bootstrap_v2* bootstrap);
   int (*finalize)(void);
   int (*world)(int32_t* rank, int32_t* size, int32_t* local_rank, int32_t* local_size);

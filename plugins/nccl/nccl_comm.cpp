@@ -131,33 +131,43 @@ double init_limit() { return seconds_from_env("BRAID_NCCL_INIT_TIMEOUT", 300.0);
 double call_limit() { return seconds_from_env("BRAID_NCCL_CALL_TIMEOUT", 60.0); }
 
 // A non-blocking NCCL communicator over `ranks` (world ranks; this process among them),
-// its unique id from ranks[0] over the bootstrap.
-braid_comm_v2* make_comm(const std::vector<int32_t>& ranks) {
+// its unique id from ranks[0] over the bootstrap. Every listed process takes part in the
+// broadcast whatever went wrong before it (a root without an id sends a refusal), so no
+// process is left waiting there; `local_problem` (no GPU here...) then fails this process
+// after it, and the others meet NCCL's init deadline.
+braid_comm_v2* make_comm(const std::vector<int32_t>& ranks, const std::string& local_problem = "") {
   State& s = state();
+  const auto me = static_cast<int32_t>(std::find(ranks.begin(), ranks.end(), s.bootstrap.rank) - ranks.begin());
+  struct Payload {
+    int32_t ok;
+    ncclUniqueId id;
+  } payload{};
+  std::string root_problem = local_problem;
+  if (me == 0 && root_problem.empty()) {
+    const ncclResult_t r = ncclGetUniqueId(&payload.id);
+    if (r != ncclSuccess) root_problem = std::string("ncclGetUniqueId: ") + ncclGetErrorString(r);
+  }
+  if (me == 0) payload.ok = root_problem.empty() ? 1 : 0;
+  if (s.bootstrap.broadcast(s.bootstrap.context, ranks.data(), static_cast<int32_t>(ranks.size()), &payload,
+                            sizeof payload) != 0)
+    fail(4, "the bootstrap's broadcast of the unique id for world ranks " + ranks_text(ranks) + " failed");
+  if (me == 0 && !root_problem.empty()) fail(9, "nccl plugin: " + root_problem);
+  if (!payload.ok)
+    fail(9, "nccl plugin: world rank " + std::to_string(ranks.front()) + " could not make the communicator over " +
+                ranks_text(ranks) + " (its own error says why)");
+  if (!local_problem.empty()) fail(6, "nccl plugin: " + local_problem);
   auto* c = new braid_comm_v2();
   c->world_ranks = ranks;
-  c->rank = static_cast<int32_t>(std::find(ranks.begin(), ranks.end(), s.bootstrap.rank) - ranks.begin());
-  ncclUniqueId id{};
-  if (c->rank == 0) {
-    const ncclResult_t r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess) {
-      delete c;
-      fail(1000 + static_cast<int>(r), std::string("ncclGetUniqueId: ") + ncclGetErrorString(r));
-    }
-  }
-  if (s.bootstrap.broadcast(s.bootstrap.context, ranks.data(), static_cast<int32_t>(ranks.size()), &id, sizeof id) !=
-      0) {
-    delete c;
-    fail(4, "the bootstrap's broadcast of the unique id for world ranks " + ranks_text(ranks) + " failed");
-  }
+  c->rank = me;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   try {
-    settle(c, ncclCommInitRankConfig(&c->comm, static_cast<int>(ranks.size()), id, c->rank, &config),
+    settle(c, ncclCommInitRankConfig(&c->comm, static_cast<int>(ranks.size()), payload.id, c->rank, &config),
            "ncclCommInitRankConfig", init_limit());
     check_cuda(cudaMalloc(reinterpret_cast<void**>(&c->barrier_scratch), sizeof(float)), "cudaMalloc");
   } catch (...) {
     if (c->comm && !c->aborted) ncclCommAbort(c->comm);
+    if (c->barrier_scratch) cudaFree(c->barrier_scratch);
     delete c;
     throw;
   }
@@ -168,7 +178,6 @@ braid_comm_v2* make_comm(const std::vector<int32_t>& ranks) {
 void destroy(braid_comm_v2* c) {
   State& s = state();
   s.comms.erase(std::remove(s.comms.begin(), s.comms.end(), c), s.comms.end());
-  if (c->barrier_scratch) cudaFree(c->barrier_scratch);
   if (c->comm && !c->aborted) {
     ncclResult_t r = ncclCommFinalize(c->comm);
     const auto start = Clock::now();
@@ -181,6 +190,10 @@ void destroy(braid_comm_v2* c) {
     else
       ncclCommAbort(c->comm);
   }
+  // After the communicator: cudaFree waits for the device, and a kernel of a communicator
+  // stuck on a rank that never arrived only ends with the abort above.
+  for (auto& p : c->pending) delete p.request;  // queued, never issued: no one can wait on them now
+  if (c->barrier_scratch) cudaFree(c->barrier_scratch);
   delete c;
 }
 
@@ -228,22 +241,32 @@ braid_comm_request_v2* recorded(braid_comm_v2* c, cudaStream_t stream, const std
 }
 
 // Issues the queued sends and receives as one group and records their requests' events.
+// A failure aborts the communicator: its queued requests were not all issued.
 void flush(braid_comm_v2* c) {
   if (c->pending.empty()) return;
   std::vector<braid_comm_v2::P2p> ops;
   ops.swap(c->pending);
-  ncclResult_t r = ncclGroupStart();
-  for (const auto& p : ops) {
-    if (r != ncclSuccess) break;
-    r = p.send ? ncclSend(p.data, p.bytes, ncclChar, p.peer, c->comm, c->pending_stream)
-               : ncclRecv(p.data, p.bytes, ncclChar, p.peer, c->comm, c->pending_stream);
-  }
-  const ncclResult_t end = ncclGroupEnd();
-  settle(c, r != ncclSuccess ? r : end, std::to_string(ops.size()) + " send/recv", call_limit());
-  for (const auto& p : ops) {
-    cudaError_t err = cudaEventCreateWithFlags(&p.request->event, cudaEventDisableTiming);
-    if (err == cudaSuccess) err = cudaEventRecord(p.request->event, c->pending_stream);
-    check_cuda(err, where(c) + ": recording " + p.request->op);
+  try {
+    ncclResult_t r = ncclGroupStart();
+    for (const auto& p : ops) {
+      if (r != ncclSuccess && r != ncclInProgress) break;
+      r = p.send ? ncclSend(p.data, p.bytes, ncclChar, p.peer, c->comm, c->pending_stream)
+                 : ncclRecv(p.data, p.bytes, ncclChar, p.peer, c->comm, c->pending_stream);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    settle(c, r != ncclSuccess && r != ncclInProgress ? r : end, std::to_string(ops.size()) + " send/recv",
+           call_limit());
+    for (const auto& p : ops) {
+      cudaError_t err = cudaEventCreateWithFlags(&p.request->event, cudaEventDisableTiming);
+      if (err == cudaSuccess) err = cudaEventRecord(p.request->event, c->pending_stream);
+      check_cuda(err, where(c) + ": recording " + p.request->op);
+    }
+  } catch (...) {
+    if (!c->aborted) {
+      ncclCommAbort(c->comm);
+      c->aborted = true;
+    }
+    throw;
   }
 }
 
@@ -251,6 +274,8 @@ void flush(braid_comm_v2* c) {
 template <typename F>
 braid_comm_request_v2* collective(braid_comm_v2* c, cudaStream_t stream, const std::string& op, F&& call) {
   require_live(c);
+  if (!c->pending.empty() && c->pending_stream != stream)
+    fail(1, where(c) + ": " + op + " on another stream than the sends and receives queued before it");
   flush(c);
   settle(c, call(), op, call_limit());
   return recorded(c, stream, op);
@@ -283,21 +308,22 @@ int init(const braid_comm_bootstrap_v2* bootstrap) {
     if (bootstrap->size < 1 || bootstrap->rank < 0 || bootstrap->rank >= bootstrap->size)
       fail(1,
            "nccl plugin: bootstrap rank " + std::to_string(bootstrap->rank) + " of " + std::to_string(bootstrap->size));
+    s.bootstrap = *bootstrap;
+    // A process without a usable GPU still takes part in the world's id broadcast, then fails.
+    std::string problem;
     int devices = 0;
     const cudaError_t err = cudaGetDeviceCount(&devices);
     if (err != cudaSuccess || devices == 0)
-      fail(6, std::string("nccl plugin: no CUDA device: ") +
-                  (err != cudaSuccess ? cudaGetErrorString(err) : "the driver sees none"));
-    if (bootstrap->local_size > devices)
-      fail(7, "nccl plugin: NCCL needs a GPU per process, but " + std::to_string(bootstrap->local_size) +
-                  " processes on this node share " + std::to_string(devices) +
-                  " GPU(s); use the MPI plugin (host staging) there");
-    s.bootstrap = *bootstrap;
-    s.device = bootstrap->local_rank % devices;
-    check_cuda(cudaSetDevice(s.device), "cudaSetDevice");
+      problem =
+          std::string("no CUDA device: ") + (err != cudaSuccess ? cudaGetErrorString(err) : "the driver sees none");
+    if (problem.empty()) {
+      s.device = bootstrap->local_rank % devices;
+      const cudaError_t set = cudaSetDevice(s.device);
+      if (set != cudaSuccess) problem = std::string("cudaSetDevice: ") + cudaGetErrorString(set);
+    }
     std::vector<int32_t> everyone(static_cast<size_t>(bootstrap->size));
     for (int32_t r = 0; r < bootstrap->size; ++r) everyone[static_cast<size_t>(r)] = r;
-    s.world = make_comm(everyone);
+    s.world = make_comm(everyone, problem);
     s.world->is_world = true;
     s.initialised = true;
   });
@@ -327,6 +353,7 @@ int world(int32_t* rank, int32_t* size, int32_t* local_rank, int32_t* local_size
 int comm_world(braid_comm_v2** out) {
   return guarded([&] {
     if (!state().initialised) fail(1, "nccl plugin: not initialised");
+    if (!out) fail(1, "nccl plugin: a null output pointer");
     *out = state().world;
   });
 }
@@ -335,7 +362,7 @@ int comm_create(const int32_t* world_ranks, int32_t count, braid_comm_v2** out) 
   return guarded([&] {
     const State& s = state();
     if (!s.initialised) fail(1, "nccl plugin: not initialised");
-    if (!world_ranks || count < 1) fail(1, "nccl plugin: comm_create needs at least one rank");
+    if (!world_ranks || count < 1 || !out) fail(1, "nccl plugin: comm_create needs at least one rank and an output");
     std::vector<int32_t> ranks(world_ranks, world_ranks + count);
     std::vector<int32_t> sorted = ranks;
     std::sort(sorted.begin(), sorted.end());
@@ -358,14 +385,14 @@ int comm_free(braid_comm_v2* c) {
 
 int comm_rank(braid_comm_v2* c, int32_t* rank) {
   return guarded([&] {
-    if (!c) fail(1, "nccl plugin: a null communicator");
+    if (!c || !rank) fail(1, "nccl plugin: a null communicator or output");
     *rank = c->rank;
   });
 }
 
 int comm_size(braid_comm_v2* c, int32_t* size) {
   return guarded([&] {
-    if (!c) fail(1, "nccl plugin: a null communicator");
+    if (!c || !size) fail(1, "nccl plugin: a null communicator or output");
     *size = static_cast<int32_t>(c->world_ranks.size());
   });
 }
@@ -377,8 +404,13 @@ int p2p(bool send, braid_comm_v2* c, void* data, size_t bytes, int32_t peer, voi
     if (peer < 0 || peer >= static_cast<int32_t>(c->world_ranks.size()))
       fail(1, where(c) + ": " + (send ? "send to" : "receive from") + " rank " + std::to_string(peer) +
                   " outside the communicator");
+    if (!request) fail(1, "nccl plugin: a null request pointer");
     auto s = static_cast<cudaStream_t>(stream);
-    if (!c->pending.empty() && c->pending_stream != s) flush(c);  // one group, one stream
+    // One group runs on one stream; splitting it would separate the halves of an exchange.
+    if (!c->pending.empty() && c->pending_stream != s)
+      fail(1, where(c) +
+                  ": sends and receives queued before the next wait, test, collective or barrier must use "
+                  "one stream");
     c->pending_stream = s;
     auto* r = new braid_comm_request_v2{c, nullptr,
                                         std::string(send ? "send of " : "receive of ") + std::to_string(bytes) +
@@ -401,6 +433,7 @@ int irecv(braid_comm_v2* c, void* data, size_t bytes, int32_t peer, int32_t, voi
 int iallreduce(braid_comm_v2* c, const void* send, void* recv, size_t count, int32_t dtype, int32_t op, void* stream,
                braid_comm_request_v2** request) {
   return guarded([&] {
+    if (!request) fail(1, "nccl plugin: a null request pointer");
     const ncclDataType_t t = dtype_of(dtype);
     const ncclRedOp_t o = op_of(op);
     auto s = static_cast<cudaStream_t>(stream);
@@ -412,6 +445,7 @@ int iallreduce(braid_comm_v2* c, const void* send, void* recv, size_t count, int
 int iallgather(braid_comm_v2* c, const void* send, void* recv, size_t bytes, void* stream,
                braid_comm_request_v2** request) {
   return guarded([&] {
+    if (!request) fail(1, "nccl plugin: a null request pointer");
     auto s = static_cast<cudaStream_t>(stream);
     *request = collective(c, s, "all-gather of " + std::to_string(bytes) + " bytes",
                           [&] { return ncclAllGather(send, recv, bytes, ncclChar, c->comm, s); });
@@ -421,6 +455,7 @@ int iallgather(braid_comm_v2* c, const void* send, void* recv, size_t bytes, voi
 int ibroadcast(braid_comm_v2* c, void* data, size_t bytes, int32_t root, void* stream,
                braid_comm_request_v2** request) {
   return guarded([&] {
+    if (!request) fail(1, "nccl plugin: a null request pointer");
     auto s = static_cast<cudaStream_t>(stream);
     *request = collective(c, s, "broadcast of " + std::to_string(bytes) + " bytes from rank " + std::to_string(root),
                           [&] { return ncclBroadcast(data, data, bytes, ncclChar, root, c->comm, s); });
@@ -430,6 +465,7 @@ int ibroadcast(braid_comm_v2* c, void* data, size_t bytes, int32_t root, void* s
 int ireduce_scatter(braid_comm_v2* c, const void* send, void* recv, size_t recv_count, int32_t dtype, int32_t op,
                     void* stream, braid_comm_request_v2** request) {
   return guarded([&] {
+    if (!request) fail(1, "nccl plugin: a null request pointer");
     const ncclDataType_t t = dtype_of(dtype);
     const ncclRedOp_t o = op_of(op);
     auto s = static_cast<cudaStream_t>(stream);
@@ -442,7 +478,8 @@ int ireduce_scatter(braid_comm_v2* c, const void* send, void* recv, size_t recv_
 // (releasing it) when its communicator failed.
 bool poll(braid_comm_request_v2* r) {
   braid_comm_v2* c = r->comm;
-  if (!r->event) flush(c);  // a send or receive still queued: issue its group now
+  flush(c);  // sends and receives still queued: issue their group now
+  if (!r->event) fail(10, where(c) + ": " + r->op + " was never issued");
   const cudaError_t q = cudaEventQuery(r->event);
   if (q == cudaSuccess) return true;
   if (q != cudaErrorNotReady) check_cuda(q, where(c) + ": " + r->op);
@@ -455,7 +492,7 @@ bool poll(braid_comm_request_v2* r) {
 }
 
 int test(braid_comm_request_v2* r, int32_t* done) {
-  if (!r) return guarded([] { fail(1, "nccl plugin: a null request"); });
+  if (!r || !done) return guarded([] { fail(1, "nccl plugin: a null request or output"); });
   int rc = guarded([&] {
     require_live(r->comm);
     *done = poll(r) ? 1 : 0;

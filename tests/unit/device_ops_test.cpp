@@ -473,6 +473,11 @@ TEST(Storage, ViewsKeepTheirSizeAndSharedHostMemoryIsLetGo) {
   EXPECT_EQ(shared.numel(), 6);
   EXPECT_EQ(*memory, std::vector<float>(4, 1.0f));
 
+  Tensor grown;  // resizing keeps what fits, as a vector does
+  grown.data = nn::Storage::borrow(memory->data(), 4, nn::Device{}, memory);
+  grown.data.resize(6, 5.0f);
+  EXPECT_EQ(std::vector<float>(grown.data.begin(), grown.data.end()), (std::vector<float>{1, 1, 1, 1, 5, 5}));
+
   Tensor copy;
   copy.data = nn::Storage::borrow(buffer.data(), 4, nn::Device{});
   Tensor deep = copy;  // host memory copies into a vector
