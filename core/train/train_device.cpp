@@ -6,10 +6,21 @@
 #include "core/common/error.hpp"
 #include "core/nn/device_ops.hpp"
 #include "core/nn/host_ops.hpp"
+#include "core/nn/staged_ops.hpp"
+#include "core/runtime/plugin_loader.hpp"
 
 namespace braid::train {
 
-TrainDevice open_train_device(const std::string& name, int threads) {
+namespace {
+
+std::string backend_text(const nn::DeviceBackend& b) {
+  return b.name() + " backend " + b.plugin().path() + " (device interface " +
+         std::to_string(b.plugin().interface_version()) + ", " + b.info().name + ")";
+}
+
+}  // namespace
+
+TrainDevice open_train_device(const std::string& name, int threads, int local_rank) {
   TrainDevice d;
   if (name == "auto") {
     auto ops = std::make_unique<nn::HostOps>(threads);
@@ -17,21 +28,37 @@ TrainDevice open_train_device(const std::string& name, int threads) {
     d.ops = std::move(ops);
     return d;
   }
-  if (name == "host") {
+  if (name == "host" || name == "host-staged") {
     // The plugin's ops take their thread count from the environment when they start.
     ::setenv("BRAID_HOST_THREADS", std::to_string(threads).c_str(), 1);
     d.backend = nn::DeviceBackend::open("host");
-    d.ops = std::make_unique<nn::DeviceOps>(d.backend);
-    d.description = "host backend " + d.backend->plugin().path() + " (device interface " +
-                    std::to_string(d.backend->plugin().interface_version()) + ", " + d.backend->info().name + ")";
+    if (name == "host") {
+      d.ops = std::make_unique<nn::DeviceOps>(d.backend);
+      d.description = backend_text(*d.backend);
+    } else {
+      d.ops = std::make_unique<nn::StagedOps>(d.backend);
+      d.description = backend_text(*d.backend) + ", staged";
+    }
     return d;
   }
-  if (name == "cuda")
-    throw Error(Status::unsupported,
-                "--device cuda: the CUDA backend implements the device interface (braid info lists it), but the "
-                "trainer's stages still read and write activations and messages in host memory, so training cannot "
-                "keep its tensors on a GPU yet; use --device host (the same path on host memory) or auto");
-  throw Error(Status::invalid_argument, "--device must be auto, host or cuda, got '" + name + "'");
+  if (name == "cuda") {
+    // The GPUs of this node in turn: several processes may share one (each its own context).
+    auto plugin = runtime::load_device_plugin("cuda");
+    const auto devices = plugin->devices();
+    if (devices.empty())
+      throw Error(Status::plugin, "--device cuda: no GPU: " + (plugin->unavailable_reason().empty()
+                                                                   ? std::string("the CUDA plugin sees 0 devices")
+                                                                   : plugin->unavailable_reason()));
+    const int index = local_rank % static_cast<int>(devices.size());
+    plugin.reset();
+    d.backend = nn::DeviceBackend::open("cuda", index);
+    d.ops = std::make_unique<nn::StagedOps>(d.backend);
+    d.description = backend_text(*d.backend) + ", device " + std::to_string(index) +
+                    ", staged: every op copies its inputs to the GPU and its outputs back, as the trainer keeps its "
+                    "tensors in host memory (correct, bound by the copies)";
+    return d;
+  }
+  throw Error(Status::invalid_argument, "--device must be auto, host, host-staged or cuda, got '" + name + "'");
 }
 
 std::string device_memory_line(const TrainDevice& device) {

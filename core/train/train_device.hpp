@@ -17,15 +17,17 @@ struct TrainDevice {
 };
 
 // `name`:
-//  auto  the host ops called directly (until the trainer keeps tensors on a GPU, a GPU
-//        does not change what auto picks);
-//  host  the host backend, libbraid-host.so, through the device interface: the path a GPU
-//        backend takes, on host memory;
-//  cuda  refused with the reason: the trainer's stages read and write activations and
-//        messages in host memory, so its tensors cannot live on a GPU yet.
-// `threads` is the host ops' thread count either way. Throws Error(invalid_argument) for
-// another name, Error(plugin) when the backend cannot start.
-TrainDevice open_train_device(const std::string& name, int threads);
+//  auto         the host ops called directly;
+//  host         the host backend, libbraid-host.so, through the device interface: the path
+//               a GPU backend takes, on host memory (its memory is the trainer's);
+//  host-staged  the same backend behind StagedOps: each op copies its inputs in and its
+//               outputs out, as on a GPU (testable without one);
+//  cuda         the CUDA backend behind StagedOps, on GPU local_rank % (GPUs on the node):
+//               the trainer keeps its tensors in host memory, so every op copies (correct,
+//               bound by the copies) until its stages keep them on the device.
+// `threads` is the host ops' thread count. Throws Error(invalid_argument) for another name,
+// Error(plugin) when the backend cannot start (no GPU...).
+TrainDevice open_train_device(const std::string& name, int threads, int local_rank = 0);
 
 // "host backend (...): peak 12.3 MiB in use, 14.0 MiB reserved, 5234 allocations", or ""
 // without a backend.

@@ -86,8 +86,9 @@ int run_train(const std::vector<std::string>& args) {
                "host threads per process (default: trainer.threads, else the node's cores / processes on it)")(
       "device", po::value(&device)->value_name("D"),
       "what runs the ops: auto (default: braid's host ops, called directly), host (the host backend "
-      "libbraid-host.so through the device interface, as a GPU backend runs: same results bit for bit), cuda "
-      "(refused for now: the trainer keeps activations in host memory)")(
+      "libbraid-host.so through the device interface: same results bit for bit), host-staged (the same, each op "
+      "copying its inputs in and outputs out as on a GPU), cuda (the CUDA backend, GPU local-rank modulo the node's "
+      "GPUs; staged: the trainer keeps its tensors in host memory, so every op copies them: correct, not fast)")(
       "dump-gradients", po::value(&gradients_dir)->value_name("DIR"),
       "write each step's reduced gradients as checkpoint shards (for layout-equivalence checks)")(
       "progress-every", po::value(&progress_every)->value_name("N"),
@@ -114,8 +115,8 @@ int run_train(const std::vector<std::string>& args) {
   if (problem.empty() && vm.count("seed") && seed < 0) problem = "--seed must be >= 0";
   if (problem.empty() && vm.count("resume") && checkpoint_dir.empty()) problem = "--resume needs --checkpoint-dir DIR";
   if (problem.empty() && threads < 0) problem = "--threads must be >= 0";
-  if (problem.empty() && device != "auto" && device != "host" && device != "cuda")
-    problem = "--device must be auto, host or cuda, got '" + device + "'";
+  if (problem.empty() && device != "auto" && device != "host" && device != "host-staged" && device != "cuda")
+    problem = "--device must be auto, host, host-staged or cuda, got '" + device + "'";
   if (problem.empty() && data_workers < 0) problem = "--data-workers must be >= 0";
   if (problem.empty() && vm.count("progress-every") && progress_every < 1) problem = "--progress-every must be >= 1";
   if (!problem.empty()) {
