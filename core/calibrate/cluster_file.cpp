@@ -115,10 +115,12 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
   y += "nodes: " + std::to_string(c.nodes) + "\n";
   y += "devices_per_node: " + std::to_string(c.per_node) + "\n";
   y += "device:\n";
-  y += "  name: " + quoted(c.cpu + ", one process (float32, OpenBLAS)") + "\n";
-  y += "  # The host's RAM shared by the processes on it.\n";
-  y += "  memory_gib: " + num(c.memory_per_process_bytes / kGiB) + "\n";
-  y += "  # STREAM-style triad over arrays far larger than the caches, " +
+  const bool gpu = c.device_memory_bytes > 0;
+  y += "  name: " + quoted(c.cpu + ", one process (float32, " + c.library + ")") + "\n";
+  y += gpu ? "  # The GPU's memory.\n" : "  # The host's RAM shared by the processes on it.\n";
+  y += "  memory_gib: " + num((gpu ? c.device_memory_bytes : c.memory_per_process_bytes) / kGiB) + "\n";
+  y += (gpu ? "  # A device-to-device copy of 1 GiB, "
+            : "  # STREAM-style triad over arrays far larger than the caches, ") +
        std::string(!c.shared ? "every process at once" : "as many processes at once as cores") + ".\n";
   y += "  memory_bandwidth_gbs: " + num(f.memory_bandwidth / 1e9) + "\n";
   y += "  # The best rate of the linear op's GEMMs below (the host ops compute in float32 at any\n";

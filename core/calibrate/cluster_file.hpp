@@ -23,6 +23,8 @@ struct Calibration {
   bool shared = false;  // some host had more processes x threads than cores: compute was measured in turns
   bool quick = false;
   double memory_per_process_bytes = 0;  // the host's RAM shared by the processes on it
+  std::string library = "OpenBLAS";     // what computed the GEMMs ("cuBLAS" on a GPU)
+  double device_memory_bytes = 0;       // a GPU's memory when the compute ran on one, else 0
   double reserved_bytes = 0;            // resident before any tensor: runtime, MPI, BLAS buffers
   // Raw timings: compute, the mean over the processes (all measuring at once); links, the
   // slowest member's.

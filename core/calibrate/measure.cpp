@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 
+#include "core/nn/device_ops.hpp"
 #include "core/nn/host_ops.hpp"
 
 namespace braid::calibrate {
@@ -12,6 +13,27 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double min_seconds(const ComputeOptions& o) { return o.quick ? 0.005 : 0.04; }
+
+bool on_gpu(const ComputeOptions& o) { return o.device && !o.device->device().is_host(); }
+
+// What runs the cases: the host ops, or a device backend's with its stream waited for after
+// each call (a device call returns before it ran, and the time is the device's).
+struct Runner {
+  std::unique_ptr<nn::Ops> ops;
+  nn::DeviceBackend* device = nullptr;
+  explicit Runner(const ComputeOptions& o) {
+    if (o.device) {
+      device = o.device.get();
+      ops = std::make_unique<nn::DeviceOps>(o.device);
+    } else {
+      ops = std::make_unique<nn::HostOps>(o.threads);
+    }
+  }
+  nn::Tensor on(const nn::Tensor& t) const { return device ? device->upload(t) : t; }
+  void wait() const {
+    if (device) device->synchronize();
+  }
+};
 int batches(const ComputeOptions& o) { return o.quick ? 3 : 5; }
 
 // A deterministic fill, not zeros: denormals and exact zeros take other paths in some kernels.
@@ -30,6 +52,16 @@ struct GemmShape {
 // attention (16 x 16) and the few rows of a small pass up to the widest layers the host
 // models train. Only shapes whose forward + backward stays under a second of one core are kept.
 std::vector<GemmShape> gemm_shapes(const ComputeOptions& o) {
+  if (on_gpu(o)) {  // from a small layer's GEMMs to the widest a GPU trains
+    const std::vector<int64_t> widths =
+        o.quick ? std::vector<int64_t>{256, 1024} : std::vector<int64_t>{128, 256, 1024, 4096, 8192};
+    const std::vector<int64_t> rows =
+        o.quick ? std::vector<int64_t>{256, 2048} : std::vector<int64_t>{64, 256, 2048, 16384};
+    std::vector<GemmShape> shapes;
+    for (int64_t w : widths)
+      for (int64_t r : rows) shapes.push_back({r, w});
+    return shapes;
+  }
   const std::vector<int64_t> widths =
       o.quick ? std::vector<int64_t>{8, 16, 64, 256} : std::vector<int64_t>{8, 16, 32, 64, 128, 256, 512, 1024};
   const std::vector<int64_t> rows =
@@ -45,7 +77,8 @@ std::vector<GemmShape> gemm_shapes(const ComputeOptions& o) {
 std::vector<int64_t> elementwise_sizes(const ComputeOptions& o) {
   std::vector<int64_t> sizes;  // elements, rows of 128 features: from the few rows of a small
   // microbatch's pass (per-call costs dominate there) to arrays far beyond the caches
-  for (int64_t n = 256; n <= (o.quick ? (1 << 20) : (1 << 24)); n *= 4) sizes.push_back(n);
+  const int64_t largest = on_gpu(o) ? (o.quick ? (1 << 22) : (1 << 26)) : (o.quick ? (1 << 20) : (1 << 24));
+  for (int64_t n = 256; n <= largest; n *= 4) sizes.push_back(n);
   return sizes;
 }
 
@@ -54,6 +87,10 @@ struct AttentionShape {
 };
 
 std::vector<AttentionShape> attention_shapes(const ComputeOptions& o) {
+  if (on_gpu(o)) {
+    if (o.quick) return {{8, 128, 8, 64}};
+    return {{8, 256, 16, 64}, {4, 1024, 16, 64}, {1, 2048, 16, 128}};
+  }
   if (o.quick) return {{8, 16, 4, 16}, {2, 64, 4, 32}};
   return {{16, 16, 4, 16}, {8, 64, 4, 32}, {2, 256, 4, 32}, {1, 512, 8, 64}};
 }
@@ -85,7 +122,7 @@ int compute_case_count(const ComputeOptions& o) {
 }
 
 std::vector<Timing> measure_gemms(const ComputeOptions& o, const CaseHook& between) {
-  nn::HostOps ops(o.threads);
+  const Runner run(o);
   std::vector<Timing> out;
   const auto shapes = gemm_shapes(o);
   int index = 0;
@@ -93,12 +130,13 @@ std::vector<Timing> measure_gemms(const ComputeOptions& o, const CaseHook& betwe
     const std::string what =
         "gemm " + std::to_string(s.rows) + "x" + std::to_string(s.width) + "x" + std::to_string(s.width);
     between(index++, static_cast<int>(shapes.size()), what);
-    nn::Tensor x = filled({s.rows, s.width}), w = filled({s.width, s.width}), y, dx;
-    nn::Tensor dy = filled({s.rows, s.width}), dw({s.width, s.width});
+    nn::Tensor x = run.on(filled({s.rows, s.width})), w = run.on(filled({s.width, s.width})), y, dx;
+    nn::Tensor dy = run.on(filled({s.rows, s.width})), dw = run.on(nn::Tensor({s.width, s.width}));
     double t = time_call(
         [&] {
-          ops.linear_forward(x, w, nullptr, y);
-          ops.linear_backward(x, w, dy, &dx, &dw, nullptr);
+          run.ops->linear_forward(x, w, nullptr, y);
+          run.ops->linear_backward(x, w, dy, &dx, &dw, nullptr);
+          run.wait();
         },
         min_seconds(o), batches(o));
     out.push_back({what, 6.0 * static_cast<double>(s.rows) * s.width * s.width, t});
@@ -108,6 +146,17 @@ std::vector<Timing> measure_gemms(const ComputeOptions& o, const CaseHook& betwe
 
 Timing measure_memory_bandwidth(const ComputeOptions& o, const CaseHook& between) {
   between(0, 1, "memory bandwidth");
+  if (on_gpu(o)) {  // a device-to-device copy: every byte read once and written once
+    const int64_t n = o.quick ? (int64_t{1} << 24) : (int64_t{1} << 28);
+    nn::Tensor a = o.device->zeros({n}), b = o.device->zeros({n});
+    double t = time_call(
+        [&] {
+          o.device->copy(a, b);
+          o.device->synchronize();
+        },
+        min_seconds(o), batches(o));
+    return {"device copy " + std::to_string(n * 4 >> 20) + " MiB", 2.0 * 4.0 * static_cast<double>(n), t};
+  }
   // Each array 8x the last-level caches of common servers (32-64 MiB): DRAM, not cache.
   const std::size_t n = o.quick ? (std::size_t{1} << 23) : (std::size_t{1} << 26);
   std::vector<float> a(n, 0.0f), b(n, 1.0f), c(n, 2.0f);
@@ -122,7 +171,8 @@ Timing measure_memory_bandwidth(const ComputeOptions& o, const CaseHook& between
 }
 
 std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook& between) {
-  nn::HostOps ops(o.threads);
+  const Runner run(o);
+  nn::Ops& ops = *run.ops;
   std::vector<Timing> out;
   const auto sizes = elementwise_sizes(o);
   int index = 0;
@@ -130,8 +180,10 @@ std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook&
     const int64_t features = 128, rows = n / features;
     const std::string what = "element-wise " + std::to_string(n * 4 >> 10) + " KiB";
     between(index++, static_cast<int>(sizes.size()), what);
-    nn::Tensor x = filled({rows, features}), dy = filled({rows, features}), gamma({features}, 1.0f), beta({features});
-    nn::Tensor y, dx, dgamma({features}), dbeta({features}), g, dg, sum = filled({rows, features});
+    nn::Tensor x = run.on(filled({rows, features})), dy = run.on(filled({rows, features})),
+               gamma = run.on(nn::Tensor({features}, 1.0f)), beta = run.on(nn::Tensor({features}));
+    nn::Tensor y, dx, dgamma = run.on(nn::Tensor({features})), dbeta = run.on(nn::Tensor({features})), g, dg,
+                      sum = run.on(filled({rows, features}));
     nn::LayerNormSaved saved;
     double t = time_call(
         [&] {
@@ -140,6 +192,7 @@ std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook&
           ops.gelu_forward(x, g);
           ops.gelu_backward(x, dy, dg);
           ops.add(sum, x);
+          run.wait();
         },
         min_seconds(o), batches(o));
     // Bytes as the cost model counts them (cost/transformer.cpp, add_elementwise): a kernel's
@@ -150,7 +203,8 @@ std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook&
 }
 
 std::vector<Timing> measure_attention(const ComputeOptions& o, const CaseHook& between) {
-  nn::HostOps ops(o.threads);
+  const Runner run(o);
+  nn::Ops& ops = *run.ops;
   std::vector<Timing> out;
   const auto shapes = attention_shapes(o);
   int index = 0;
@@ -158,18 +212,27 @@ std::vector<Timing> measure_attention(const ComputeOptions& o, const CaseHook& b
     const int64_t width = s.heads * s.head_dim;
     const std::string shape = "b" + std::to_string(s.batch) + " s" + std::to_string(s.seq) + " h" +
                               std::to_string(s.heads) + " d" + std::to_string(s.head_dim);
-    nn::Tensor q = filled({s.batch, s.seq, width}), k = filled({s.batch, s.seq, width}),
-               v = filled({s.batch, s.seq, width}), dout = filled({s.batch, s.seq, width});
+    nn::Tensor q = run.on(filled({s.batch, s.seq, width})), k = run.on(filled({s.batch, s.seq, width})),
+               v = run.on(filled({s.batch, s.seq, width})), dout = run.on(filled({s.batch, s.seq, width}));
     nn::Tensor y, dq, dk, dv;
     nn::AttentionSaved saved;
     const nn::AttentionOptions options{s.heads, false};
     const double flops = 4.0 * static_cast<double>(s.seq) * s.seq * s.head_dim * s.heads * s.batch;
     between(index++, static_cast<int>(2 * shapes.size()), "attention forward " + shape);
-    double forward = time_call([&] { ops.attention_forward(q, k, v, options, y, saved); }, min_seconds(o), batches(o));
+    double forward = time_call(
+        [&] {
+          ops.attention_forward(q, k, v, options, y, saved);
+          run.wait();
+        },
+        min_seconds(o), batches(o));
     out.push_back({"attention forward " + shape, flops, forward});
     between(index++, static_cast<int>(2 * shapes.size()), "attention backward " + shape);
-    double backward = time_call([&] { ops.attention_backward(q, k, v, options, saved, dout, dq, dk, dv); },
-                                min_seconds(o), batches(o));
+    double backward = time_call(
+        [&] {
+          ops.attention_backward(q, k, v, options, saved, dout, dq, dk, dv);
+          run.wait();
+        },
+        min_seconds(o), batches(o));
     out.push_back({"attention backward " + shape, 2.5 * flops, backward});
   }
   return out;

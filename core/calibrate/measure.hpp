@@ -6,8 +6,13 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
+
+namespace braid::nn {
+class DeviceBackend;
+}
 
 namespace braid::calibrate {
 
@@ -21,6 +26,9 @@ struct Timing {
 struct ComputeOptions {
   int threads = 1;     // host threads per process, as `braid train --threads`
   bool quick = false;  // smaller ladders and shorter timings (tests, CI)
+  // The device the ops run on (nn::DeviceOps, its stream waited for after every call), or
+  // null for the host ops called directly. A GPU gets ladders of GPU-sized cases.
+  std::shared_ptr<nn::DeviceBackend> device;
 };
 
 // Calls `between(case index, case count, name)` before each case; the caller uses it to
@@ -34,7 +42,8 @@ double time_call(const std::function<void()>& run, double min_seconds, int batch
 // Forward + backward of the linear op (y = x W^T; dx and dW) at a ladder of shapes, from
 // the per-head products of small attention up to the largest layers a host trains.
 std::vector<Timing> measure_gemms(const ComputeOptions& o, const CaseHook& between);
-// Triad a = b + s c over arrays far larger than the caches: bytes/s of one process.
+// Triad a = b + s c over arrays far larger than the caches: bytes/s of one process (on a
+// GPU, a device-to-device copy of 1 GiB: bytes read and written).
 Timing measure_memory_bandwidth(const ComputeOptions& o, const CaseHook& between);
 // Layer norm and GELU forward and backward, and a residual add, at a ladder of sizes;
 // work is the bytes the cost model charges them (its backward: twice the forward's).

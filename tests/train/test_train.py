@@ -841,6 +841,26 @@ class Calibrate(unittest.TestCase):
                 self.assertEqual(f.read(), "earlier\n")
             self.assertEqual(os.listdir(d), ["kept.yaml"])
 
+    def test_the_compute_cases_run_on_the_device_asked_for(self):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "host.yaml")
+            r = self.calibrate(2, "--device", "host", "--out", out, "--quiet")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(out) as f:
+                text = f.read()
+            self.assertIn("ops through the host backend (device interface 2)", text)
+            self.assertIn("(float32, OpenBLAS)", text)
+            out = os.path.join(d, "cuda.yaml")
+            r = self.calibrate(2, "--device", "cuda", "--out", out, "--quiet")
+            if cuda_devices():
+                self.assertEqual(r.returncode, 0, r.stderr)
+                with open(out) as f:
+                    self.assertIn("(float32, cuBLAS)", f.read())
+            else:
+                self.assertNotEqual(r.returncode, 0)
+                self.assertIn("--device cuda: the CUDA plugin sees no GPU", r.stderr)
+                self.assertFalse(os.path.exists(out))
+
     def test_a_name_with_yaml_syntax_reads_back(self):
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "named.yaml")

@@ -17,6 +17,8 @@
 #include "core/calibrate/cluster_file.hpp"
 #include "core/common/error.hpp"
 #include "core/common/file.hpp"
+#include "core/nn/device_backend.hpp"
+#include "core/runtime/plugin_loader.hpp"
 #include "core/runtime/world.hpp"
 #include "tools/braid/commands.hpp"
 #include "tools/braid/rank_error.hpp"
@@ -41,6 +43,9 @@ const char* kCalibrateUsage =
     "    (MPI), fitted to the cost model's alpha-beta formulas; between hosts too when the\n"
     "    launch spans several.\n"
     "The file says what was measured, when and on what. Links need two processes or more.\n"
+    "With --device cuda the compute cases run on each process's GPU (cuBLAS and braid's\n"
+    "kernels through the CUDA backend, GPU-sized ladders, a device copy for the bandwidth); the\n"
+    "links are still the MPI plugin's.\n"
     "\n"
     "options";
 
@@ -157,7 +162,7 @@ void average_seconds(runtime::Communicator& world, std::vector<calibrate::Timing
 }  // namespace
 
 int run_calibrate(const std::vector<std::string>& args) {
-  std::string out = "-", name, format = "table";
+  std::string out = "-", name, format = "table", device = "auto";
   int threads = 0;
   po::options_description opts(kCalibrateUsage);
   opts.add_options()("help,h", "show this help")("out,o", po::value(&out)->value_name("FILE"),
@@ -165,6 +170,9 @@ int run_calibrate(const std::vector<std::string>& args) {
       "name", po::value(&name)->value_name("NAME"), "the cluster's name in the file (default: calibrated-<host>)")(
       "threads", po::value(&threads)->value_name("N"),
       "host threads per process, as braid train --threads (default: the host's cores / processes on it)")(
+      "device", po::value(&device)->value_name("D"),
+      "what runs the compute cases: auto (default: braid's host ops), host (the same through the device "
+      "interface, libbraid-host.so), cuda (the GPU of each process: local rank modulo the node's GPUs)")(
       "quick", "short ladders and timings (a rough file in seconds; for tests)")("quiet,q",
                                                                                  "no progress on standard error")(
       "format,f", po::value(&format)->value_name("FMT"),
@@ -186,6 +194,8 @@ int run_calibrate(const std::vector<std::string>& args) {
   std::string problem;
   if (format != "table" && format != "json") problem = "--format must be table or json, not '" + format + "'";
   if (problem.empty() && threads < 0) problem = "--threads must be >= 0";
+  if (problem.empty() && device != "auto" && device != "host" && device != "cuda")
+    problem = "--device must be auto, host or cuda, got '" + device + "'";
   if (problem.empty() && out == "-" && format == "json")
     problem = "--format json prints to standard output: give the cluster file a place with --out FILE";
   if (!problem.empty()) {
@@ -256,9 +266,29 @@ int run_calibrate(const std::vector<std::string>& args) {
     all.allreduce(std::span<double>(resident), runtime::ReduceOp::max);
     c.reserved_bytes = resident[0];
 
+    // The device the compute cases run on; on GPUs the "cores" that turns share are the
+    // node's GPUs, one process each at a time.
+    std::shared_ptr<nn::DeviceBackend> backend;
+    int gpus = 0;
+    if (device == "host") {
+      ::setenv("BRAID_HOST_THREADS", std::to_string(c.threads).c_str(), 1);
+      backend = nn::DeviceBackend::open("host");
+      c.cpu += ", ops through the host backend (device interface 2)";
+    } else if (device == "cuda") {
+      gpus = static_cast<int>(runtime::load_device_plugin("cuda")->devices().size());
+      if (gpus == 0) throw Error(Status::plugin, "--device cuda: the CUDA plugin sees no GPU");
+      backend = nn::DeviceBackend::open("cuda", world.local_rank() % gpus);
+      c.cpu = backend->info().name + " (" + std::to_string(gpus) +
+              " per node; cuBLAS and braid's kernels, CUDA "
+              "backend); host " +
+              c.cpu;
+      c.threads = 1;
+      c.library = "cuBLAS";
+      c.device_memory_bytes = backend->info().memory_bytes;
+    }
     // Turns on this host's cores: as many processes at once as its cores hold; every process
     // takes part in as many turns as the most crowded host needs, so the barriers match.
-    c.cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    c.cores = gpus > 0 ? gpus : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     const std::vector<int>& mates = ranks_on[host_of[static_cast<std::size_t>(rank)]];
     const int here = static_cast<int>(mates.size());
     const int local_index = static_cast<int>(std::find(mates.begin(), mates.end(), rank) - mates.begin());
@@ -268,7 +298,7 @@ int run_calibrate(const std::vector<std::string>& args) {
     Turns turns(all, most_turns[0], local_index / per_turn_here);
     c.per_turn = per_turn_here;
     c.shared = turns.turns() > 1;
-    const calibrate::ComputeOptions compute{c.threads, c.quick};
+    const calibrate::ComputeOptions compute{c.threads, c.quick, backend};
     const int link_sets = (local.size() >= 2 ? 1 : 0) + (firsts.size() >= 2 ? 1 : 0);
     // A process waiting for its turn must hand its core over (BRAID_MPI_WAIT=sleep, read by the
     // MPI plugin at each wait); the links are then timed waiting as training waits.
