@@ -100,6 +100,16 @@ class HelpTest(CliTestCase):
         self.assertIsInstance(info["cuda"], bool)
         self.assertRegex(info["version"], r"^\d+\.\d+\.\d+$")
 
+    def test_info_check_runs_the_host_backend_through_its_op_table(self):
+        result = braid("info", "--check", "--format", "json")
+        host = [p for p in json.loads(result.stdout)["plugins"] if p["name"] == "host"][0]
+        self.assertEqual(host["interface"], 2)
+        self.assertEqual(host["devices"][0]["self_test"], "ok (self-test; linear through the op table)")
+        # A GPU-less machine has no device to check, so the exit status is the host's.
+        cuda = [p for p in json.loads(result.stdout)["plugins"] if p["name"] == "cuda"]
+        if not cuda or not cuda[0].get("devices"):
+            self.assertExit(result, 0)
+
 
 class PlanJsonTest(CliTestCase):
     def test_runs(self):

@@ -1,11 +1,16 @@
 // braid info: what this build is, and which devices its plugins see.
+#include <algorithm>
 #include <boost/program_options.hpp>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "braid/braid.h"
 #include "core/common/error.hpp"
+#include "core/nn/device_ops.hpp"
+#include "core/nn/host_ops.hpp"
 #include "core/runtime/comm_plugin.hpp"
 #include "core/runtime/device_comm.hpp"
 #include "core/runtime/plugin_loader.hpp"
@@ -24,6 +29,36 @@ struct PluginReport {
   bool failed = false;
 };
 
+// A linear layer forward and backward through the device's op table against the host ops
+// on the same inputs: "" when they agree within 1e-5 of the largest element, else why not.
+std::string ops_check(const std::string& plugin, int index) {
+  auto backend = nn::DeviceBackend::open(plugin, index);
+  nn::DeviceOps device(backend);
+  nn::HostOps host(1);
+  nn::Tensor x({4, 8}), w({3, 8}), dy({4, 3});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data[i] = 0.1f * static_cast<float>(i % 7) - 0.3f;
+  for (int64_t i = 0; i < w.numel(); ++i) w.data[i] = 0.05f * static_cast<float>(i % 5) - 0.1f;
+  for (int64_t i = 0; i < dy.numel(); ++i) dy.data[i] = 0.2f * static_cast<float>(i % 3) - 0.2f;
+  nn::Tensor y, dx, dw({3, 8}), y_d, dx_d, dw_d = backend->zeros({3, 8});
+  host.linear_forward(x, w, nullptr, y);
+  host.linear_backward(x, w, dy, &dx, &dw, nullptr);
+  const nn::Tensor x_d = backend->upload(x), w_d = backend->upload(w), dy_d = backend->upload(dy);
+  device.linear_forward(x_d, w_d, nullptr, y_d);
+  device.linear_backward(x_d, w_d, dy_d, &dx_d, &dw_d, nullptr);
+  for (auto [got, want, what] : {std::tuple{&y_d, &y, "y"}, {&dx_d, &dx, "dx"}, {&dw_d, &dw, "dweight"}}) {
+    const nn::Tensor back = got->device().is_host() ? *got : backend->download(*got);
+    double diff = 0, scale = 1e-30;
+    for (std::size_t i = 0; i < want->data.size(); ++i) {
+      diff = std::max(diff, std::abs(static_cast<double>(back.data[i]) - want->data[i]));
+      scale = std::max(scale, std::abs(static_cast<double>(want->data[i])));
+    }
+    if (diff > 1e-5 * scale)
+      return std::string("linear ") + what + " differs from the host ops by " + std::to_string(diff / scale) +
+             " (relative)";
+  }
+  return "";
+}
+
 PluginReport probe(const std::string& name, bool check) {
   PluginReport r;
   r.name = name;
@@ -39,7 +74,10 @@ PluginReport probe(const std::string& name, bool check) {
     for (std::size_t i = 0; check && i < r.devices.size(); ++i) {
       try {
         plugin->self_test(static_cast<int>(i));
-        r.checks.push_back("ok");
+        // Through the op table too, where the plugin has one (interface 2).
+        const std::string ops = plugin->v2() ? ops_check(name, static_cast<int>(i)) : "";
+        r.checks.push_back(!ops.empty() ? ops : plugin->v2() ? "ok (self-test; linear through the op table)" : "ok");
+        if (!ops.empty()) r.failed = true;
       } catch (const Error& e) {
         r.checks.push_back(e.what());
         r.failed = true;
