@@ -123,7 +123,8 @@ int release(int32_t device, void* ptr, braid_device_stream_v2 stream, char* erro
     Accounting& a = accounting(device);
     std::lock_guard lock(a.mutex);
     auto it = a.sizes.find(ptr);
-    if (it == a.sizes.end()) braid_cuda::invalid("cuda backend: free of a pointer it did not allocate (or freed already)");
+    if (it == a.sizes.end())
+      braid_cuda::invalid("cuda backend: free of a pointer it did not allocate (or freed already)");
     a.stats.in_use -= it->second;
     a.sizes.erase(it);
     braid_cuda::check(cudaFreeAsync(ptr, native(stream)), "cudaFreeAsync");

@@ -154,8 +154,8 @@ typedef struct braid_device_ops_v2 {
                                   const braid_dt* dout, braid_dt* dimage, braid_dt* dweight, braid_dt* dbias,
                                   char* error, size_t error_size);
   /* targets: I32 (rows), -1 ignored. *loss is host memory, written before the call returns. */
-  int (*cross_entropy)(braid_ds, const braid_dt* logits, const braid_dt* targets, int64_t normalizer,
-                       braid_dt* dlogits, float* loss, char* error, size_t error_size);
+  int (*cross_entropy)(braid_ds, const braid_dt* logits, const braid_dt* targets, int64_t normalizer, braid_dt* dlogits,
+                       float* loss, char* error, size_t error_size);
   /* CLIP's contrastive loss, tiled (Inf-CL): local_* (n, E) this rank's L2-normalised
    * embeddings, all_* (N, E) every rank's with this rank's at rows [row_offset, row_offset
    * + n); logits = logit_scale * I T^T, never stored whole: `tile` columns at a time (0: the
@@ -171,19 +171,17 @@ typedef struct braid_device_ops_v2 {
    * between the two when one tile spans all N columns; stats is scratch here. The C ABI's
    * braid_contrastive_forward/backward call the two halves. */
   int (*contrastive_forward)(braid_ds, const braid_dt* local_image, const braid_dt* local_text,
-                             const braid_dt* all_image, const braid_dt* all_text, int64_t row_offset,
-                             float logit_scale, int64_t tile, braid_dt* stats, double* sum, char* error,
-                             size_t error_size);
+                             const braid_dt* all_image, const braid_dt* all_text, int64_t row_offset, float logit_scale,
+                             int64_t tile, braid_dt* stats, double* sum, char* error, size_t error_size);
   int (*contrastive_backward)(braid_ds, const braid_dt* local_image, const braid_dt* local_text,
                               const braid_dt* all_image, const braid_dt* all_text, int64_t row_offset,
                               float logit_scale, int64_t tile, const braid_dt* stats, double weight,
                               braid_dt* d_local_image, braid_dt* d_local_text, braid_dt* d_all_image,
                               braid_dt* d_all_text, double* d_scale, char* error, size_t error_size);
-  int (*contrastive_loss)(braid_ds, const braid_dt* local_image, const braid_dt* local_text,
-                          const braid_dt* all_image, const braid_dt* all_text, int64_t row_offset, float logit_scale,
-                          int64_t tile, braid_dt* stats, double weight, double* sum, braid_dt* d_local_image,
-                          braid_dt* d_local_text, braid_dt* d_all_image, braid_dt* d_all_text, double* d_scale,
-                          char* error, size_t error_size);
+  int (*contrastive_loss)(braid_ds, const braid_dt* local_image, const braid_dt* local_text, const braid_dt* all_image,
+                          const braid_dt* all_text, int64_t row_offset, float logit_scale, int64_t tile,
+                          braid_dt* stats, double weight, double* sum, braid_dt* d_local_image, braid_dt* d_local_text,
+                          braid_dt* d_all_image, braid_dt* d_all_text, double* d_scale, char* error, size_t error_size);
   /* step: the steps taken including this one (1 on the first); m and v start at zero. */
   int (*adamw_step)(braid_ds, braid_dt* param, const braid_dt* grad, braid_dt* m, braid_dt* v, int64_t step,
                     const braid_adamw_config_v2* config, char* error, size_t error_size);
@@ -204,8 +202,7 @@ typedef struct braid_device_plugin_v2 {
 
   /* Memory: stream-ordered, from the plugin's caching pool (no system allocation per
    * call once the pool is warm). free(NULL) does nothing. */
-  int (*alloc)(int32_t device, size_t bytes, braid_device_stream_v2 stream, void** ptr, char* error,
-               size_t error_size);
+  int (*alloc)(int32_t device, size_t bytes, braid_device_stream_v2 stream, void** ptr, char* error, size_t error_size);
   int (*free)(int32_t device, void* ptr, braid_device_stream_v2 stream, char* error, size_t error_size);
   int (*memory_stats)(int32_t device, braid_device_memory_stats_v2* stats, char* error, size_t error_size);
   /* Host memory given to a copy must stay valid until the stream has run it. */
@@ -225,8 +222,7 @@ typedef struct braid_device_plugin_v2 {
   int (*event_destroy)(braid_device_event_v2 event, char* error, size_t error_size);
   int (*event_record)(braid_device_event_v2 event, braid_device_stream_v2 stream, char* error, size_t error_size);
   /* Work enqueued on `stream` after this call waits for the event. */
-  int (*stream_wait_event)(braid_device_stream_v2 stream, braid_device_event_v2 event, char* error,
-                           size_t error_size);
+  int (*stream_wait_event)(braid_device_stream_v2 stream, braid_device_event_v2 event, char* error, size_t error_size);
   int (*event_synchronize)(braid_device_event_v2 event, char* error, size_t error_size);
 
   /* Ops: supports(op) is 1 when ops has that entry, else 0. attention_saved_shape
