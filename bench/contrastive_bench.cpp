@@ -275,8 +275,7 @@ Runner make_runner(const Options& o) {
     r.ops = std::make_unique<nn::HostOps>(o.threads);
     return r;
   }
-  if (o.device == "host") ::setenv("BRAID_HOST_THREADS", std::to_string(o.threads).c_str(), 1);
-  r.backend = nn::DeviceBackend::open(o.device);
+  r.backend = nn::DeviceBackend::open_for_process(o.device, o.threads, 0);
   r.ops = std::make_unique<nn::DeviceOps>(r.backend);
   return r;
 }

@@ -83,7 +83,7 @@ def main():
             ratios = [h / x for h, x in zip(rates[a.device], rates["auto"])]
             results.append({"run": os.path.basename(config), "steps": steps, "rounds": rounds,
                             "auto_samples_per_s": statistics.median(rates["auto"]),
-                            "host_samples_per_s": statistics.median(rates[a.device]),
+                            "device_samples_per_s": statistics.median(rates[a.device]),
                             "ratio": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)],
                             "identical_losses": identical, "pool": pool})
     if a.format == "json":
@@ -95,7 +95,7 @@ def main():
               f"{'same losses':>13}  pool (peak / reserved MiB, allocations)")
         for r in results:
             pool = r["pool"]
-            print(f"{r['run']:<18}{r['auto_samples_per_s']:>16.1f}{r['host_samples_per_s']:>24.1f}"
+            print(f"{r['run']:<18}{r['auto_samples_per_s']:>16.1f}{r['device_samples_per_s']:>24.1f}"
                   f"{r['ratio']:>11.3f}{r['ratio_range'][0]:>8.3f}-{r['ratio_range'][1]:.3f}"
                   f"{'yes' if r['identical_losses'] else 'NO':>13}  "
                   + (f"{pool['peak_mib']:.1f} / {pool['reserved_mib']:.1f}, {pool['allocations']}" if pool else "-"))

@@ -1,5 +1,8 @@
 #include "core/nn/device_backend.hpp"
 
+#include <cstdlib>
+#include <string>
+
 #include "core/common/error.hpp"
 
 namespace braid::nn {
@@ -10,6 +13,21 @@ constexpr std::size_t kErrorSize = 1024;
 }  // namespace
 
 std::shared_ptr<DeviceBackend> DeviceBackend::open(const std::string& plugin_name, int index) {
+  return open_picking(plugin_name, [index](int) { return index; });
+}
+
+std::shared_ptr<DeviceBackend> DeviceBackend::open_for_process(const std::string& plugin_name, int threads,
+                                                               int local_rank) {
+  // The host plugin's ops take their thread count from the environment when they start.
+  if (plugin_name == "host" && threads > 0) ::setenv("BRAID_HOST_THREADS", std::to_string(threads).c_str(), 1);
+  return open_picking(plugin_name, [&](int count) {
+    if (count == 0) throw Error(Status::plugin, plugin_name + " backend sees no device");
+    return local_rank % count;
+  });
+}
+
+std::shared_ptr<DeviceBackend> DeviceBackend::open_picking(const std::string& plugin_name,
+                                                           const std::function<int(int count)>& pick) {
   std::shared_ptr<DeviceBackend> b(new DeviceBackend());
   b->plugin_ = runtime::load_device_plugin(plugin_name);
   b->name_ = b->plugin_->name();
@@ -18,7 +36,9 @@ std::shared_ptr<DeviceBackend> DeviceBackend::open(const std::string& plugin_nam
   if (!b->plugin_->unavailable_reason().empty())
     throw Error(Status::plugin, b->name_ + " backend is unavailable: " + b->plugin_->unavailable_reason());
   const auto devices = b->plugin_->devices();
-  if (index < 0 || index >= static_cast<int>(devices.size()))
+  b->device_count_ = static_cast<int>(devices.size());
+  const int index = pick(b->device_count_);
+  if (index < 0 || index >= b->device_count_)
     throw Error(Status::plugin, b->name_ + " backend has " + std::to_string(devices.size()) + " device(s); device " +
                                     std::to_string(index) + " does not exist");
   b->info_ = devices[static_cast<std::size_t>(index)];

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -31,12 +32,17 @@ class DeviceBackend : public std::enable_shared_from_this<DeviceBackend> {
   // stream; throws Error(Status::plugin) when the plugin is v1 only, has no such device, or
   // cannot start.
   static std::shared_ptr<DeviceBackend> open(const std::string& plugin, int index = 0);
+  // The device one process of a job uses: the `local_rank`-th of the node's devices, modulo
+  // those the plugin sees (processes may share one); for the host plugin, with `threads`
+  // threads for its ops (read when the plugin's ops start in this process).
+  static std::shared_ptr<DeviceBackend> open_for_process(const std::string& plugin, int threads, int local_rank);
   ~DeviceBackend();
   DeviceBackend(const DeviceBackend&) = delete;
   DeviceBackend& operator=(const DeviceBackend&) = delete;
 
   const std::string& name() const { return name_; }  // "host", "cuda"
   const runtime::DeviceInfo& info() const { return info_; }
+  int device_count() const { return device_count_; }  // the plugin's devices (this process sees)
   const Device& device() const { return device_; }
   const runtime::DevicePlugin& plugin() const { return *plugin_; }
   const braid_device_plugin_v2& api() const { return *plugin_->v2(); }
@@ -59,6 +65,8 @@ class DeviceBackend : public std::enable_shared_from_this<DeviceBackend> {
 
  private:
   DeviceBackend() = default;
+  static std::shared_ptr<DeviceBackend> open_picking(const std::string& plugin,
+                                                     const std::function<int(int count)>& pick);
   std::shared_ptr<void> allocate(std::size_t bytes);
 
   std::unique_ptr<runtime::DevicePlugin> plugin_;
@@ -66,6 +74,7 @@ class DeviceBackend : public std::enable_shared_from_this<DeviceBackend> {
   runtime::DeviceInfo info_;
   Device device_;
   int32_t index_ = 0;
+  int device_count_ = 0;
   braid_device_stream_v2 stream_ = nullptr;
 };
 

@@ -1,13 +1,11 @@
 #include "core/train/train_device.hpp"
 
 #include <cstdio>
-#include <cstdlib>
 
 #include "core/common/error.hpp"
 #include "core/nn/device_ops.hpp"
 #include "core/nn/host_ops.hpp"
 #include "core/nn/staged_ops.hpp"
-#include "core/runtime/plugin_loader.hpp"
 
 namespace braid::train {
 
@@ -29,9 +27,7 @@ TrainDevice open_train_device(const std::string& name, int threads, int local_ra
     return d;
   }
   if (name == "host" || name == "host-staged") {
-    // The plugin's ops take their thread count from the environment when they start.
-    ::setenv("BRAID_HOST_THREADS", std::to_string(threads).c_str(), 1);
-    d.backend = nn::DeviceBackend::open("host");
+    d.backend = nn::DeviceBackend::open_for_process("host", threads, local_rank);
     if (name == "host") {
       d.ops = std::make_unique<nn::DeviceOps>(d.backend);
       d.description = backend_text(*d.backend);
@@ -42,18 +38,13 @@ TrainDevice open_train_device(const std::string& name, int threads, int local_ra
     return d;
   }
   if (name == "cuda") {
-    // The GPUs of this node in turn: several processes may share one (each its own context).
-    auto plugin = runtime::load_device_plugin("cuda");
-    const auto devices = plugin->devices();
-    if (devices.empty())
-      throw Error(Status::plugin, "--device cuda: no GPU: " + (plugin->unavailable_reason().empty()
-                                                                   ? std::string("the CUDA plugin sees 0 devices")
-                                                                   : plugin->unavailable_reason()));
-    const int index = local_rank % static_cast<int>(devices.size());
-    plugin.reset();
-    d.backend = nn::DeviceBackend::open("cuda", index);
+    try {
+      d.backend = nn::DeviceBackend::open_for_process("cuda", threads, local_rank);
+    } catch (const Error& e) {
+      throw Error(e.status(), std::string("--device cuda: no GPU: ") + e.what());
+    }
     d.ops = std::make_unique<nn::StagedOps>(d.backend);
-    d.description = backend_text(*d.backend) + ", device " + std::to_string(index) +
+    d.description = backend_text(*d.backend) + ", device " + std::to_string(d.backend->device().index) +
                     ", staged: every op copies its inputs to the GPU and its outputs back, as the trainer keeps its "
                     "tensors in host memory (correct, bound by the copies)";
     return d;

@@ -18,7 +18,6 @@
 #include "core/common/error.hpp"
 #include "core/common/file.hpp"
 #include "core/nn/device_backend.hpp"
-#include "core/runtime/plugin_loader.hpp"
 #include "core/runtime/world.hpp"
 #include "tools/braid/commands.hpp"
 #include "tools/braid/rank_error.hpp"
@@ -271,17 +270,17 @@ int run_calibrate(const std::vector<std::string>& args) {
     std::shared_ptr<nn::DeviceBackend> backend;
     int gpus = 0;
     if (device == "host") {
-      ::setenv("BRAID_HOST_THREADS", std::to_string(c.threads).c_str(), 1);
-      backend = nn::DeviceBackend::open("host");
+      backend = nn::DeviceBackend::open_for_process("host", c.threads, world.local_rank());
       c.cpu += ", ops through the host backend (device interface 2)";
     } else if (device == "cuda") {
-      gpus = static_cast<int>(runtime::load_device_plugin("cuda")->devices().size());
-      if (gpus == 0) throw Error(Status::plugin, "--device cuda: the CUDA plugin sees no GPU");
-      backend = nn::DeviceBackend::open("cuda", world.local_rank() % gpus);
+      try {
+        backend = nn::DeviceBackend::open_for_process("cuda", 1, world.local_rank());
+      } catch (const Error& e) {
+        throw Error(e.status(), std::string("--device cuda: no GPU: ") + e.what());
+      }
+      gpus = backend->device_count();
       c.cpu = backend->info().name + " (" + std::to_string(gpus) +
-              " per node; cuBLAS and braid's kernels, CUDA "
-              "backend); host " +
-              c.cpu;
+              " per node; cuBLAS and braid's kernels, CUDA backend); host " + c.cpu;
       c.threads = 1;
       c.library = "cuBLAS";
       c.device_memory_bytes = backend->info().memory_bytes;
