@@ -1,9 +1,12 @@
 // An Ops that forwards every call to another and adds up the wall time per op name: the
 // breakdown of a training step by op, for `train_bench --profile` (perf is not always there).
+// On a device whose ops run asynchronously, `wait` (the stream's synchronize) ends each op's
+// timing, so the time is the op's and not its launch's.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -15,7 +18,7 @@ namespace braid::bench {
 
 class TimedOps final : public nn::Ops {
  public:
-  explicit TimedOps(nn::Ops& inner) : inner_(inner) {}
+  explicit TimedOps(nn::Ops& inner, std::function<void()> wait = {}) : inner_(inner), wait_(std::move(wait)) {}
   std::string name() const override { return "timed " + inner_.name(); }
   // Seconds and calls per op since construction.
   const std::map<std::string, std::pair<double, long>>& totals() const { return totals_; }
@@ -96,18 +99,33 @@ class TimedOps final : public nn::Ops {
   void scale(nn::Tensor& t, float factor) override {
     timed("scale", [&] { inner_.scale(t, factor); });
   }
+  nn::Tensor from_host(const nn::Tensor& host) override {
+    nn::Tensor r;
+    timed("copy to device", [&] { r = inner_.from_host(host); });
+    return r;
+  }
+  nn::Tensor to_host(const nn::Tensor& t) override {
+    nn::Tensor r;
+    timed("copy to host", [&] { r = inner_.to_host(t); });
+    return r;
+  }
+  void zero(nn::Tensor& t, const nn::Shape& shape) override {
+    timed("zero", [&] { inner_.zero(t, shape); });
+  }
 
  private:
   template <typename F>
   void timed(const char* op, F&& call) {
     const auto t0 = std::chrono::steady_clock::now();
     call();
+    if (wait_) wait_();
     auto& [seconds, calls] = totals_[op];
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ++calls;
   }
 
   nn::Ops& inner_;
+  std::function<void()> wait_;
   std::map<std::string, std::pair<double, long>> totals_;
 };
 

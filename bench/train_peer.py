@@ -4,16 +4,17 @@ train_bench writes to DIR:
   spec.json    the model's modules (shapes from the model file), the batch, the step counts,
                AdamW's settings and braid's parameter list (name, shape) in braid's order;
   params.bin   braid's initial parameter values (float32, that order, each row-major);
-  images.bin   the images (float32, B x C x H x W);
+  images.bin   the images (float32, B x C x H x W; empty for a language model alone);
   tokens.bin   the token ids (int32, B x T; every caption T tokens long).
 This script builds the same architecture as braid's reference modules (core/nn/modules), with
 parameter names equal to braid's, checks that both have the same parameters with the same
 element counts, loads braid's values, and times training steps as train_bench times braid's:
   zero grads, forward, backward, AdamW on every parameter (weight decay on matrices only),
   and, for CLIP, open_clip's clamp of the temperature.
-It prints one line:
+It runs on --device (cpu, or cuda with TF32 off, as braid's CUDA backend), eager or with
+--compile under torch.compile, and prints one line:
   peer params=<count> first_loss=<loss of the first step> second_loss=<of the second>
-       median_step_s=<s> torch=<version> threads=<T>
+       median_step_s=<s> torch=<version> threads=<T> device=<device>[ compiled]
 """
 
 import argparse
@@ -236,8 +237,13 @@ class Mllm(nn.Module):
         return getattr(self, self.names[key])
 
     def forward(self, images, ids, lengths):
-        prefix, _ = self.part("encoder")(images)
-        logits = self.part("llm")(self.part("projector")(prefix), ids)
+        if "encoder" in self.names:
+            prefix, _ = self.part("encoder")(images)
+            prefix = self.part("projector")(prefix)
+        else:  # a language model alone: no prefix
+            llm = self.part("llm")
+            prefix = torch.zeros(ids.shape[0], 0, llm.pos_embed.shape[1], device=ids.device)
+        logits = self.part("llm")(prefix, ids)
         # Text position t predicts token t + 1 while t + 1 < length; the rest is ignored.
         t = ids.shape[1]
         targets = torch.full_like(ids, -1)
@@ -273,20 +279,29 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dir", required=True)
     p.add_argument("--threads", type=int, required=True)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--compile", action="store_true", help="the model under torch.compile")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
+    # Strict float32 on both sides: braid's CUDA backend runs cuBLAS without TF32.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    device = torch.device(a.device)
 
     with open(f"{a.dir}/spec.json") as f:
         spec = json.load(f)
     model = Clip(spec) if spec["topology"] == "contrastive" else Mllm(spec)
     load_braid_parameters(model, spec, f"{a.dir}/params.bin")
     count = sum(p.numel() for p in model.parameters())
+    model = model.to(device)
 
     b, c, side, t = spec["batch"], spec["channels"], spec["image_size"], spec["text_tokens"]
     images = torch.from_numpy(np.fromfile(f"{a.dir}/images.bin", dtype=np.float32).reshape(b, c, side, side))
     ids = torch.from_numpy(np.fromfile(f"{a.dir}/tokens.bin", dtype=np.int32).reshape(b, t)).long()
     lengths = torch.full((b,), t, dtype=torch.long)
+    images, ids, lengths = images.to(device), ids.to(device), lengths.to(device)
+    run = torch.compile(model) if a.compile else model
 
     # As braid: AdamW, weight decay on matrices only (braid's Parameter::decay: rank >= 2).
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -302,17 +317,20 @@ def main():
     for i in range(spec["warmup"] + spec["steps"]):
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(images, ids, lengths)
+        loss = run(images, ids, lengths)
         loss.backward()
         opt.step()
         model.after_step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         took = time.perf_counter() - start
         losses.append(loss.item())
         if i >= spec["warmup"]:
             times.append(took)
     print(
         f"peer params={count} first_loss={losses[0]:.9g} second_loss={losses[1]:.9g} "
-        f"median_step_s={statistics.median(times):.6f} torch={torch.__version__} threads={torch.get_num_threads()}"
+        f"median_step_s={statistics.median(times):.6f} torch={torch.__version__} threads={torch.get_num_threads()} "
+        f"device={a.device}{' compiled' if a.compile else ''}"
     )
 
 

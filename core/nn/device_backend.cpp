@@ -43,7 +43,9 @@ std::shared_ptr<DeviceBackend> DeviceBackend::open_picking(const std::string& pl
                                     std::to_string(index) + " does not exist");
   b->info_ = devices[static_cast<std::size_t>(index)];
   b->index_ = index;
-  b->device_ = b->info_.host_memory ? Device{DeviceType::host, 0} : Device{DeviceType::cuda, index};
+  b->device_ = b->info_.host_memory ? Device{DeviceType::host, 0}
+               : b->name_ == "host" ? Device{DeviceType::emulated, index}  // BRAID_HOST_MEMORY=separate
+                                    : Device{DeviceType::cuda, index};
   char error[kErrorSize] = "";
   b->check(b->api().stream_create(index, &b->stream_, error, sizeof error), "creating a stream", error);
   return b;
@@ -60,7 +62,7 @@ void DeviceBackend::check(int rc, const std::string& what, const char* message) 
   if (rc != 0) throw Error(Status::plugin, name_ + " backend: " + what + ": " + (message[0] ? message : "failed"));
 }
 
-std::shared_ptr<void> DeviceBackend::allocate(std::size_t bytes) {
+std::shared_ptr<void> DeviceBackend::allocate(std::size_t bytes) const {
   char error[kErrorSize] = "";
   void* p = nullptr;
   check(api().alloc(index_, bytes, stream_, &p, error, sizeof error), "allocating " + std::to_string(bytes) + " bytes",
@@ -72,13 +74,25 @@ std::shared_ptr<void> DeviceBackend::allocate(std::size_t bytes) {
   });
 }
 
+Storage DeviceBackend::storage(std::size_t count) const {
+  std::shared_ptr<void> memory = allocate(count * sizeof(float));
+  return Storage::borrow(static_cast<float*>(memory.get()), count, device_, memory, shared_from_this());
+}
+
 Tensor DeviceBackend::empty(const Shape& shape) {
-  const auto n = static_cast<std::size_t>(shape_numel(shape));
-  std::shared_ptr<void> memory = allocate(n * sizeof(float));
   Tensor t;
   t.shape = shape;
-  t.data = Storage::borrow(static_cast<float*>(memory.get()), n, device_, memory);
+  t.data = storage(static_cast<std::size_t>(shape_numel(shape)));
   return t;
+}
+
+Storage DeviceBackend::duplicate(const Storage& from) const {
+  Storage to = storage(from.size());
+  char error[kErrorSize] = "";
+  check(api().copy(to.data(), from.data(), from.size() * sizeof(float), BRAID_COPY_DEVICE_TO_DEVICE, stream_, error,
+                   sizeof error),
+        "copying on the device", error);
+  return to;
 }
 
 Tensor DeviceBackend::zeros(const Shape& shape) {

@@ -26,7 +26,7 @@ struct DeviceIds {
   int32_t* data() const { return static_cast<int32_t*>(memory.get()); }
 };
 
-class DeviceBackend : public std::enable_shared_from_this<DeviceBackend> {
+class DeviceBackend : public DeviceCopier, public std::enable_shared_from_this<DeviceBackend> {
  public:
   // Loads libbraid-<plugin>.so through the v2 interface and opens device `index` with one
   // stream; throws Error(Status::plugin) when the plugin is v1 only, has no such device, or
@@ -36,7 +36,7 @@ class DeviceBackend : public std::enable_shared_from_this<DeviceBackend> {
   // those the plugin sees (processes may share one); for the host plugin, with `threads`
   // threads for its ops (read when the plugin's ops start in this process).
   static std::shared_ptr<DeviceBackend> open_for_process(const std::string& plugin, int threads, int local_rank);
-  ~DeviceBackend();
+  ~DeviceBackend() override;
   DeviceBackend(const DeviceBackend&) = delete;
   DeviceBackend& operator=(const DeviceBackend&) = delete;
 
@@ -60,14 +60,17 @@ class DeviceBackend : public std::enable_shared_from_this<DeviceBackend> {
   DeviceIds upload_ids(std::span<const int32_t> ids);
   void zero(Tensor& t);                       // every element 0, on the stream
   void copy(Tensor& to, const Tensor& from);  // device to device, same element count
-  void synchronize();                         // waits for everything issued on the stream
+  // A new allocation holding `from`'s elements (what copying a tensor of this backend does).
+  Storage duplicate(const Storage& from) const override;
+  void synchronize();  // waits for everything issued on the stream
   DeviceMemoryStats memory_stats() const;
 
  private:
   DeviceBackend() = default;
   static std::shared_ptr<DeviceBackend> open_picking(const std::string& plugin,
                                                      const std::function<int(int count)>& pick);
-  std::shared_ptr<void> allocate(std::size_t bytes);
+  std::shared_ptr<void> allocate(std::size_t bytes) const;
+  Storage storage(std::size_t count) const;  // uninitialised, from the pool
 
   std::unique_ptr<runtime::DevicePlugin> plugin_;
   std::string name_;

@@ -390,4 +390,15 @@ void DeviceOps::scale(Tensor& t, float factor) {
   check(o.scale(backend_->stream(), &d, factor, error_, sizeof error_), "scale");
 }
 
+Tensor DeviceOps::from_host(const Tensor& host) {
+  return host.device() == backend_->device() ? host : backend_->upload(host);
+}
+
+Tensor DeviceOps::to_host(const Tensor& t) { return t.device().is_host() ? t : backend_->download(t); }
+
+void DeviceOps::zero(Tensor& t, const Shape& shape) {
+  prepare(t, shape);
+  backend_->zero(t);
+}
+
 }  // namespace braid::nn

@@ -48,6 +48,9 @@ class DeviceOps final : public Ops {
   void adamw_step(Tensor& param, const Tensor& grad, AdamWState& state, const AdamWConfig& config) override;
   double squared_norm(const Tensor& t) override;
   void scale(Tensor& t, float factor) override;
+  Tensor from_host(const Tensor& host) override;
+  Tensor to_host(const Tensor& t) override;
+  void zero(Tensor& t, const Shape& shape) override;
 
  private:
   // The op's table entry, or Error(unsupported) naming the backend and the op.

@@ -136,6 +136,13 @@ class Ops {
   // Sum of squares (double), for the global gradient norm; and t *= factor.
   virtual double squared_norm(const Tensor& t) = 0;
   virtual void scale(Tensor& t, float factor) = 0;
+
+  // Where this Ops keeps its tensors, for code that runs on any Ops: copies from and to host
+  // memory, and zero-filled tensors. The host ops keep them in host memory, so a copy is a
+  // plain copy; a device's Ops copies through its backend.
+  virtual Tensor from_host(const Tensor& host) { return host; }
+  virtual Tensor to_host(const Tensor& t) { return t; }
+  virtual void zero(Tensor& t, const Shape& shape) { reset(t, shape); }
 };
 
 }  // namespace braid::nn

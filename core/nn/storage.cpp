@@ -8,10 +8,19 @@
 namespace braid::nn {
 
 std::string Device::name() const {
-  return type == DeviceType::host ? std::string("host") : "cuda:" + std::to_string(index);
+  switch (type) {
+    case DeviceType::host:
+      return "host";
+    case DeviceType::cuda:
+      return "cuda:" + std::to_string(index);
+    case DeviceType::emulated:
+      return "emulated:" + std::to_string(index);
+  }
+  return "device type " + std::to_string(static_cast<int>(type)) + ":" + std::to_string(index);
 }
 
-Storage Storage::borrow(float* data, std::size_t count, Device device, std::shared_ptr<void> keeper) {
+Storage Storage::borrow(float* data, std::size_t count, Device device, std::shared_ptr<void> keeper,
+                        std::shared_ptr<const DeviceCopier> copier) {
   if (!data && count > 0)
     throw Error(Status::invalid_argument, "tensor storage: null pointer for " + std::to_string(count) + " elements");
   Storage s;
@@ -20,10 +29,15 @@ Storage Storage::borrow(float* data, std::size_t count, Device device, std::shar
   s.borrowed_count_ = count;
   s.device_ = device;
   s.keeper_ = std::move(keeper);
+  s.copier_ = std::move(copier);
   return s;
 }
 
 Storage::Storage(const Storage& other) : device_() {
+  if (!other.device_.is_host() && other.copier_) {
+    *this = other.copier_->duplicate(other);
+    return;
+  }
   other.require_host("copy");
   owned_.assign(other.begin(), other.end());
 }
@@ -42,6 +56,7 @@ Storage& Storage::operator=(Storage&& other) noexcept {  // the moved-from stora
   borrowed_count_ = std::exchange(other.borrowed_count_, 0);
   device_ = std::exchange(other.device_, Device{});
   keeper_ = std::move(other.keeper_);
+  copier_ = std::move(other.copier_);
   other.owned_.clear();
   return *this;
 }

@@ -6,7 +6,9 @@
 // The vector-like accessors (operator[], begin, end) are for host memory only. A view (no
 // keeper) never changes size; host memory shared through a keeper is let go for a vector
 // when asked to hold another size. Copying host storage copies the elements (into a vector);
-// copying device storage throws: device memory is copied by its backend, explicitly.
+// copying device storage copies them on the device through the backend that allocated it
+// (a DeviceCopier), and throws for device memory without one. Copies between host and
+// device are explicit: the backend's upload and download.
 #pragma once
 
 #include <cstddef>
@@ -19,14 +21,28 @@
 
 namespace braid::nn {
 
-enum class DeviceType : int32_t { host = 0, cuda = 1 };
+// emulated: the host backend run with BRAID_HOST_MEMORY=separate, whose memory is host
+// memory that braid treats as a device's (no host access, explicit copies), so the GPU's
+// data path is tested without a GPU.
+enum class DeviceType : int32_t { host = 0, cuda = 1, emulated = 2 };
 
 struct Device {
   DeviceType type = DeviceType::host;
   int32_t index = 0;
   bool is_host() const { return type == DeviceType::host; }
   bool operator==(const Device&) const = default;
-  std::string name() const;  // "host", "cuda:0"
+  std::string name() const;  // "host", "cuda:0", "emulated:0"
+};
+
+class Storage;
+
+// Makes copies of device memory on its device: the backend that allocated it. A storage
+// that has one copies its device memory through it (value semantics, as host tensors
+// have); one without refuses to be copied.
+class DeviceCopier {
+ public:
+  virtual ~DeviceCopier() = default;
+  virtual Storage duplicate(const Storage& from) const = 0;
 };
 
 class Storage {
@@ -35,8 +51,10 @@ class Storage {
   Storage(std::size_t count, float fill) : owned_(count, fill) {}
   Storage(std::vector<float> values) : owned_(std::move(values)) {}  // NOLINT: a vector is host storage
   Storage(std::initializer_list<float> values) : owned_(values) {}
-  // Borrows `count` floats at `data` on `device`; `keeper` (may be null) owns them.
-  static Storage borrow(float* data, std::size_t count, Device device, std::shared_ptr<void> keeper = nullptr);
+  // Borrows `count` floats at `data` on `device`; `keeper` (may be null) owns them, and
+  // `copier` (may be null) copies them.
+  static Storage borrow(float* data, std::size_t count, Device device, std::shared_ptr<void> keeper = nullptr,
+                        std::shared_ptr<const DeviceCopier> copier = nullptr);
 
   Storage(const Storage& other);
   Storage& operator=(const Storage& other);
@@ -50,14 +68,16 @@ class Storage {
   float* data() { return borrowed_ ? borrowed_ : owned_.data(); }
   const float* data() const { return borrowed_ ? borrowed_ : owned_.data(); }
 
-  float& operator[](std::size_t i) { return data()[i]; }
-  const float& operator[](std::size_t i) const { return data()[i]; }
-  float* begin() { return data(); }
-  float* end() { return data() + size(); }
-  const float* begin() const { return data(); }
-  const float* end() const { return data() + size(); }
-  operator std::span<float>() { return {data(), size()}; }              // NOLINT: as a vector converts
-  operator std::span<const float>() const { return {data(), size()}; }  // NOLINT
+  // Element access for host memory; debug builds refuse device memory here. data(), and a
+  // span made from it (std::span's range constructor), is the raw pointer a backend takes.
+  float& operator[](std::size_t i) { return host_data("read")[i]; }
+  const float& operator[](std::size_t i) const { return host_data("read")[i]; }
+  float* begin() { return host_data("iterate"); }
+  float* end() { return host_data("iterate") + size(); }
+  const float* begin() const { return host_data("iterate"); }
+  const float* end() const { return host_data("iterate") + size(); }
+  operator std::span<float>() { return {host_data("view"), size()}; }              // NOLINT: as a vector converts
+  operator std::span<const float>() const { return {host_data("view"), size()}; }  // NOLINT
 
   // `count` copies of `value` (host only); a view must already hold `count`.
   void assign(std::size_t count, float value);
@@ -70,6 +90,13 @@ class Storage {
 
  private:
   void require_host(const char* what) const;
+#ifdef NDEBUG
+  float* host_data(const char*) { return data(); }
+  const float* host_data(const char*) const { return data(); }
+#else
+  float* host_data(const char* what) { return require_host(what), data(); }
+  const float* host_data(const char* what) const { return require_host(what), data(); }
+#endif
   bool let_go_for(std::size_t count);
 
   std::vector<float> owned_;
@@ -77,6 +104,7 @@ class Storage {
   std::size_t borrowed_count_ = 0;
   Device device_;
   std::shared_ptr<void> keeper_;
+  std::shared_ptr<const DeviceCopier> copier_;
 };
 
 }  // namespace braid::nn

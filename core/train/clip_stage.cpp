@@ -378,7 +378,7 @@ void ClipStage::after_optimizer_step() {
   for (auto& t : towers_)
     if (t.zero) waited += t.zero->after_step();
   if (result_) result_->idle[static_cast<std::size_t>(sim::Cause::dp_end)] += waited;
-  model_.clip->loss->clamp_after_step();
+  model_.clip->loss->clamp_after_step(ops_);
 }
 
 void ClipStage::gather_parameters() {

@@ -256,7 +256,7 @@ BatchSyncResult batch_sync(nn::Ops& ops, const nn::ClipModel& clip, runtime::Com
     std::memcpy(local_text.ptr(), all_text.ptr() + offset * width, static_cast<std::size_t>(n * width) * sizeof(float));
     nn::ContrastiveGrads g;
     share[0] = scale * ops.contrastive_loss(local_image, local_text, all_image, all_text, offset,
-                                            clip.loss->logit_scale_param(), &g);
+                                            clip.loss->logit_scale_param(ops), &g);
     result.logit_scale_grad = scale * g.logit_scale_param;
     for (std::size_t i = 0; i < matrix; ++i) {
       grads[i] = g.all_image.data[i];

@@ -4,6 +4,9 @@
 // GPU. Its device memory is host memory, its ops are braid's host ops (OpenBLAS + threads)
 // on borrowed views, and a stream runs its work in the calling thread as it is issued, so
 // events are complete once recorded. BRAID_HOST_THREADS sets the ops' thread count.
+// BRAID_HOST_MEMORY=separate makes it report its memory as not host memory, so braid treats
+// it as a GPU's (an "emulated" device): every host access to it is an error and every copy
+// goes through the backend, which tests the GPU's data path on a machine without one.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -132,6 +135,13 @@ braid::nn::HostOps& host_ops() {
   return ops;
 }
 
+// BRAID_HOST_MEMORY: "shared" (the default) or "separate", read when the properties are
+// asked (a DeviceBackend asks when it opens), so one process may open both kinds.
+bool separate_memory() {
+  const char* env = std::getenv("BRAID_HOST_MEMORY");
+  return env && std::strcmp(env, "separate") == 0;
+}
+
 int check_device(int32_t device, char* error, size_t size) {
   return device == 0 ? 0 : fail(error, size, "host backend: no device " + std::to_string(device) + " (it has one, 0)");
 }
@@ -143,7 +153,11 @@ int check_device(int32_t device, char* error, size_t size) {
 std::mutex users_mutex;
 int users = 0;
 
-int init(char*, size_t) {
+int init(char* error, size_t size) {
+  const char* memory = std::getenv("BRAID_HOST_MEMORY");
+  if (memory && std::strcmp(memory, "shared") != 0 && std::strcmp(memory, "separate") != 0)
+    return fail(error, size,
+                std::string("host backend: BRAID_HOST_MEMORY must be shared or separate, got '") + memory + "'");
   std::lock_guard lock(users_mutex);
   ++users;
   return 0;
@@ -164,7 +178,7 @@ int device_properties(int32_t device, braid_device_properties_v2* out, char* err
   out->multiprocessors = host_ops().threads();
   out->compute_major = out->compute_minor = 0;
   out->pci_bus_id = -1;
-  out->host_memory = 1;
+  out->host_memory = separate_memory() ? 0 : 1;
   return 0;
 }
 

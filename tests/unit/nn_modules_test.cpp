@@ -525,7 +525,7 @@ std::pair<float, float> train(nn::Ops& ops, nn::Model& model, int steps, const s
       nn::Parameter& p = *model.parameters()[i];
       if (p.trainable) ops.adamw_step(p.value, p.grad, states[i], config);
     }
-    if (model.clip) model.clip->loss->clamp_after_step();
+    if (model.clip) model.clip->loss->clamp_after_step(ops);
   }
   return {first, step(false)};
 }

@@ -36,11 +36,18 @@ ContrastiveLoss::ContrastiveLoss(ParameterStore& store, std::string name)
 float ContrastiveLoss::loss(Ops& ops, const Tensor& local_image, const Tensor& local_text, const Tensor& all_image,
                             const Tensor& all_text, int64_t offset, ContrastiveGrads* grads) const {
   const float value =
-      ops.contrastive_loss(local_image, local_text, all_image, all_text, offset, logit_scale_param(), grads);
-  if (grads) logit_scale_->grad.data[0] += grads->logit_scale_param;
+      ops.contrastive_loss(local_image, local_text, all_image, all_text, offset, logit_scale_param(ops), grads);
+  if (grads) ops.add(logit_scale_->grad, ops.from_host(Tensor({1}, {grads->logit_scale_param})));
   return value;
 }
 
-void ContrastiveLoss::clamp_after_step() const { clamp_logit_scale_param(logit_scale_->value.data[0]); }
+float ContrastiveLoss::logit_scale_param(Ops& ops) const { return ops.to_host(logit_scale_->value).data[0]; }
+
+void ContrastiveLoss::clamp_after_step(Ops& ops) const {
+  Tensor t = ops.to_host(logit_scale_->value);
+  const float before = t.data[0];
+  clamp_logit_scale_param(t.data[0]);
+  if (t.data[0] != before) logit_scale_->value = ops.from_host(t);
+}
 
 }  // namespace braid::nn

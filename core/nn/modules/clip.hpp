@@ -34,14 +34,15 @@ class ClipHead : public Module {
 class ContrastiveLoss : public Module {
  public:
   ContrastiveLoss(ParameterStore& store, std::string name);
-  float logit_scale_param() const { return logit_scale_->value.data[0]; }
+  // The temperature's parameter t, read wherever `ops` keeps it.
+  float logit_scale_param(Ops& ops) const;
 
   // Ops::contrastive_loss with this module's temperature; adds d loss / d t to its gradient.
   // One process: local = all, offset 0.
   float loss(Ops& ops, const Tensor& local_image, const Tensor& local_text, const Tensor& all_image,
              const Tensor& all_text, int64_t offset, ContrastiveGrads* grads) const;
   // After each optimizer step, as open_clip: t = clamp(t, 0, ln 100).
-  void clamp_after_step() const;
+  void clamp_after_step(Ops& ops) const;
 
  private:
   Parameter* logit_scale_;

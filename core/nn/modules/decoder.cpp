@@ -98,7 +98,7 @@ Tensor Decoder::forward_part(Ops& ops, const DecoderPart& part, const Tensor* in
   Tensor h;
   if (first) {
     // [prefix ; text] as rows of one (B*S, hidden) table: scatters into a zero tensor.
-    Tensor x({batch * s, hidden});
+    Tensor x = zeros(ops, {batch * s, hidden});
     if (p > 0) scatter_add_rows(ops, c.prefix_rows, *input, x);
     scatter_add_rows(ops, c.text_rows, vocab_parallel_embedding_forward(ops, *token_table_, text.ids, tp_.group()), x);
     ops.add(x, gather_rows(ops, position_table_->value, c.positions));
@@ -132,7 +132,7 @@ Tensor Decoder::backward_part(Ops& ops, const DecoderPart& part, const Tensor& d
     Tensor d_text_hidden = column_parallel_backward(ops, lm_head_, c.text_hidden,
                                                     reshaped(d_output, {batch * length, columns}), tp_.group());
     tp_allreduce(tp_.group(), d_text_hidden);  // each rank had the part through its vocabulary
-    Tensor dh({batch * c.sequence, hidden});
+    Tensor dh = zeros(ops, {batch * c.sequence, hidden});
     scatter_add_rows(ops, c.text_rows, d_text_hidden, dh);
     dh.reshape({batch, c.sequence, hidden});
     dx = transformer_.backward_blocks(ops, transformer_.backward_final_norm(ops, dh, c.transformer), c.transformer,

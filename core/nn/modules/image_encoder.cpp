@@ -114,7 +114,7 @@ EncoderOutput ImageEncoder::finish(Ops& ops, Tensor h, ImageEncoderCache& c) con
     for (int64_t n = 0; n < c.patches; ++n) c.samples[static_cast<std::size_t>(b * c.patches + n)] = row_id(b);
   EncoderOutput out;
   out.tokens = transformer_.forward_final_norm(ops, std::move(h), c.transformer);
-  out.pooled = Tensor({c.batch, shape_.transformer.hidden});
+  out.pooled = zeros(ops, {c.batch, shape_.transformer.hidden});
   scatter_add_rows(ops, c.samples, out.tokens, out.pooled);
   ops.scale(out.pooled, 1.0f / static_cast<float>(c.patches));
   return out;

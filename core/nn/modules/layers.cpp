@@ -51,6 +51,12 @@ Tensor gather_rows(Ops& ops, const Tensor& table, std::span<const int32_t> rows)
   return out;
 }
 
+Tensor zeros(Ops& ops, const Shape& shape) {
+  Tensor t;
+  ops.zero(t, shape);
+  return t;
+}
+
 void scatter_add_rows(Ops& ops, std::span<const int32_t> rows, const Tensor& src, Tensor& dst) {
   ops.embedding_backward(rows, src, dst);
 }

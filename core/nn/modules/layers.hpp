@@ -82,6 +82,8 @@ class LayerNorm : public Module {
 
 // out (n, E) = rows `rows` of `table` (R, E): Ops::embedding_forward is exactly a row gather.
 Tensor gather_rows(Ops& ops, const Tensor& table, std::span<const int32_t> rows);
+// A zero tensor where `ops` keeps its tensors (what scatter_add_rows adds into).
+Tensor zeros(Ops& ops, const Shape& shape);
 // Adds the n rows of `src` (n*E elements, any shape) into rows `rows` of `dst` (R, E): the
 // embedding backward, a scatter-add. With distinct rows into a zero `dst`, a scatter.
 void scatter_add_rows(Ops& ops, std::span<const int32_t> rows, const Tensor& src, Tensor& dst);

@@ -76,6 +76,18 @@ void ParameterStore::zero_grads() {
     if (p->trainable) reset(p->grad, p->value.shape);
 }
 
+void ParameterStore::move_to(Ops& ops) {
+  for (Parameter* p : order_) {
+    p->value = ops.from_host(p->value);
+    if (p->trainable) ops.zero(p->grad, p->value.shape);
+  }
+}
+
+void ParameterStore::zero_grads(Ops& ops) {
+  for (Parameter* p : order_)
+    if (p->trainable) ops.zero(p->grad, p->value.shape);
+}
+
 int64_t Module::numel() const {
   int64_t n = 0;
   for (const Parameter* p : params_) n += p->value.numel();

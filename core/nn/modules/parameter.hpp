@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/nn/ops.hpp"
 #include "core/nn/tensor.hpp"
 
 namespace braid::nn {
@@ -70,6 +71,10 @@ class ParameterStore {
   Parameter* find(std::string_view name) const;
   int64_t numel() const;  // elements of every parameter as held here (slices), frozen ones included
   void zero_grads();
+  // Every value and gradient where `ops` keeps tensors (a device's memory), and their
+  // gradients zeroed there.
+  void move_to(Ops& ops);
+  void zero_grads(Ops& ops);
 
  private:
   std::uint64_t seed_;

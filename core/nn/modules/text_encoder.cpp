@@ -86,7 +86,7 @@ Tensor TextEncoder::backward_part(Ops& ops, const EncoderPart& part, const Tenso
     if (!d_tokens && !d_pooled)
       throw Error(Status::invalid_argument,
                   name() + ": backward needs the gradient of the tokens or of the pooled output");
-    Tensor d({batch * length, hidden});
+    Tensor d = zeros(ops, {batch * length, hidden});
     if (d_pooled) {
       expect_shape(*d_pooled, {batch, hidden}, "text encoder backward", "d_pooled");
       scatter_add_rows(ops, c.last_rows, *d_pooled, d);
