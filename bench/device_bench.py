@@ -5,15 +5,17 @@ interface v2: nn::DeviceOps over libbraid-host.so, outputs from its caching pool
 Both run the same host ops, so their losses must be the same bits; the ratio of their
 throughputs is what the interface's dispatch, views and pool cost.
 
---device host-staged or cuda compares that path instead (StagedOps: every op copies its
-inputs in and outputs out; cuda on the GPU). host-staged must give the same bits too; cuda
-must stay within 1e-4 of the host per step, and has no throughput goal (the copies bound it).
+--device host-staged, emulated or cuda compares that path instead: host-staged is StagedOps
+(every op copies its inputs in and outputs out); emulated keeps every tensor in the host
+backend's memory as a device's (what cuda does on the GPU: host staging only to send, reduce,
+checkpoint and evaluate). host-staged and emulated must give the same bits too; cuda must
+stay within 1e-4 of the host per step. None of these has a throughput goal.
 
 Runs alternate (auto, host, auto, host, ...) so that the machine's drift hits both alike, and
 the figure is the median over the rounds of host / auto samples per second. Goal: >= 0.95.
 
   python3 bench/device_bench.py --braid build/tools/braid [--rounds 5] [--steps 200]
-                                [--device host|host-staged|cuda] [--quick] [--format table|json]
+                                [--device host|host-staged|emulated|cuda] [--quick] [--format table|json]
 
 --quick (what ctest runs) trains 3 steps once each way, checks the losses are identical and
 prints the ratio without asserting it (a 3-step run times mostly start-up).
@@ -57,7 +59,7 @@ def main():
     p.add_argument("--braid", required=True)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--device", choices=["host", "host-staged", "cuda"], default="host",
+    p.add_argument("--device", choices=["host", "host-staged", "emulated", "cuda"], default="host",
                    help="the path compared with --device auto")
     p.add_argument("--quick", action="store_true", help="3 steps, one round, no goal check")
     p.add_argument("--format", choices=["table", "json"], default="table")

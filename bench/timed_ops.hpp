@@ -99,9 +99,9 @@ class TimedOps final : public nn::Ops {
   void scale(nn::Tensor& t, float factor) override {
     timed("scale", [&] { inner_.scale(t, factor); });
   }
-  nn::Tensor from_host(const nn::Tensor& host) override {
+  nn::Tensor from_host(nn::Tensor host) override {
     nn::Tensor r;
-    timed("copy to device", [&] { r = inner_.from_host(host); });
+    timed("copy to device", [&] { r = inner_.from_host(std::move(host)); });
     return r;
   }
   nn::Tensor to_host(const nn::Tensor& t) override {

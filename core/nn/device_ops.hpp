@@ -48,7 +48,7 @@ class DeviceOps final : public Ops {
   void adamw_step(Tensor& param, const Tensor& grad, AdamWState& state, const AdamWConfig& config) override;
   double squared_norm(const Tensor& t) override;
   void scale(Tensor& t, float factor) override;
-  Tensor from_host(const Tensor& host) override;
+  Tensor from_host(Tensor host) override;
   Tensor to_host(const Tensor& t) override;
   void zero(Tensor& t, const Shape& shape) override;
 

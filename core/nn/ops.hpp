@@ -140,7 +140,7 @@ class Ops {
   // Where this Ops keeps its tensors, for code that runs on any Ops: copies from and to host
   // memory, and zero-filled tensors. The host ops keep them in host memory, so a copy is a
   // plain copy; a device's Ops copies through its backend.
-  virtual Tensor from_host(const Tensor& host) { return host; }
+  virtual Tensor from_host(Tensor host) { return host; }  // moved in where it stays host memory
   virtual Tensor to_host(const Tensor& t) { return t; }
   virtual void zero(Tensor& t, const Shape& shape) { reset(t, shape); }
 };

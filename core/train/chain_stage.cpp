@@ -6,6 +6,7 @@
 
 #include "core/bubble/encoder_tasks.hpp"
 #include "core/common/error.hpp"
+#include "core/train/host_staging.hpp"
 #include "core/train/inputs.hpp"
 
 namespace braid::train {
@@ -304,7 +305,7 @@ void ChainStage::encode(int i, const std::vector<std::size_t>& positions) {
   Encoded& e = encoded_[i];
   e.positions = positions;
   e.groups.clear();
-  const auto groups = side_groups(mine);
+  auto groups = side_groups(mine);
   const int calls = static_cast<int>(groups.size());
   Calls vision_calls(vision_zero_.get(), calls, false);
   Calls projector_calls(projector_on_encoder_ ? projector_zero_.get() : nullptr, calls, false);
@@ -312,15 +313,18 @@ void ChainStage::encode(int i, const std::vector<std::size_t>& positions) {
     EncodedGroup& eg = e.groups.emplace_back();
     eg.members = g.members;
     eg.side = g.side;
-    nn::Tensor tokens =
-        within(vision_zero_.get(), [&] { return chain.vision->forward(ops_, g.images, eg.vision).tokens; });
+    nn::Tensor tokens = within(vision_zero_.get(), [&] {
+      return chain.vision->forward(ops_, ops_.from_host(std::move(g.images)), eg.vision).tokens;
+    });
     if (projector_on_encoder_)
       tokens = within(projector_zero_.get(), [&] { return chain.projector->forward(ops_, tokens, eg.projector); });
-    const std::size_t n = static_cast<std::size_t>(tokens.numel() / tokens.dim(0));
+    nn::Tensor scratch;
+    const nn::Tensor& rows = on_host(ops_, tokens, scratch);
+    const std::size_t n = static_cast<std::size_t>(rows.numel() / rows.dim(0));
     for (std::size_t m = 0; m < eg.members.size(); ++m)
       store_.tokens(i, positions[eg.members[m]])
-          .assign(tokens.data.begin() + static_cast<std::ptrdiff_t>(m * n),
-                  tokens.data.begin() + static_cast<std::ptrdiff_t>((m + 1) * n));
+          .assign(rows.data.begin() + static_cast<std::ptrdiff_t>(m * n),
+                  rows.data.begin() + static_cast<std::ptrdiff_t>((m + 1) * n));
   }
 }
 
@@ -340,6 +344,7 @@ void ChainStage::encode_backward(int i) {
         const auto& rows = store_.grads(i, e.positions[eg.members[m]]);
         std::copy(rows.begin(), rows.end(), d.data.begin() + static_cast<std::ptrdiff_t>(m * n));
       }
+      d = ops_.from_host(std::move(d));
       if (projector_on_encoder_)
         d = within(projector_zero_.get(),
                    [&] { return chain.projector->backward(ops_, d, eg.projector, !chain.vision->frozen()); });
@@ -423,6 +428,7 @@ Pending ChainStage::forward(const Instruction& ins) {
                                             " found no image tokens for sample " + std::to_string(g.members[m]));
         std::copy(rows.begin(), rows.end(), prefix.data.begin() + static_cast<std::ptrdiff_t>(m * n));
       }
+      prefix = ops_.from_host(std::move(prefix));
       if (chain.projector && !projector_on_encoder_) {
         g.encoder_tokens = std::move(prefix);
         g.input = within(projector_zero_.get(),
@@ -470,11 +476,13 @@ Pending ChainStage::backward(const Instruction& ins) {
         d = within(projector_zero_.get(),
                    [&] { return chain.projector->backward(ops_, d, g.projector, encoder_trains()); });
       if (!encoder_trains()) continue;
-      const std::size_t n = static_cast<std::size_t>(d.numel() / d.dim(0));
+      nn::Tensor scratch;
+      const nn::Tensor& rows = on_host(ops_, d, scratch);
+      const std::size_t n = static_cast<std::size_t>(rows.numel() / rows.dim(0));
       for (std::size_t m = 0; m < g.members.size(); ++m)
         store_.grads(i, g.members[m])
-            .assign(d.data.begin() + static_cast<std::ptrdiff_t>(m * n),
-                    d.data.begin() + static_cast<std::ptrdiff_t>((m + 1) * n));
+            .assign(rows.data.begin() + static_cast<std::ptrdiff_t>(m * n),
+                    rows.data.begin() + static_cast<std::ptrdiff_t>((m + 1) * n));
     }
     if (encodes_in_forward_) encode_backward(i);
   }
@@ -538,7 +546,13 @@ Pending ChainStage::receive(const Instruction& ins) {
     requests.push_back(
         comm_->irecv(bytes(into.data), from, tag(forward ? kHidden : kHiddenGrads, i, static_cast<int>(g))));
   }
-  return pending_requests(std::move(requests));
+  // Received in host memory; on to where the ops keep tensors.
+  return pending_requests(std::move(requests), [this, &mb, forward] {
+    for (auto& grp : mb.groups) {
+      nn::Tensor& into = forward ? grp.input : grp.d_output;
+      into = ops_.from_host(std::move(into));
+    }
+  });
 }
 
 void ChainStage::send(const Instruction& ins) {
@@ -581,7 +595,7 @@ void ChainStage::send(const Instruction& ins) {
   const int to = program_.rank_of(ins.peer, program_.replica, program_.tp_rank);
   for (std::size_t g = 0; g < mb.groups.size(); ++g) {
     auto& grp = mb.groups[g];
-    sends_.isend(*comm_, (forward ? grp.output.data : grp.d_input.data).release(), to,
+    sends_.isend(*comm_, release_to_host(ops_, forward ? grp.output : grp.d_input), to,
                  tag(forward ? kHidden : kHiddenGrads, i, static_cast<int>(g)));
   }
   if (!forward) in_flight_.erase(i);
@@ -594,15 +608,15 @@ Pending ChainStage::reduce() {
   if (llm_zero_)
     waited += llm_zero_->reduce();
   else if (llm_dp_)
-    waited += allreduce_gradients(*llm_dp_, chain.llm->part_parameters(part_));
+    waited += allreduce_gradients(ops_, *llm_dp_, chain.llm->part_parameters(part_));
   if (vision_zero_)
     waited += vision_zero_->reduce();
   else if (vision_dp_)
-    waited += allreduce_gradients(*vision_dp_, chain.vision->parameters());
+    waited += allreduce_gradients(ops_, *vision_dp_, chain.vision->parameters());
   if (projector_zero_)
     waited += projector_zero_->reduce();
   else if (projector_dp_)
-    waited += allreduce_gradients(*projector_dp_, chain.projector->parameters());
+    waited += allreduce_gradients(ops_, *projector_dp_, chain.projector->parameters());
   double loss[1] = {loss_};
   auto req = comm_->iallreduce(std::span<double>(loss));
   waited += req.wait();
@@ -613,7 +627,7 @@ Pending ChainStage::reduce() {
 void ChainStage::gather_parameters() {
   const auto& chain = *model_.chain;
   auto share = [&](const std::vector<nn::Parameter*>& params, int owner) {
-    for (auto* p : params) comm_->broadcast(std::as_writable_bytes(std::span<float>(p->value.data)), owner);
+    for (auto* p : params) broadcast(ops_, *comm_, p->value, owner);
   };
   if (chain.vision) share(chain.vision->parameters(), vision_.rank_at(0, 0, 0));
   if (chain.projector) share(chain.projector->parameters(), projector_.rank_at(0, 0, 0));

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/common/error.hpp"
+#include "core/train/host_staging.hpp"
 #include "core/train/inputs.hpp"
 
 namespace braid::train {
@@ -315,7 +316,14 @@ Pending ClipStage::receive(const Instruction& i) {
                                        message_tag(hidden_message(t, forward), i.microbatch, static_cast<int>(g))));
     }
   }
-  return pending_requests(std::move(requests));
+  // Received in host memory; on to where the ops keep tensors.
+  return pending_requests(std::move(requests), [this, forward, microbatch = i.microbatch] {
+    for (Tower& tower : towers_) {
+      if (!tower.here) continue;
+      auto& mb = tower.mbs[static_cast<std::size_t>(microbatch)];
+      for (nn::Tensor& t : forward ? mb.hidden : mb.d_hidden) t = ops_.from_host(std::move(t));
+    }
+  });
 }
 
 void ClipStage::send(const Instruction& i) {
@@ -327,7 +335,7 @@ void ClipStage::send(const Instruction& i) {
     auto& mb = tower.mbs[static_cast<std::size_t>(i.microbatch)];
     auto& from = forward ? mb.hidden : mb.d_hidden;
     for (std::size_t g = 0; g < from.size(); ++g)
-      sends_.isend(*world_, from[g].data.release(), peer,
+      sends_.isend(*world_, release_to_host(ops_, from[g]), peer,
                    message_tag(hidden_message(t, forward), i.microbatch, static_cast<int>(g)));
     from.clear();
     if (!forward) mb = {};  // a later stage is done with it
@@ -357,14 +365,14 @@ Pending ClipStage::reduce() {
     if (t.zero)
       waited += t.zero->reduce();
     else if (t.here && t.dp)
-      waited += allreduce_gradients(*t.dp, t.params);
+      waited += allreduce_gradients(ops_, *t.dp, t.params);
   // The temperature's gradient is a share per rank, summed over the batch-sync; the loss
   // the batch-syncs summed already, on the ranks of the towers' last stages.
   if (sync_) {
     double sum[1] = {logit_grad_};
     auto req = sync_->iallreduce(std::span<double>(sum));
     waited += req.wait();
-    if (logit_scale_->trainable) logit_scale_->grad.data[0] = static_cast<float>(sum[0]);
+    if (logit_scale_->trainable) logit_scale_->grad = ops_.from_host(nn::Tensor({1}, {static_cast<float>(sum[0])}));
   }
   double loss[1] = {layout_.rank == sync_front_ && tp_index_ == 0 ? loss_ : 0.0};
   auto req = world_->iallreduce(std::span<double>(loss));
@@ -395,7 +403,7 @@ void ClipStage::gather_parameters() {
       if (st + 1 == role.stages)
         params.insert(params.end(), heads[t]->parameters().begin(), heads[t]->parameters().end());
       const int owner = role.rank_at(st, 0, 0);
-      for (auto* p : params) world_->broadcast(std::as_writable_bytes(std::span<float>(p->value.data)), owner);
+      for (auto* p : params) broadcast(ops_, *world_, p->value, owner);
     }
   }
 }

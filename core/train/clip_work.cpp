@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/common/error.hpp"
+#include "core/train/host_staging.hpp"
 #include "core/train/inputs.hpp"
 
 namespace braid::train {
@@ -96,6 +97,7 @@ void clip_image_forward(nn::Ops& ops, const nn::ClipModel& clip, const nn::Encod
       mb.group_sides.push_back(g.side);
     }
     mb.hidden.assign(groups.size(), {});
+    for (auto& g : groups) g.images = ops.from_host(std::move(g.images));
   }
   const std::size_t n_groups = mb.group_rows.size();
   mb.image_caches.assign(n_groups, {});
@@ -107,7 +109,8 @@ void clip_image_forward(nn::Ops& ops, const nn::ClipModel& clip, const nn::Encod
       mb.hidden[g] = out.tokens;
       continue;
     }
-    const nn::Tensor emb = clip.image_head->forward(ops, out.pooled, mb.image_head_caches[g]);
+    // The embeddings stay in host memory: the batch-sync sends them.
+    const nn::Tensor emb = host_tensor(ops, clip.image_head->forward(ops, out.pooled, mb.image_head_caches[g]));
     const std::int64_t width = emb.dim(1);
     if (g == 0) nn::reset(mb.embeddings, {static_cast<std::int64_t>(mb.ids.size()), width});
     for (std::size_t i = 0; i < mb.group_rows[g].size(); ++i)
@@ -130,7 +133,7 @@ void clip_text_forward(nn::Ops& ops, const nn::ClipModel& clip, const nn::Encode
     mb.hidden[0] = out.tokens;
     return;
   }
-  mb.embeddings = clip.text_head->forward(ops, out.pooled, mb.text_head_cache);
+  mb.embeddings = host_tensor(ops, clip.text_head->forward(ops, out.pooled, mb.text_head_cache));
   mb.hidden.clear();
 }
 
@@ -145,6 +148,7 @@ void clip_image_backward(nn::Ops& ops, const nn::ClipModel& clip, const nn::Enco
       const std::int64_t width = mb.d_embeddings.dim(1);
       nn::Tensor d({static_cast<std::int64_t>(rows.size()), width});
       for (std::size_t i = 0; i < rows.size(); ++i) copy_row(mb.d_embeddings, rows[i], d, i, width);
+      d = ops.from_host(std::move(d));
       const nn::Tensor d_pooled = clip.image_head->backward(ops, d, mb.image_head_caches[g]);
       d_in[g] = clip.image_encoder->backward_part(ops, part, nullptr, &d_pooled, mb.image_caches[g]);
     } else {
@@ -159,7 +163,8 @@ void clip_text_backward(nn::Ops& ops, const nn::ClipModel& clip, const nn::Encod
   const bool first = part.first == 0, last = part.last == clip.text_encoder->layers();
   nn::Tensor d_in;
   if (last) {
-    const nn::Tensor d_pooled = clip.text_head->backward(ops, mb.d_embeddings, mb.text_head_cache);
+    const nn::Tensor d_pooled =
+        clip.text_head->backward(ops, ops.from_host(std::move(mb.d_embeddings)), mb.text_head_cache);
     d_in = clip.text_encoder->backward_part(ops, part, nullptr, &d_pooled, mb.text_cache);
   } else {
     d_in = clip.text_encoder->backward_part(ops, part, &mb.d_hidden[0], nullptr, mb.text_cache);
@@ -255,8 +260,11 @@ BatchSyncResult batch_sync(nn::Ops& ops, const nn::ClipModel& clip, runtime::Com
     nn::Tensor local_text({n, width});
     std::memcpy(local_text.ptr(), all_text.ptr() + offset * width, static_cast<std::size_t>(n * width) * sizeof(float));
     nn::ContrastiveGrads g;
-    share[0] = scale * ops.contrastive_loss(local_image, local_text, all_image, all_text, offset,
-                                            clip.loss->logit_scale_param(ops), &g);
+    share[0] = scale * ops.contrastive_loss(ops.from_host(std::move(local_image)), ops.from_host(std::move(local_text)),
+                                            ops.from_host(std::move(all_image)), ops.from_host(std::move(all_text)),
+                                            offset, clip.loss->logit_scale_param(ops), &g);
+    for (nn::Tensor* t : {&g.local_image, &g.local_text, &g.all_image, &g.all_text})
+      *t = host_tensor(ops, std::move(*t));
     result.logit_scale_grad = scale * g.logit_scale_param;
     for (std::size_t i = 0; i < matrix; ++i) {
       grads[i] = g.all_image.data[i];

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/common/error.hpp"
+#include "core/train/host_staging.hpp"
 #include "core/train/inputs.hpp"
 
 namespace braid::train {
@@ -82,7 +83,7 @@ void ColocatedEncoder::run(const pipeline::Instruction& task) {
           Group& group = mb.groups.emplace_back();
           group.side = g.side;
           group.members = std::move(g.members);
-          vision_.forward_embed(ops_, g.images, group.steps);
+          vision_.forward_embed(ops_, ops_.from_host(std::move(g.images)), group.steps);
         }
         return;
       }
@@ -128,11 +129,13 @@ void ColocatedEncoder::run(const pipeline::Instruction& task) {
 void ColocatedEncoder::finish(Microbatch& mb) {
   for (auto& g : mb.groups) {
     const nn::EncoderOutput out = vision_.forward_finish(ops_, g.steps);
-    const std::size_t n = static_cast<std::size_t>(out.tokens.numel() / out.tokens.dim(0));
+    nn::Tensor scratch;
+    const nn::Tensor& tokens = on_host(ops_, out.tokens, scratch);
+    const std::size_t n = static_cast<std::size_t>(tokens.numel() / tokens.dim(0));
     for (std::size_t m = 0; m < g.members.size(); ++m) {
       const auto [i, q] = mb.entries[g.members[m]];
-      store_->tokens(i, q).assign(out.tokens.data.begin() + static_cast<std::ptrdiff_t>(m * n),
-                                  out.tokens.data.begin() + static_cast<std::ptrdiff_t>((m + 1) * n));
+      store_->tokens(i, q).assign(tokens.data.begin() + static_cast<std::ptrdiff_t>(m * n),
+                                  tokens.data.begin() + static_cast<std::ptrdiff_t>((m + 1) * n));
     }
   }
 }
@@ -150,6 +153,7 @@ void ColocatedEncoder::start_backward(Microbatch& mb) {
       const auto& rows = store_->grads(i, q);
       std::copy(rows.begin(), rows.end(), d.data.begin() + static_cast<std::ptrdiff_t>(m * n));
     }
+    d = ops_.from_host(std::move(d));
     vision_.backward_start(ops_, &d, nullptr, g.steps);
   }
   mb.backward_started = true;

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/common/error.hpp"
+#include "core/train/host_staging.hpp"
 #include "core/train/inputs.hpp"
 
 namespace braid::train {
@@ -56,11 +57,12 @@ Retrieval retrieval_top1(const nn::Tensor& image, const nn::Tensor& text, std::s
 
 nn::Tensor image_embeddings(nn::Ops& ops, const nn::ClipModel& clip, std::span<const data::Sample> samples) {
   nn::Tensor out;
-  for (const auto& g : side_groups(samples)) {
+  for (auto& g : side_groups(samples)) {
     nn::ImageEncoderCache cache;
     nn::ClipHeadCache head;
-    const nn::Tensor emb =
-        clip.image_head->forward(ops, clip.image_encoder->forward(ops, g.images, cache).pooled, head);
+    const nn::Tensor emb = host_tensor(
+        ops, clip.image_head->forward(
+                 ops, clip.image_encoder->forward(ops, ops.from_host(std::move(g.images)), cache).pooled, head));
     const std::int64_t e = emb.dim(1);
     if (out.data.empty()) nn::reset(out, {static_cast<std::int64_t>(samples.size()), e});
     for (std::size_t m = 0; m < g.members.size(); ++m)
@@ -73,7 +75,8 @@ nn::Tensor image_embeddings(nn::Ops& ops, const nn::ClipModel& clip, std::span<c
 nn::Tensor text_embeddings(nn::Ops& ops, const nn::ClipModel& clip, std::span<const data::Sample> samples) {
   nn::TextEncoderCache cache;
   nn::ClipHeadCache head;
-  return clip.text_head->forward(ops, clip.text_encoder->forward(ops, tokens_of(samples), cache).pooled, head);
+  return host_tensor(
+      ops, clip.text_head->forward(ops, clip.text_encoder->forward(ops, tokens_of(samples), cache).pooled, head));
 }
 
 CaptionMetrics caption_metrics(nn::Ops& ops, const nn::ChainModel& chain, std::span<const data::Sample> samples) {
@@ -86,16 +89,17 @@ CaptionMetrics caption_metrics(nn::Ops& ops, const nn::ChainModel& chain, std::s
     nn::DecoderCache llm;
     nn::Tensor prefix;
     if (images) {
-      prefix = chain.vision->forward(ops, *images, vision).tokens;
+      prefix = chain.vision->forward(ops, ops.from_host(*images), vision).tokens;
       if (chain.projector) prefix = chain.projector->forward(ops, prefix, projector);
     }
-    const nn::Tensor logits = chain.llm->forward(ops, images ? &prefix : nullptr, text, llm);
+    nn::Tensor logits = chain.llm->forward(ops, images ? &prefix : nullptr, text, llm);
     const auto targets = nn::next_token_targets(text);
     std::int64_t counted = 0;
     for (auto t : targets) counted += t >= 0;
     if (counted == 0) return;
     // lm_loss with normalizer 1 gives the sum over counted positions.
     loss_sum += nn::lm_loss(ops, logits, text, 1, nullptr);
+    logits = host_tensor(ops, std::move(logits));
     const std::int64_t vocab = logits.dim(2);
     for (std::size_t p = 0; p < targets.size(); ++p) {
       if (targets[p] < 0) continue;

@@ -7,6 +7,7 @@
 #include "core/common/error.hpp"
 #include "core/train/chain_stage.hpp"
 #include "core/train/clip_stage.hpp"
+#include "core/train/host_staging.hpp"
 
 namespace braid::train {
 
@@ -77,7 +78,10 @@ StepResult Executor::step(std::int64_t step, double lr) {
   step_ = step;
   lr_ = lr;
   memory_.begin_step();  // before the step's samples and activations exist
-  for (auto& p : params_) std::fill(p.param->grad.data.begin(), p.param->grad.data.end(), 0.0f);
+  for (auto& p : params_) {
+    nn::Tensor& g = p.param->grad;
+    if (!g.data.empty()) ops_.zero(g, g.shape);
+  }
   work_->begin_step(step, r);
   executed_ =
       interpreter_.run(program_.instructions(), program_.online() ? work_->fill_rules() : nullptr, options_.on_fatal);
@@ -98,8 +102,11 @@ Pending Executor::optimizer_step(double lr, StepResult& r) {
   for (std::size_t k = 0; k < params_.size(); ++k) {
     TrainedParameter& p = params_[k];
     if (!p.sharded() || static_cast<std::int64_t>(p.grad_shard.data.size()) == p.end - p.begin) continue;
-    in_place[k] = nn::Tensor({p.end - p.begin});
-    std::copy(p.param->grad.data.begin() + p.begin, p.param->grad.data.begin() + p.end, in_place[k].data.begin());
+    nn::Tensor scratch;
+    const nn::Tensor& grad = on_host(ops_, p.param->grad, scratch);
+    nn::Tensor shard({p.end - p.begin});
+    std::copy(grad.data.begin() + p.begin, grad.data.begin() + p.end, shard.data.begin());
+    in_place[k] = ops_.from_host(std::move(shard));
   }
   auto grad_of = [&](TrainedParameter& p) -> nn::Tensor& {
     const auto k = static_cast<std::size_t>(&p - params_.data());
@@ -128,11 +135,14 @@ Pending Executor::optimizer_step(double lr, StepResult& r) {
     } else if (!p.value_shard.data.empty()) {  // ZeRO-3: the shard is all this rank keeps
       ops_.adamw_step(p.value_shard, grad_of(p), p.state, config);
     } else if (p.end > p.begin) {  // ZeRO-1 and 2: the shard's elements of the whole value
-      nn::Tensor shard({p.end - p.begin});
-      float* value = p.param->value.ptr();
-      std::copy(value + p.begin, value + p.end, shard.ptr());
-      ops_.adamw_step(shard, grad_of(p), p.state, config);
-      std::copy(shard.data.begin(), shard.data.end(), value + p.begin);
+      edit_on_host(ops_, p.param->value, [&](nn::Tensor& value) {
+        nn::Tensor shard({p.end - p.begin});
+        std::copy(value.data.begin() + p.begin, value.data.begin() + p.end, shard.data.begin());
+        shard = ops_.from_host(std::move(shard));
+        ops_.adamw_step(shard, grad_of(p), p.state, config);
+        const nn::Tensor& stepped = on_host(ops_, shard, shard);
+        std::copy(stepped.data.begin(), stepped.data.end(), value.data.begin() + p.begin);
+      });
     } else {
       ++p.state.step;  // a shard without elements here: the step count stays that of the others
     }

@@ -65,6 +65,7 @@ class Executor {
   // The last step's instructions as they ran (indices into program().instructions()).
   const std::vector<Executed>& executed() const { return executed_; }
   std::vector<TrainedParameter>& parameters() { return params_; }
+  nn::Ops& ops() { return ops_; }  // where the parameters and their state live
   // This rank's memory by kind, sampled at the start of every step and after each instruction.
   const MemoryMeter& memory() const { return memory_; }
   runtime::Communicator& world_communicator() { return *world_comm_; }

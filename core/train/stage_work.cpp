@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "core/common/error.hpp"
+#include "core/train/host_staging.hpp"
 
 namespace braid::train {
 
@@ -57,22 +58,29 @@ Pending pending_requests(std::vector<runtime::Request> requests, std::function<v
   return p;
 }
 
-double allreduce_gradients(runtime::Communicator& comm, const std::vector<nn::Parameter*>& params) {
+double allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, const std::vector<nn::Parameter*>& params) {
   std::size_t total = 0;
   for (auto* p : params)
     if (p->trainable) total += p->grad.data.size();
   std::vector<float> flat;
   flat.reserve(total);
-  for (auto* p : params)
-    if (p->trainable) flat.insert(flat.end(), p->grad.data.begin(), p->grad.data.end());
+  for (auto* p : params) {
+    if (!p->trainable) continue;
+    nn::Tensor scratch;
+    const nn::Tensor& grad = on_host(ops, p->grad, scratch);
+    flat.insert(flat.end(), grad.data.begin(), grad.data.end());
+  }
   auto req = comm.iallreduce(std::span<float>(flat));
   const double waited = req.wait();
   std::size_t at = 0;
   for (auto* p : params) {
     if (!p->trainable) continue;
-    std::copy(flat.begin() + static_cast<std::ptrdiff_t>(at),
-              flat.begin() + static_cast<std::ptrdiff_t>(at + p->grad.data.size()), p->grad.data.begin());
-    at += p->grad.data.size();
+    const auto n = p->grad.data.size();
+    edit_on_host(ops, p->grad, [&](nn::Tensor& grad) {
+      std::copy(flat.begin() + static_cast<std::ptrdiff_t>(at), flat.begin() + static_cast<std::ptrdiff_t>(at + n),
+                grad.data.begin());
+    });
+    at += n;
   }
   return waited;
 }

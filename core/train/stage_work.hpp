@@ -105,6 +105,6 @@ Pending blocked_for(double seconds);
 Pending pending_requests(std::vector<runtime::Request> requests, std::function<void()> then = {});
 // Sums the gradients of `params` (the trainable ones) over `comm` in one flat all-reduce;
 // returns the seconds blocked.
-double allreduce_gradients(runtime::Communicator& comm, const std::vector<nn::Parameter*>& params);
+double allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, const std::vector<nn::Parameter*>& params);
 
 }  // namespace braid::train

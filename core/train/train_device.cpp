@@ -1,6 +1,7 @@
 #include "core/train/train_device.hpp"
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "core/common/error.hpp"
 #include "core/nn/device_ops.hpp"
@@ -18,7 +19,20 @@ std::string backend_text(const nn::DeviceBackend& b) {
 
 }  // namespace
 
-TrainDevice open_train_device(const std::string& name, int threads, int local_rank) {
+std::string train_device_problem(const std::string& name) {
+  for (const char* known : {"auto", "host", "host-staged", "emulated", "cuda"})
+    if (name == known) return "";
+  return "--device must be auto, host, host-staged, emulated or cuda, got '" + name + "'";
+}
+
+std::string staged_because(const spec::RunSpec& run, const plan::Plan& plan) {
+  if (run.training.zero_stage > 0) return "ZeRO-" + std::to_string(run.training.zero_stage) + " shards on host memory";
+  for (const auto& m : plan.modules)
+    if (m.tp > 1) return m.name + "'s tensor parallelism (tp " + std::to_string(m.tp) + ") on host memory";
+  return "";
+}
+
+TrainDevice open_train_device(const std::string& name, int threads, int local_rank, const std::string& staged_reason) {
   TrainDevice d;
   if (name == "auto") {
     auto ops = std::make_unique<nn::HostOps>(threads);
@@ -37,19 +51,33 @@ TrainDevice open_train_device(const std::string& name, int threads, int local_ra
     }
     return d;
   }
-  if (name == "cuda") {
+  if (name != "emulated" && name != "cuda") throw Error(Status::invalid_argument, train_device_problem(name));
+  if (name == "emulated") {
+    setenv("BRAID_HOST_MEMORY", "separate", 1);  // read when the backend opens
+    try {
+      d.backend = nn::DeviceBackend::open_for_process("host", threads, local_rank);
+    } catch (...) {
+      unsetenv("BRAID_HOST_MEMORY");
+      throw;
+    }
+    unsetenv("BRAID_HOST_MEMORY");
+  } else {
     try {
       d.backend = nn::DeviceBackend::open_for_process("cuda", threads, local_rank);
     } catch (const Error& e) {
       throw Error(e.status(), std::string("--device cuda: no GPU: ") + e.what());
     }
-    d.ops = std::make_unique<nn::StagedOps>(d.backend);
-    d.description = backend_text(*d.backend) + ", device " + std::to_string(d.backend->device().index) +
-                    ", staged: every op copies its inputs to the GPU and its outputs back, as the trainer keeps its "
-                    "tensors in host memory (correct, bound by the copies)";
-    return d;
   }
-  throw Error(Status::invalid_argument, "--device must be auto, host, host-staged or cuda, got '" + name + "'");
+  d.description = backend_text(*d.backend) + ", " + d.backend->device().name();
+  if (staged_reason.empty()) {
+    d.ops = std::make_unique<nn::DeviceOps>(d.backend);
+    d.description += ", tensors resident (host staging for messages, reductions, checkpoints)";
+  } else {
+    d.ops = std::make_unique<nn::StagedOps>(d.backend);
+    d.description +=
+        ", staged: every op copies its inputs in and its outputs out, as the layout keeps " + staged_reason;
+  }
+  return d;
 }
 
 std::string device_memory_line(const TrainDevice& device) {

@@ -1,5 +1,6 @@
 // What runs a trainer's ops (`braid train --device`): braid's host ops called directly, or
-// a device backend through the device interface v2 (nn::DeviceOps over a plugin).
+// a device backend through the device interface v2 (nn::DeviceOps over a plugin), with the
+// trainer's tensors resident in the backend's memory or staged per op.
 #pragma once
 
 #include <memory>
@@ -7,6 +8,8 @@
 
 #include "core/nn/device_backend.hpp"
 #include "core/nn/ops.hpp"
+#include "core/plan/plan.hpp"
+#include "core/spec/run.hpp"
 
 namespace braid::train {
 
@@ -16,18 +19,29 @@ struct TrainDevice {
   std::string description;                     // for the run's first lines
 };
 
+// "" for a name open_train_device takes, else what is wrong with it.
+std::string train_device_problem(const std::string& name);
+
+// Why a layout cannot keep its tensors on a device ("" when it can): the trainer's tensor
+// parallelism and ZeRO sharding work on host memory; such a layout runs staged instead.
+std::string staged_because(const spec::RunSpec& run, const plan::Plan& plan);
+
 // `name`:
 //  auto         the host ops called directly;
 //  host         the host backend, libbraid-host.so, through the device interface: the path
 //               a GPU backend takes, on host memory (its memory is the trainer's);
 //  host-staged  the same backend behind StagedOps: each op copies its inputs in and its
 //               outputs out, as on a GPU (testable without one);
-//  cuda         the CUDA backend behind StagedOps, on GPU local_rank % (GPUs on the node):
-//               the trainer keeps its tensors in host memory, so every op copies (correct,
-//               bound by the copies) until its stages keep them on the device.
+//  emulated     the host backend as an emulated device (BRAID_HOST_MEMORY=separate): the
+//               trainer's tensors live in the backend's memory, which braid never touches as
+//               host memory, and cross to the host only to be sent, reduced, checkpointed or
+//               evaluated: the data path of cuda, testable without a GPU;
+//  cuda         the CUDA backend on GPU local_rank % (GPUs on the node), resident as emulated.
+// emulated and cuda run staged (as host-staged) where `staged_reason` is not empty.
 // `threads` is the host ops' thread count. Throws Error(invalid_argument) for another name,
 // Error(plugin) when the backend cannot start (no GPU...).
-TrainDevice open_train_device(const std::string& name, int threads, int local_rank = 0);
+TrainDevice open_train_device(const std::string& name, int threads, int local_rank = 0,
+                              const std::string& staged_reason = "");
 
 // "host backend (...): peak 12.3 MiB in use, 14.0 MiB reserved, 5234 allocations", or ""
 // without a backend.

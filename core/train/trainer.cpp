@@ -18,6 +18,7 @@
 #include "core/train/checkpoint.hpp"
 #include "core/train/evaluate.hpp"
 #include "core/train/executor.hpp"
+#include "core/train/host_staging.hpp"
 #include "core/train/sharded_state.hpp"
 #include "core/train/train_device.hpp"
 #include "core/train/zero.hpp"
@@ -164,14 +165,16 @@ void save(const std::string& dir, std::int64_t step, int rank, int world, const 
   };
   CheckpointContents c;
   c.metadata = meta;
+  nn::Tensor scratch;  // a device's tensor copied to the host
+  const auto host = [&](const nn::Tensor& t) -> const nn::Tensor& { return on_host(executor.ops(), t, scratch); };
   for (auto& p : executor.parameters()) {
     if (with_state) {
-      c.add_tensor(state_name("param", *p.param), whole("param", p, p.param->value));
-      c.add_tensor(state_name("adam_m", *p.param), state(whole("adam_m", p, p.state.m)));
-      c.add_tensor(state_name("adam_v", *p.param), state(whole("adam_v", p, p.state.v)));
+      c.add_tensor(state_name("param", *p.param), host(whole("param", p, p.param->value)));
+      c.add_tensor(state_name("adam_m", *p.param), state(host(whole("adam_m", p, p.state.m))));
+      c.add_tensor(state_name("adam_v", *p.param), state(host(whole("adam_v", p, p.state.v))));
       c.add_int("adam_step/" + p.param->name, p.state.step);
     } else {
-      c.add_tensor(state_name("grad", *p.param), whole("grad", p, p.param->grad));
+      c.add_tensor(state_name("grad", *p.param), host(whole("grad", p, p.param->grad)));
     }
   }
   write_shard(dir, step, rank, world, c);
@@ -255,7 +258,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   if (threads <= 0)
     threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, world.local_size()));
   nn::keep_freed_host_memory();  // activations are reallocated every step
-  TrainDevice device = open_train_device(o.device, threads, world.local_rank());
+  TrainDevice device = open_train_device(o.device, threads, world.local_rank(), staged_because(run, o.plan));
   nn::Ops& ops = *device.ops;
   if (rank == 0 && device.backend) out << "device: " << device.description << "\n" << std::flush;
   nn::Model model = nn::build_model(run.model, seed);
@@ -266,7 +269,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   eo.data.last_step = total;
   eo.on_fatal = o.on_fatal;
   eo.schedule = o.schedule;
-  if (device.backend && device.backend->device().is_host())
+  if (device.backend && device.backend->name() == "host")  // its pool is this process's heap (emulated too)
     eo.idle_heap = [backend = device.backend] {
       const nn::DeviceMemoryStats m = backend->memory_stats();
       return static_cast<std::size_t>(m.reserved - m.in_use);
@@ -326,6 +329,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       report.summary.checkpoint = o.checkpoint_dir + "/" + checkpoint_file_name(*scan.step);
     }
   }
+  place_training_state(ops, model.store, executor.parameters());  // on the device, built or restored
   std::optional<MetricsWriter> metrics;
   if (rank == 0 && !o.metrics_path.empty())
     metrics.emplace(o.metrics_path, first > 1 ? std::optional<std::int64_t>(first - 1) : std::nullopt);

@@ -731,21 +731,25 @@ def cuda_devices():
 class Device(unittest.TestCase):
     """`--device host` runs every op through the device interface (libbraid-host.so behind
     nn::DeviceOps): the path a GPU backend takes, on host memory; `--device host-staged`
-    the same behind StagedOps, copying every op's inputs in and outputs out as on a GPU.
-    Both run the same host ops, so every step's loss must be the same bits as the
-    default's. `--device cuda` runs on a GPU where there is one (within 1e-4 of the host,
+    the same behind StagedOps, copying every op's inputs in and outputs out as on a GPU;
+    `--device emulated` keeps every tensor in the backend's memory as a device's (what
+    cuda does), crossing to the host only to send, reduce, checkpoint and evaluate. All run
+    the same host ops, so every step's loss must be the same bits as the default's, resumed
+    runs included. `--device cuda` runs on a GPU where there is one (within 1e-4 of the host,
     the same bits run twice, two processes sharing it); without one it must say so."""
 
     def assert_same_bits(self, config, ranks, *args):
         with tempfile.TemporaryDirectory() as d:
             runs = {}
-            for device in ["auto", "host", "host-staged"]:
+            for device in ["auto", "host", "host-staged", "emulated"]:
                 r = train(ranks, "--config", config, "--steps", "4", "--device", device, "--metrics",
                           f"{d}/{device}.jsonl", *args)
                 check(self, r)
                 runs[device] = r.stdout
             self.assertEqual(losses(d + "/auto.jsonl"), losses(d + "/host.jsonl"))
             self.assertEqual(losses(d + "/auto.jsonl"), losses(d + "/host-staged.jsonl"))
+            self.assertEqual(losses(d + "/auto.jsonl"), losses(d + "/emulated.jsonl"))
+            self.assertRegex(runs["emulated"], r"device: host backend .*, emulated:0, tensors resident")
             self.assertIn("device: host backend", runs["host"])
             self.assertRegex(runs["host-staged"], r"device: host backend .*, staged")
             self.assertRegex(runs["host"], r"device memory \(host backend\): peak [\d.]+ MiB in use, "
@@ -753,15 +757,43 @@ class Device(unittest.TestCase):
             self.assertNotIn("device:", runs["auto"])
             # What the pool caches is not counted as activations: both measure the same.
             measured = {dev: [m for m in metrics(f"{d}/{dev}.jsonl") if m.get("memory")][-1] for dev in runs}
-            for rank_auto, rank_host in zip(measured["auto"]["ranks"], measured["host"]["ranks"]):
-                a, h = rank_auto["measured_bytes"]["activations"], rank_host["measured_bytes"]["activations"]
-                self.assertLess(abs(h - a), 0.25 * a + (2 << 20), (a, h))
+            for dev in ["host", "emulated"]:
+                for rank_auto, rank_dev in zip(measured["auto"]["ranks"], measured[dev]["ranks"]):
+                    a, h = rank_auto["measured_bytes"]["activations"], rank_dev["measured_bytes"]["activations"]
+                    self.assertLess(abs(h - a), 0.25 * a + (2 << 20), (dev, a, h))
 
     def test_clip_on_one_process(self):
         self.assert_same_bits(CLIP, 1)
 
     def test_mllm_pipeline_on_two_processes(self):
         self.assert_same_bits(MLLM, 2, "--strategy", "disttrain")
+
+    def test_optimus_on_two_processes(self):
+        self.assert_same_bits(MLLM, 2, "--strategy", "optimus", "--schedule", "optimus-online")
+
+    def test_distmm_on_two_processes(self):
+        self.assert_same_bits(CLIP, 2, "--strategy", "distmm", "--schedule", "distmm-pipe")
+
+    def test_emulated_resumes_to_the_same_bits(self):
+        with tempfile.TemporaryDirectory() as d:
+            args = ["--config", MLLM, "--strategy", "disttrain", "--quiet"]
+            check(self, train(2, *args, "--steps", "4", "--metrics", f"{d}/whole.jsonl"))
+            check(self, train(2, *args, "--steps", "2", "--device", "emulated", "--checkpoint-dir", f"{d}/ck",
+                              "--metrics", f"{d}/first.jsonl"))
+            check(self, train(2, *args, "--steps", "4", "--device", "emulated", "--checkpoint-dir", f"{d}/ck",
+                              "--resume", "--metrics", f"{d}/rest.jsonl"))
+            self.assertEqual(losses(f"{d}/first.jsonl") + losses(f"{d}/rest.jsonl"), losses(f"{d}/whole.jsonl"))
+
+    def test_layouts_the_device_cannot_hold_run_staged(self):
+        with tempfile.TemporaryDirectory() as d:
+            runs = {}
+            for device in ["auto", "emulated"]:
+                r = train(2, "--config", MLLM, "--strategy", "megatron", "--tp", "2", "--steps", "2", "--device",
+                          device, "--metrics", f"{d}/{device}.jsonl")
+                check(self, r)
+                runs[device] = r.stdout
+            self.assertEqual(losses(f"{d}/auto.jsonl"), losses(f"{d}/emulated.jsonl"))
+            self.assertRegex(runs["emulated"], r"emulated:0, staged: .* tensor parallelism \(tp 2\)")
 
     def test_cuda_matches_the_host_or_says_why_not(self):
         if not cuda_devices():
@@ -781,11 +813,18 @@ class Device(unittest.TestCase):
                 for step, (a, b) in enumerate(zip(cuda, host), 1):
                     self.assertLessEqual(abs(a - b) / abs(b), TOLERANCE, f"{name} step {step}: cuda {a}, host {b}")
                 self.assertEqual(cuda, losses(f"{d}/{name}-cuda-again.jsonl"), f"{name}: a rerun on the GPU")
+                # Resumed halfway, on the GPU: the same bits as the whole run.
+                ck = f"{d}/{name}-ck"
+                for steps, extra in [("10", []), ("20", ["--resume"])]:
+                    check(self, train(ranks, "--config", config, "--steps", steps, "--device", "cuda", "--checkpoint-dir",
+                                      ck, "--metrics", f"{d}/{name}-resumed-{steps}.jsonl", *extra, *args))
+                resumed = losses(f"{d}/{name}-resumed-10.jsonl") + losses(f"{d}/{name}-resumed-20.jsonl")
+                self.assertEqual(resumed, cuda, f"{name}: resumed on the GPU")
 
     def test_unknown_devices_are_refused(self):
         r = train(1, "--config", CLIP, "--device", "gpu")
         self.assertEqual(r.returncode, 2)
-        self.assertIn("--device must be auto, host, host-staged or cuda, got 'gpu'", r.stderr)
+        self.assertIn("--device must be auto, host, host-staged, emulated or cuda, got 'gpu'", r.stderr)
 
 
 class Calibrate(unittest.TestCase):

@@ -12,6 +12,7 @@
 #include "core/orchestrate/program.hpp"
 #include "core/runtime/world.hpp"
 #include "core/train/layout.hpp"
+#include "core/train/train_device.hpp"
 #include "core/train/trainer.hpp"
 #include "tools/braid/commands.hpp"
 #include "tools/braid/plan_options.hpp"
@@ -87,8 +88,11 @@ int run_train(const std::vector<std::string>& args) {
       "device", po::value(&device)->value_name("D"),
       "what runs the ops: auto (default: braid's host ops, called directly), host (the host backend "
       "libbraid-host.so through the device interface: same results bit for bit), host-staged (the same, each op "
-      "copying its inputs in and outputs out as on a GPU), cuda (the CUDA backend, GPU local-rank modulo the node's "
-      "GPUs; staged: the trainer keeps its tensors in host memory, so every op copies them: correct, not fast)")(
+      "copying its inputs in and outputs out as on a GPU), emulated (the host backend as a device whose memory is "
+      "not the host's: the trainer's tensors stay in it and cross to the host only to be sent, reduced, "
+      "checkpointed or evaluated; what cuda does, testable without a GPU), cuda (the CUDA backend, GPU local-rank "
+      "modulo the node's GPUs, tensors resident as emulated). Layouts with tensor parallelism or ZeRO run emulated "
+      "and cuda staged: every op copies its inputs in and outputs out (correct, not fast)")(
       "dump-gradients", po::value(&gradients_dir)->value_name("DIR"),
       "write each step's reduced gradients as checkpoint shards (for layout-equivalence checks)")(
       "progress-every", po::value(&progress_every)->value_name("N"),
@@ -115,8 +119,7 @@ int run_train(const std::vector<std::string>& args) {
   if (problem.empty() && vm.count("seed") && seed < 0) problem = "--seed must be >= 0";
   if (problem.empty() && vm.count("resume") && checkpoint_dir.empty()) problem = "--resume needs --checkpoint-dir DIR";
   if (problem.empty() && threads < 0) problem = "--threads must be >= 0";
-  if (problem.empty() && device != "auto" && device != "host" && device != "host-staged" && device != "cuda")
-    problem = "--device must be auto, host, host-staged or cuda, got '" + device + "'";
+  if (problem.empty()) problem = train::train_device_problem(device);
   if (problem.empty() && data_workers < 0) problem = "--data-workers must be >= 0";
   if (problem.empty() && vm.count("progress-every") && progress_every < 1) problem = "--progress-every must be >= 1";
   if (!problem.empty()) {

@@ -1,0 +1,54 @@
+#include "core/train/host_staging.hpp"
+
+#include <span>
+#include <utility>
+
+namespace braid::train {
+
+const nn::Tensor& on_host(nn::Ops& ops, const nn::Tensor& t, nn::Tensor& scratch) {
+  if (t.device().is_host()) return t;
+  scratch = ops.to_host(t);
+  return scratch;
+}
+
+nn::Tensor host_tensor(nn::Ops& ops, nn::Tensor&& t) { return t.device().is_host() ? std::move(t) : ops.to_host(t); }
+
+void edit_on_host(nn::Ops& ops, nn::Tensor& t, const std::function<void(nn::Tensor&)>& edit) {
+  if (t.device().is_host()) {
+    edit(t);
+    return;
+  }
+  nn::Tensor host = ops.to_host(t);
+  edit(host);
+  t = ops.from_host(std::move(host));
+}
+
+std::vector<float> release_to_host(nn::Ops& ops, nn::Tensor& t) {
+  if (t.device().is_host()) return t.data.release();
+  std::vector<float> out = ops.to_host(t).data.release();
+  t = nn::Tensor();
+  return out;
+}
+
+void place_training_state(nn::Ops& ops, nn::ParameterStore& store, std::vector<TrainedParameter>& trained) {
+  auto place = [&](nn::Tensor& t) {
+    if (!t.data.empty()) t = ops.from_host(std::move(t));
+  };
+  for (nn::Parameter* p : store.all()) {
+    place(p->value);
+    place(p->grad);
+  }
+  for (TrainedParameter& t : trained) {
+    place(t.state.m);
+    place(t.state.v);
+    place(t.grad_shard);
+    place(t.value_shard);
+  }
+}
+
+void broadcast(nn::Ops& ops, runtime::Communicator& comm, nn::Tensor& t, int root) {
+  edit_on_host(ops, t,
+               [&](nn::Tensor& host) { comm.broadcast(std::as_writable_bytes(std::span<float>(host.data)), root); });
+}
+
+}  // namespace braid::train

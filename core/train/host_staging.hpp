@@ -1,0 +1,32 @@
+// Host staging: the trainer sends, reduces, checkpoints and inspects tensors in host memory
+// (the MPI plugin, files, metrics), while its ops may keep them on a device (`braid train
+// --device cuda`, or the emulated device). These cross at exactly those places, and cost
+// nothing where a tensor already is host memory (the host ops).
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "core/nn/ops.hpp"
+#include "core/nn/tensor.hpp"
+#include "core/runtime/communicator.hpp"
+#include "core/train/stage_work.hpp"
+
+namespace braid::train {
+
+// `t` itself when it is host memory; else its copy on the host, kept in `scratch`.
+const nn::Tensor& on_host(nn::Ops& ops, const nn::Tensor& t, nn::Tensor& scratch);
+// `t` moved out when it is host memory; else its copy on the host.
+nn::Tensor host_tensor(nn::Ops& ops, nn::Tensor&& t);
+// Runs `edit` on `t`'s elements in host memory, then puts them back where `t` lives.
+void edit_on_host(nn::Ops& ops, nn::Tensor& t, const std::function<void(nn::Tensor&)>& edit);
+// `t`'s elements as a vector (for a send): moved out of host memory, copied from a device.
+// `t` is left empty.
+std::vector<float> release_to_host(nn::Ops& ops, nn::Tensor& t);
+// Every parameter of `store` (its value; the gradient of a trainable one) and the optimizer
+// state of `trained` moved to where `ops` keeps tensors: after building or restoring them.
+void place_training_state(nn::Ops& ops, nn::ParameterStore& store, std::vector<TrainedParameter>& trained);
+// Rank `root`'s `t` to every rank of `comm` (each holds a tensor of its shape already).
+void broadcast(nn::Ops& ops, runtime::Communicator& comm, nn::Tensor& t, int root);
+
+}  // namespace braid::train
