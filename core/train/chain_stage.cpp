@@ -163,18 +163,18 @@ void ChainStage::make_zero(int stage) {
     std::vector<const nn::TransformerBlock*> blocks;
     for (int l = part_.first; l < part_.last; ++l) blocks.push_back(&chain.llm->block(l));
     llm_zero_ = std::make_unique<ZeroModule>(
-        llm_.name, stage, *llm_dp_, zero_units(chain.llm->part_parameters(part_), blocks), params_, in_pipeline);
+        llm_.name, stage, *llm_dp_, ops_, zero_units(chain.llm->part_parameters(part_), blocks), params_, in_pipeline);
     if (stage >= 2) chain.llm->set_block_hooks(llm_zero_.get());
   }
   if (vision_dp_ && !chain.vision->frozen()) {
     std::vector<const nn::TransformerBlock*> blocks;
     for (int l = 0; l < chain.vision->layers(); ++l) blocks.push_back(&chain.vision->block(l));
-    vision_zero_ = std::make_unique<ZeroModule>(vision_.name, stage, *vision_dp_,
+    vision_zero_ = std::make_unique<ZeroModule>(vision_.name, stage, *vision_dp_, ops_,
                                                 zero_units(chain.vision->parameters(), blocks), params_, in_pipeline);
     if (stage >= 2) chain.vision->set_block_hooks(vision_zero_.get());
   }
   if (projector_dp_ && !chain.projector->frozen())
-    projector_zero_ = std::make_unique<ZeroModule>(projector_.name, stage, *projector_dp_,
+    projector_zero_ = std::make_unique<ZeroModule>(projector_.name, stage, *projector_dp_, ops_,
                                                    zero_units(chain.projector->parameters(), {}), params_, in_pipeline);
 }
 

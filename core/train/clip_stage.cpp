@@ -160,8 +160,8 @@ void ClipStage::make_zero(int stage) {
     std::vector<const nn::TransformerBlock*> blocks;
     for (int l = tower.part.first; l < tower.part.last; ++l)
       blocks.push_back(t == 0 ? &clip.image_encoder->block(l) : &clip.text_encoder->block(l));
-    tower.zero = std::make_unique<ZeroModule>(tower.role->name, stage, *tower.dp, zero_units(tower.params, blocks),
-                                              params_, in_pipeline);
+    tower.zero = std::make_unique<ZeroModule>(tower.role->name, stage, *tower.dp, ops_,
+                                              zero_units(tower.params, blocks), params_, in_pipeline);
     if (stage >= 2) {
       if (t == 0)
         clip.image_encoder->set_block_hooks(tower.zero.get());

@@ -113,15 +113,17 @@ Pending Executor::optimizer_step(double lr, StepResult& r) {
     if (!p.sharded()) return p.param->grad;
     return in_place[k].data.empty() ? p.grad_shard : in_place[k];
   };
+  // A shard without elements here (ZeRO) adds nothing and needs no scaling.
   for (auto& p : params_)
-    if (p.counted) norm2[0] += ops_.squared_norm(grad_of(p));
+    if (p.counted && !grad_of(p).data.empty()) norm2[0] += ops_.squared_norm(grad_of(p));
   auto req = world_comm_->iallreduce(std::span<double>(norm2));
   const double waited = req.wait();
   r.grad_norm = std::sqrt(norm2[0]);
   if (t.grad_clip > 0) {
     const float c = nn::clip_coefficient(r.grad_norm, static_cast<float>(t.grad_clip));
     if (c < 1.0f)
-      for (auto& p : params_) ops_.scale(grad_of(p), c);
+      for (auto& p : params_)
+        if (!grad_of(p).data.empty()) ops_.scale(grad_of(p), c);
   }
   for (auto& p : params_) {
     nn::AdamWConfig config;

@@ -25,8 +25,7 @@ std::string train_device_problem(const std::string& name) {
   return "--device must be auto, host, host-staged, emulated or cuda, got '" + name + "'";
 }
 
-std::string staged_because(const spec::RunSpec& run, const plan::Plan& plan) {
-  if (run.training.zero_stage > 0) return "ZeRO-" + std::to_string(run.training.zero_stage) + " shards on host memory";
+std::string staged_because(const plan::Plan& plan) {
   for (const auto& m : plan.modules)
     if (m.tp > 1) return m.name + "'s tensor parallelism (tp " + std::to_string(m.tp) + ") on host memory";
   return "";

@@ -23,8 +23,8 @@ struct TrainDevice {
 std::string train_device_problem(const std::string& name);
 
 // Why a layout cannot keep its tensors on a device ("" when it can): the trainer's tensor
-// parallelism and ZeRO sharding work on host memory; such a layout runs staged instead.
-std::string staged_because(const spec::RunSpec& run, const plan::Plan& plan);
+// parallelism works on host memory; such a layout runs staged instead.
+std::string staged_because(const plan::Plan& plan);
 
 // `name`:
 //  auto         the host ops called directly;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/common/error.hpp"
+#include "core/train/host_staging.hpp"
 
 namespace braid::train {
 
@@ -34,9 +35,10 @@ std::vector<ZeroUnitSpec> zero_units(const std::vector<nn::Parameter*>& part,
   return out;
 }
 
-ZeroModule::ZeroModule(std::string name, int stage, runtime::Communicator& dp, std::vector<ZeroUnitSpec> units,
-                       std::vector<TrainedParameter>& params, std::function<void(double)> in_pipeline_wait)
-    : name_(std::move(name)), stage_(stage), dp_(dp), in_pipeline_wait_(std::move(in_pipeline_wait)) {
+ZeroModule::ZeroModule(std::string name, int stage, runtime::Communicator& dp, nn::Ops& ops,
+                       std::vector<ZeroUnitSpec> units, std::vector<TrainedParameter>& params,
+                       std::function<void(double)> in_pipeline_wait)
+    : name_(std::move(name)), stage_(stage), dp_(dp), ops_(ops), in_pipeline_wait_(std::move(in_pipeline_wait)) {
   if (stage < 1 || stage > 3)
     throw Error(Status::invalid_argument, name_ + ": ZeRO stage " + std::to_string(stage) + " does not exist");
   std::map<const nn::Parameter*, TrainedParameter*> trained;
@@ -75,10 +77,12 @@ ZeroModule::ZeroModule(std::string name, int stage, runtime::Communicator& dp, s
   if (stage_ == 3)
     for (auto& u : units_) {
       for (TrainedParameter* t : u.params) {
-        const float* from = t->param->value.ptr();
-        t->value_shard = nn::Tensor({t->end - t->begin});
+        nn::Tensor scratch;
+        const float* from = on_host(ops_, t->param->value, scratch).ptr();
+        nn::Tensor shard({t->end - t->begin});
+        std::copy(from + t->begin, from + t->end, shard.ptr());
+        t->value_shard = ops_.from_host(std::move(shard));
         t->weights_sharded = true;
-        std::copy(from + t->begin, from + t->end, t->value_shard.ptr());
       }
       free_weights(u);
     }
@@ -95,7 +99,7 @@ void ZeroModule::begin_step() {
   // them again).
   for (auto& u : units_)
     for (TrainedParameter* t : u.params) {
-      std::fill(t->grad_shard.data.begin(), t->grad_shard.data.end(), 0.0f);
+      if (!t->grad_shard.data.empty()) ops_.zero(t->grad_shard, t->grad_shard.shape);
       if (stage_ >= 2) t->param->grad = nn::Tensor();
     }
 }
@@ -125,7 +129,7 @@ void ZeroModule::acquire(Unit& u) {
   if (stage_ == 3 && !whole_) in_pipeline_wait_(all_gather(u));
   if (backward_ && stage_ >= 2)
     for (TrainedParameter* t : u.params)
-      if (t->param->grad.data.empty()) t->param->grad = nn::Tensor(held_shape(*t->param));
+      if (t->param->grad.data.empty()) ops_.zero(t->param->grad, held_shape(*t->param));
 }
 
 void ZeroModule::release(Unit& u) {
@@ -172,7 +176,8 @@ double ZeroModule::reduce_scatter(Unit& u) {
   if (u.params.empty()) return 0;
   std::vector<float> flat(static_cast<std::size_t>(u.shard * dp_.size()), 0.0f);
   for (std::size_t i = 0; i < u.params.size(); ++i) {
-    const nn::Tensor& g = u.params[i]->param->grad;
+    nn::Tensor scratch;
+    const nn::Tensor& g = on_host(ops_, u.params[i]->param->grad, scratch);
     std::copy(g.data.begin(), g.data.end(), flat.begin() + u.offsets[i]);
   }
   std::vector<float> mine(static_cast<std::size_t>(u.shard));
@@ -184,10 +189,13 @@ double ZeroModule::reduce_scatter(Unit& u) {
     if (t.end == t.begin) continue;  // none of it is this rank's
     const float* from = mine.data() + (u.offsets[i] + t.begin - lo);
     if (stage_ == 1) {  // once per step: the sum replaces this rank's range of the whole gradient
-      std::copy(from, from + (t.end - t.begin), t.param->grad.data.begin() + t.begin);
+      edit_on_host(ops_, t.param->grad,
+                   [&](nn::Tensor& g) { std::copy(from, from + (t.end - t.begin), g.data.begin() + t.begin); });
       continue;
     }
-    for (std::int64_t k = 0; k < t.end - t.begin; ++k) t.grad_shard.data[static_cast<std::size_t>(k)] += from[k];
+    edit_on_host(ops_, t.grad_shard, [&](nn::Tensor& g) {
+      for (std::int64_t k = 0; k < t.end - t.begin; ++k) g.data[static_cast<std::size_t>(k)] += from[k];
+    });
   }
   return waited;
 }
@@ -199,7 +207,9 @@ double ZeroModule::all_gather(Unit& u) {
   for (std::size_t i = 0; i < u.params.size(); ++i) {
     const TrainedParameter& t = *u.params[i];
     if (t.end == t.begin) continue;  // none of it is this rank's
-    const float* from = stage_ == 3 ? t.value_shard.ptr() : t.param->value.ptr() + t.begin;
+    nn::Tensor scratch;
+    const float* from = stage_ == 3 ? on_host(ops_, t.value_shard, scratch).ptr()
+                                    : on_host(ops_, t.param->value, scratch).ptr() + t.begin;
     std::copy(from, from + (t.end - t.begin), mine.begin() + (u.offsets[i] + t.begin - lo));
   }
   std::vector<float> all(static_cast<std::size_t>(u.shard * dp_.size()));
@@ -207,8 +217,14 @@ double ZeroModule::all_gather(Unit& u) {
   const double waited = req.wait();
   for (std::size_t i = 0; i < u.params.size(); ++i) {
     nn::Parameter& p = *u.params[i]->param;
-    if (p.value.data.empty()) p.value = nn::Tensor(held_shape(p));
-    std::copy(all.begin() + u.offsets[i], all.begin() + u.offsets[i] + p.value.numel(), p.value.data.begin());
+    const auto first = all.begin() + u.offsets[i];
+    if (p.value.device().is_host() && !p.value.data.empty()) {  // in place
+      std::copy(first, first + p.value.numel(), p.value.data.begin());
+      continue;
+    }
+    nn::Tensor value(held_shape(p));
+    std::copy(first, first + value.numel(), value.data.begin());
+    p.value = ops_.from_host(std::move(value));
   }
   return waited;
 }
@@ -274,16 +290,17 @@ std::map<const nn::Parameter*, nn::Tensor> gather_sharded(const std::vector<Zero
   for (ZeroModule* z : modules) {
     if (!z || (kind == "param" && z->stage() < 3)) continue;
     const int stage = z->stage();
+    nn::Tensor scratch;  // a device tensor's host copy, read before the next call
     auto part = z->gather([&](const TrainedParameter& t) -> std::optional<std::span<const float>> {
-      auto of = [](const nn::Tensor& x) -> std::optional<std::span<const float>> {
+      auto of = [&](const nn::Tensor& x) -> std::optional<std::span<const float>> {
         if (x.data.empty()) return std::nullopt;  // not created yet (or a shard of no elements)
-        return std::span<const float>(x.data);
+        return std::span<const float>(on_host(z->ops(), x, scratch).data);
       };
       if (kind == "param") return of(t.value_shard);
       if (kind == "adam_m") return of(t.state.m);
       if (kind == "adam_v") return of(t.state.v);
       if (kind == "grad" && stage == 1)  // reduced in place
-        return std::span<const float>(t.param->grad.data)
+        return std::span<const float>(on_host(z->ops(), t.param->grad, scratch).data)
             .subspan(static_cast<std::size_t>(t.begin), static_cast<std::size_t>(t.end - t.begin));
       if (kind == "grad") return of(t.grad_shard);
       throw Error(Status::internal, "ZeRO: no state '" + kind + "'");

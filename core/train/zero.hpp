@@ -55,13 +55,15 @@ class ZeroModule : public nn::BlockHooks {
   // `params` holds a TrainedParameter for every parameter of the units (they must outlive this);
   // their shards are set up here: begin/end, value_shard at stage 3 (the weights freed).
   // `in_pipeline_wait` gets the seconds blocked in each collective of a forward or backward
-  // (ZeRO-2 and 3 traffic).
-  ZeroModule(std::string name, int stage, runtime::Communicator& dp, std::vector<ZeroUnitSpec> units,
+  // (ZeRO-2 and 3 traffic). The tensors live where `ops` keeps them; the collectives stage
+  // them through host memory (host_staging.hpp).
+  ZeroModule(std::string name, int stage, runtime::Communicator& dp, nn::Ops& ops, std::vector<ZeroUnitSpec> units,
              std::vector<TrainedParameter>& params, std::function<void(double seconds)> in_pipeline_wait);
   ZeroModule(const ZeroModule&) = delete;
   ZeroModule& operator=(const ZeroModule&) = delete;
 
   int stage() const { return stage_; }
+  nn::Ops& ops() const { return ops_; }
   // Before a step: the gradient shards zero (stage 2/3: the whole gradients freed).
   void begin_step();
   // One forward or backward instruction runs each block `block_calls` times and brackets
@@ -108,6 +110,7 @@ class ZeroModule : public nn::BlockHooks {
   std::string name_;
   int stage_;
   runtime::Communicator& dp_;
+  nn::Ops& ops_;
   std::vector<Unit> units_;  // units_[0]: the rest (may be empty)
   std::map<const nn::TransformerBlock*, std::size_t> by_block_;
   std::function<void(double)> in_pipeline_wait_;

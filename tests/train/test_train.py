@@ -774,6 +774,12 @@ class Device(unittest.TestCase):
     def test_distmm_on_two_processes(self):
         self.assert_same_bits(CLIP, 2, "--strategy", "distmm", "--schedule", "distmm-pipe")
 
+    def test_zero_stages_on_the_device(self):
+        with tempfile.TemporaryDirectory() as d:
+            for stage in [1, 2, 3]:
+                config = variant(d, MLLM, f"zero{stage}.yaml", training={"zero_stage": stage})
+                self.assert_same_bits(config, 2, "--strategy", "megatron", "--dp", "2")
+
     def test_emulated_resumes_to_the_same_bits(self):
         with tempfile.TemporaryDirectory() as d:
             args = ["--config", MLLM, "--strategy", "disttrain", "--quiet"]
@@ -782,6 +788,17 @@ class Device(unittest.TestCase):
                               "--metrics", f"{d}/first.jsonl"))
             check(self, train(2, *args, "--steps", "4", "--device", "emulated", "--checkpoint-dir", f"{d}/ck",
                               "--resume", "--metrics", f"{d}/rest.jsonl"))
+            self.assertEqual(losses(f"{d}/first.jsonl") + losses(f"{d}/rest.jsonl"), losses(f"{d}/whole.jsonl"))
+
+    def test_a_zero3_checkpoint_of_the_device_resumes_on_the_host(self):
+        with tempfile.TemporaryDirectory() as d:
+            config = variant(d, MLLM, "zero3.yaml", training={"zero_stage": 3})
+            args = ["--config", config, "--strategy", "megatron", "--dp", "2", "--quiet"]
+            check(self, train(2, *args, "--steps", "4", "--metrics", f"{d}/whole.jsonl"))
+            check(self, train(2, *args, "--steps", "2", "--device", "emulated", "--checkpoint-dir", f"{d}/ck",
+                              "--metrics", f"{d}/first.jsonl"))
+            check(self, train(2, *args, "--steps", "4", "--checkpoint-dir", f"{d}/ck", "--resume", "--metrics",
+                              f"{d}/rest.jsonl"))
             self.assertEqual(losses(f"{d}/first.jsonl") + losses(f"{d}/rest.jsonl"), losses(f"{d}/whole.jsonl"))
 
     def test_layouts_the_device_cannot_hold_run_staged(self):
