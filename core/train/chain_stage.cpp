@@ -179,7 +179,7 @@ void ChainStage::make_zero(int stage) {
 }
 
 nn::TensorParallel ChainStage::tensor_parallel(runtime::Communicator& group, int rank, bool sequence_parallel) {
-  return tensor_parallel_group(group, rank, sequence_parallel, [this](double waited) {
+  return tensor_parallel_group(ops_, group, rank, sequence_parallel, [this](double waited) {
     if (result_) result_->idle[static_cast<std::size_t>(sim::Cause::tp)] += waited;
   });
 }

@@ -123,9 +123,10 @@ ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model
     if (t.here && t.role->replicas > 1) t.dp.emplace(world.group(t.role->dp_ranks));
   for (auto& t : towers_)
     if (t.tp)
-      t.tp_group = tensor_parallel_group(*t.tp, t.role->tp_rank, run.training.sequence_parallel, [this](double waited) {
-        if (result_) result_->idle[static_cast<std::size_t>(sim::Cause::tp)] += waited;
-      });
+      t.tp_group =
+          tensor_parallel_group(ops_, *t.tp, t.role->tp_rank, run.training.sequence_parallel, [this](double waited) {
+            if (result_) result_->idle[static_cast<std::size_t>(sim::Cause::tp)] += waited;
+          });
   set_tensor_parallel(false);
 
   // Each distinct tensor's gradient norm counted once: by DP replica 0, or under ZeRO by the

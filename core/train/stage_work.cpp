@@ -8,12 +8,15 @@
 
 namespace braid::train {
 
-nn::TensorParallel tensor_parallel_group(runtime::Communicator& group, int rank, bool sequence_parallel,
+nn::TensorParallel tensor_parallel_group(nn::Ops& ops, runtime::Communicator& group, int rank, bool sequence_parallel,
                                          std::function<void(double)> waited) {
-  nn::TensorParallel tp(rank, group.size(), [&group, waited](nn::Tensor& t) {
-    auto req = group.iallreduce(std::span<float>(t.data));
-    waited(req.wait());
+  nn::TensorParallel tp(rank, group.size(), [&ops, &group, waited](nn::Tensor& t) {
+    edit_on_host(ops, t, [&](nn::Tensor& host) {
+      auto req = group.iallreduce(std::span<float>(host.data));
+      waited(req.wait());
+    });
   });
+  tp.ops = &ops;  // the sequence splits and the vocabulary-parallel loss stage through host memory
   if (!sequence_parallel) return tp;
   tp.sequence_parallel = true;
   tp.allgather = [&group, waited](std::span<const float> mine, std::span<float> all) {

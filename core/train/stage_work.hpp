@@ -90,8 +90,9 @@ class StageWork {
 
 // A module's tensor-parallel group over `group` (this rank `rank` of it): all-reduce, and with
 // `sequence_parallel` all-gather and reduce-scatter, through the communication plugin; every
-// wait goes to `waited` (the step's TP idle time).
-nn::TensorParallel tensor_parallel_group(runtime::Communicator& group, int rank, bool sequence_parallel,
+// wait goes to `waited` (the step's TP idle time). Tensors `ops` keeps on a device cross
+// through host memory for the collectives.
+nn::TensorParallel tensor_parallel_group(nn::Ops& ops, runtime::Communicator& group, int rank, bool sequence_parallel,
                                          std::function<void(double)> waited);
 
 // Sets the handlers of the four point-to-point opcodes: receives through `receive` (which

@@ -25,13 +25,7 @@ std::string train_device_problem(const std::string& name) {
   return "--device must be auto, host, host-staged, emulated or cuda, got '" + name + "'";
 }
 
-std::string staged_because(const plan::Plan& plan) {
-  for (const auto& m : plan.modules)
-    if (m.tp > 1) return m.name + "'s tensor parallelism (tp " + std::to_string(m.tp) + ") on host memory";
-  return "";
-}
-
-TrainDevice open_train_device(const std::string& name, int threads, int local_rank, const std::string& staged_reason) {
+TrainDevice open_train_device(const std::string& name, int threads, int local_rank) {
   TrainDevice d;
   if (name == "auto") {
     auto ops = std::make_unique<nn::HostOps>(threads);
@@ -67,15 +61,9 @@ TrainDevice open_train_device(const std::string& name, int threads, int local_ra
       throw Error(e.status(), std::string("--device cuda: no GPU: ") + e.what());
     }
   }
-  d.description = backend_text(*d.backend) + ", " + d.backend->device().name();
-  if (staged_reason.empty()) {
-    d.ops = std::make_unique<nn::DeviceOps>(d.backend);
-    d.description += ", tensors resident (host staging for messages, reductions, checkpoints)";
-  } else {
-    d.ops = std::make_unique<nn::StagedOps>(d.backend);
-    d.description +=
-        ", staged: every op copies its inputs in and its outputs out, as the layout keeps " + staged_reason;
-  }
+  d.ops = std::make_unique<nn::DeviceOps>(d.backend);
+  d.description = backend_text(*d.backend) + ", " + d.backend->device().name() +
+                  ", tensors resident (host staging for messages, collectives, checkpoints)";
   return d;
 }
 

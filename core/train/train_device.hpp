@@ -8,8 +8,6 @@
 
 #include "core/nn/device_backend.hpp"
 #include "core/nn/ops.hpp"
-#include "core/plan/plan.hpp"
-#include "core/spec/run.hpp"
 
 namespace braid::train {
 
@@ -22,10 +20,6 @@ struct TrainDevice {
 // "" for a name open_train_device takes, else what is wrong with it.
 std::string train_device_problem(const std::string& name);
 
-// Why a layout cannot keep its tensors on a device ("" when it can): the trainer's tensor
-// parallelism works on host memory; such a layout runs staged instead.
-std::string staged_because(const plan::Plan& plan);
-
 // `name`:
 //  auto         the host ops called directly;
 //  host         the host backend, libbraid-host.so, through the device interface: the path
@@ -37,11 +31,9 @@ std::string staged_because(const plan::Plan& plan);
 //               host memory, and cross to the host only to be sent, reduced, checkpointed or
 //               evaluated: the data path of cuda, testable without a GPU;
 //  cuda         the CUDA backend on GPU local_rank % (GPUs on the node), resident as emulated.
-// emulated and cuda run staged (as host-staged) where `staged_reason` is not empty.
 // `threads` is the host ops' thread count. Throws Error(invalid_argument) for another name,
 // Error(plugin) when the backend cannot start (no GPU...).
-TrainDevice open_train_device(const std::string& name, int threads, int local_rank = 0,
-                              const std::string& staged_reason = "");
+TrainDevice open_train_device(const std::string& name, int threads, int local_rank = 0);
 
 // "host backend (...): peak 12.3 MiB in use, 14.0 MiB reserved, 5234 allocations", or ""
 // without a backend.

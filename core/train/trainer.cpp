@@ -258,7 +258,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   if (threads <= 0)
     threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, world.local_size()));
   nn::keep_freed_host_memory();  // activations are reallocated every step
-  TrainDevice device = open_train_device(o.device, threads, world.local_rank(), staged_because(o.plan));
+  TrainDevice device = open_train_device(o.device, threads, world.local_rank());
   nn::Ops& ops = *device.ops;
   if (rank == 0 && device.backend) out << "device: " << device.description << "\n" << std::flush;
   nn::Model model = nn::build_model(run.model, seed);

@@ -801,16 +801,12 @@ class Device(unittest.TestCase):
                               f"{d}/rest.jsonl"))
             self.assertEqual(losses(f"{d}/first.jsonl") + losses(f"{d}/rest.jsonl"), losses(f"{d}/whole.jsonl"))
 
-    def test_layouts_the_device_cannot_hold_run_staged(self):
+    def test_tensor_and_sequence_parallelism_on_the_device(self):
         with tempfile.TemporaryDirectory() as d:
-            runs = {}
-            for device in ["auto", "emulated"]:
-                r = train(2, "--config", MLLM, "--strategy", "megatron", "--tp", "2", "--steps", "2", "--device",
-                          device, "--metrics", f"{d}/{device}.jsonl")
-                check(self, r)
-                runs[device] = r.stdout
-            self.assertEqual(losses(f"{d}/auto.jsonl"), losses(f"{d}/emulated.jsonl"))
-            self.assertRegex(runs["emulated"], r"emulated:0, staged: .* tensor parallelism \(tp 2\)")
+            sp = variant(d, MLLM, "sp.yaml", training={"sequence_parallel": "true"})
+            for config in [MLLM, sp]:
+                self.assert_same_bits(config, 2, "--strategy", "megatron", "--tp", "2")
+            self.assert_same_bits(CLIP, 2, "--strategy", "megatron", "--tp", "2")
 
     def test_cuda_matches_the_host_or_says_why_not(self):
         if not cuda_devices():

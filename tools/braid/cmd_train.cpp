@@ -91,8 +91,7 @@ int run_train(const std::vector<std::string>& args) {
       "copying its inputs in and outputs out as on a GPU), emulated (the host backend as a device whose memory is "
       "not the host's: the trainer's tensors stay in it and cross to the host only to be sent, reduced, "
       "checkpointed or evaluated; what cuda does, testable without a GPU), cuda (the CUDA backend, GPU local-rank "
-      "modulo the node's GPUs, tensors resident as emulated). Layouts with tensor parallelism or ZeRO run emulated "
-      "and cuda staged: every op copies its inputs in and outputs out (correct, not fast)")(
+      "modulo the node's GPUs, tensors resident as emulated)")(
       "dump-gradients", po::value(&gradients_dir)->value_name("DIR"),
       "write each step's reduced gradients as checkpoint shards (for layout-equivalence checks)")(
       "progress-every", po::value(&progress_every)->value_name("N"),

@@ -24,17 +24,21 @@ Projector::Projector(ParameterStore& store, std::string name, int64_t in, int64_
 namespace {
 
 // This rank's slice of the last axis of x (..., n): the input of a row-parallel layer.
-Tensor slice_features(const Tensor& x, const TensorParallel& tp) {
+Tensor slice_features(const Tensor& x_any, const TensorParallel& tp) {
+  Tensor scratch;
+  const Tensor& x = host_view(tp, x_any, scratch);
   const int64_t n = x.dim(-1);
   Tensor slice = row_parallel_shard(reshaped(x, {x.numel() / n, n}), tp.rank, tp.size);
   Shape shape = x.shape;
   shape.back() = n / tp.size;
   slice.reshape(shape);
-  return slice;
+  return to_group_device(tp, std::move(slice));
 }
 
 // The whole last axis from every rank's slice (zeros elsewhere, summed over the group).
-Tensor gather_features(const Tensor& slice, const TensorParallel& tp) {
+Tensor gather_features(const Tensor& slice_any, const TensorParallel& tp) {
+  Tensor scratch;
+  const Tensor& slice = host_view(tp, slice_any, scratch);
   const int64_t n = slice.dim(-1) * tp.size, rows = slice.numel() / slice.dim(-1);
   Tensor whole({rows, n});
   add_row_parallel_shard(whole, reshaped(slice, {rows, n / tp.size}), tp.rank, tp.size);
@@ -42,7 +46,7 @@ Tensor gather_features(const Tensor& slice, const TensorParallel& tp) {
   Shape shape = slice.shape;
   shape.back() = n;
   whole.reshape(shape);
-  return whole;
+  return to_group_device(tp, std::move(whole));
 }
 
 }  // namespace

@@ -10,6 +10,17 @@
 #include "core/nn/tensor_parallel.hpp"
 
 namespace braid::nn {
+
+const Tensor& host_view(const TensorParallel& tp, const Tensor& t, Tensor& scratch) {
+  if (t.device().is_host() || !tp.ops) return t;
+  scratch = tp.ops->to_host(t);
+  return scratch;
+}
+
+Tensor to_group_device(const TensorParallel& tp, Tensor host) {
+  return tp.ops ? tp.ops->from_host(std::move(host)) : host;
+}
+
 namespace {
 
 // Adds bias (out) to every row of y (..., out) with the Ops alone: the bias broadcast by a
@@ -37,11 +48,12 @@ Tensor gather_slices(const Parameter& p, const TensorParallel& from) {
   if (from.size != p.slice.count || from.rank != p.slice.index || !from.allreduce_sum)
     throw Error(Status::internal, p.name + ": its slice " + std::to_string(p.slice.index) + " of " +
                                       std::to_string(p.slice.count) + " cannot be gathered over the group given");
-  Tensor whole(p.full_shape);
+  Tensor whole(p.full_shape), scratch;
+  const Tensor& value = host_view(from, p.value, scratch);
   if (p.slice.axis == 0)
-    add_column_parallel_shard(whole, p.value, p.slice.index, p.slice.count);
+    add_column_parallel_shard(whole, value, p.slice.index, p.slice.count);
   else
-    add_row_parallel_shard(whole, p.value, p.slice.index, p.slice.count);
+    add_row_parallel_shard(whole, value, p.slice.index, p.slice.count);
   from.allreduce_sum(whole);
   return whole;
 }
@@ -97,17 +109,21 @@ std::array<int64_t, 4> sequence_split(const Tensor& x, const TensorParallel& tp,
 
 }  // namespace
 
-Tensor sequence_shard(const Tensor& x, const TensorParallel& tp) {
+Tensor sequence_shard(const Tensor& x_any, const TensorParallel& tp) {
+  Tensor scratch;
+  const Tensor& x = host_view(tp, x_any, scratch);
   const auto [b, s, h, part] = sequence_split(x, tp, x.rank() == 3 ? x.dim(1) : 0, "sequence_shard");
   Tensor out({b, part, h});
   for (int64_t i = 0; i < b; ++i) {
     const float* from = x.ptr() + (i * s + tp.rank * part) * h;
     std::copy(from, from + part * h, out.ptr() + i * part * h);
   }
-  return out;
+  return to_group_device(tp, std::move(out));
 }
 
-Tensor sequence_allgather(const Tensor& shard, const TensorParallel& tp) {
+Tensor sequence_allgather(const Tensor& shard_any, const TensorParallel& tp) {
+  Tensor scratch;
+  const Tensor& shard = host_view(tp, shard_any, scratch);
   const auto [b, s, h, part] =
       sequence_split(shard, tp, shard.rank() == 3 ? shard.dim(1) * tp.size : 0, "sequence_allgather");
   if (!tp.allgather) throw Error(Status::internal, "sequence parallelism: the group was detached (its owner is gone)");
@@ -119,10 +135,12 @@ Tensor sequence_allgather(const Tensor& shard, const TensorParallel& tp) {
       const float* from = all.data() + (static_cast<int64_t>(r) * b + i) * part * h;
       std::copy(from, from + part * h, out.ptr() + (i * s + r * part) * h);
     }
-  return out;
+  return to_group_device(tp, std::move(out));
 }
 
-Tensor sequence_reduce_scatter(const Tensor& x, const TensorParallel& tp) {
+Tensor sequence_reduce_scatter(const Tensor& x_any, const TensorParallel& tp) {
+  Tensor scratch;
+  const Tensor& x = host_view(tp, x_any, scratch);
   const auto [b, s, h, part] = sequence_split(x, tp, x.rank() == 3 ? x.dim(1) : 0, "sequence_reduce_scatter");
   std::vector<float> all(x.data.size());  // rank-major: block r holds every sequence's positions of rank r
   for (int r = 0; r < tp.size; ++r)
@@ -134,7 +152,7 @@ Tensor sequence_reduce_scatter(const Tensor& x, const TensorParallel& tp) {
   if (!tp.reduce_scatter)
     throw Error(Status::internal, "sequence parallelism: the group was detached (its owner is gone)");
   tp.reduce_scatter(all, out.data);
-  return out;
+  return to_group_device(tp, std::move(out));
 }
 
 void tp_allreduce(const TensorParallel& tp, Tensor& t) {
@@ -152,19 +170,24 @@ Tensor cut_slice(const Tensor& whole, const TensorSlice& slice) {
 }
 
 void retarget_tensor_parallel(std::span<const TpSplit> splits, const TensorParallel& from, const TensorParallel& to) {
+  const TensorParallel& staging = from.ops ? from : to;  // either knows where the tensors live
   for (const TpSplit& s : splits) {
     Parameter& p = *s.param;
     const TensorSlice want = to.size > 1 ? TensorSlice{s.axis, to.rank, to.size} : TensorSlice{};
     if (p.slice == want) continue;
+    Tensor scratch;
+    Tensor value = host_view(staging, p.value, scratch);
     if (!p.slice.whole()) {
-      p.value = gather_slices(p, from);
+      value = gather_slices(p, from);
       p.slice = {};
     }
     if (!want.whole()) {
-      p.value = cut_slice(p.value, want);
+      value = cut_slice(value, want);
       p.slice = want;
     }
-    if (p.trainable) p.grad = Tensor(p.value.shape);
+    const Shape shape = value.shape;
+    p.value = to_group_device(staging, std::move(value));
+    if (p.trainable) p.grad = to_group_device(staging, Tensor(shape));
   }
 }
 
@@ -246,7 +269,7 @@ Tensor vocab_parallel_embedding_forward(Ops& ops, const Parameter& table, std::s
   expect_slice(table, 0, tp);
   check_ids(table, ids);
   const LocalRows local = local_rows(table, ids, tp);
-  Tensor rows({static_cast<int64_t>(ids.size()), table.full_shape[1]});
+  Tensor rows = zeros(ops, {static_cast<int64_t>(ids.size()), table.full_shape[1]});
   if (!local.rows.empty()) scatter_add_rows(ops, local.at, gather_rows(ops, table.value, local.rows), rows);
   tp_allreduce(tp, rows);
   return rows;
@@ -267,9 +290,11 @@ void vocab_parallel_embedding_backward(Ops& ops, Parameter& table, std::span<con
   if (!local.rows.empty()) scatter_add_rows(ops, local.rows, gather_rows(ops, d, local.at), *grad);
 }
 
-float vocab_parallel_cross_entropy(Ops& ops, const Tensor& logits, std::span<const int32_t> targets, int64_t normalizer,
-                                   Tensor* dlogits, const TensorParallel& tp) {
-  if (tp.size == 1) return ops.cross_entropy(logits, targets, normalizer, dlogits);
+namespace {
+
+// The vocabulary-parallel loss on host memory (tp.size > 1).
+float vocab_parallel_cross_entropy_on_host(const Tensor& logits, std::span<const int32_t> targets, int64_t normalizer,
+                                           Tensor* dlogits, const TensorParallel& tp) {
   if (logits.rank() < 1 || logits.dim(-1) == 0)
     throw Error(
         Status::invalid_argument,
@@ -334,6 +359,20 @@ float vocab_parallel_cross_entropy(Ops& ops, const Tensor& logits, std::span<con
     if (t >= begin && t < begin + columns) g[t - begin] -= scale;
   }
   return static_cast<float>(loss / static_cast<double>(divide_by));
+}
+
+}  // namespace
+
+float vocab_parallel_cross_entropy(Ops& ops, const Tensor& logits, std::span<const int32_t> targets, int64_t normalizer,
+                                   Tensor* dlogits, const TensorParallel& tp) {
+  if (tp.size == 1) return ops.cross_entropy(logits, targets, normalizer, dlogits);
+  if (logits.device().is_host()) return vocab_parallel_cross_entropy_on_host(logits, targets, normalizer, dlogits, tp);
+  // Logits on a device: through host memory, and the gradient back.
+  Tensor scratch, host_dlogits;
+  const float loss = vocab_parallel_cross_entropy_on_host(host_view(tp, logits, scratch), targets, normalizer,
+                                                          dlogits ? &host_dlogits : nullptr, tp);
+  if (dlogits) *dlogits = to_group_device(tp, std::move(host_dlogits));
+  return loss;
 }
 
 }  // namespace braid::nn

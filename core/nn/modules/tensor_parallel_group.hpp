@@ -42,7 +42,16 @@ struct TensorParallel {
   std::function<void(std::span<const float> mine, std::span<float> all)> allgather;
   std::function<void(std::span<const float> all, std::span<float> mine)> reduce_scatter;
   bool splits_sequence() const { return sequence_parallel && size > 1; }
+  // Where the group's tensors live, when not in host memory: the Ops of a device. The
+  // sequence splits, the vocabulary-parallel loss and the slice gathers work on host memory,
+  // and stage such tensors through it (and the callbacks above get host memory).
+  Ops* ops = nullptr;
 };
+
+// For the helpers that work on host memory: `t` itself when it is host memory, else its
+// host copy in `scratch`; and a host tensor moved to where tp's tensors live.
+const Tensor& host_view(const TensorParallel& tp, const Tensor& t, Tensor& scratch);
+Tensor to_group_device(const TensorParallel& tp, Tensor host);
 
 // Throws Error(invalid_argument) naming `who` unless 0 <= rank < size and, for size > 1,
 // allreduce_sum is set.

@@ -37,15 +37,19 @@ Tensor layernorm_backward_summed(Ops& ops, const LayerNorm& ln, const Tensor& x,
   if (!gamma->trainable) return ln.backward(ops, x, saved, dy);
   const int64_t n = gamma->value.numel();
   Tensor grads({2, n});
-  Tensor dgamma(gamma->value.shape), dbeta(beta->value.shape), dx;
+  Tensor dgamma = zeros(ops, gamma->value.shape), dbeta = zeros(ops, beta->value.shape), dx;
   ops.layernorm_backward(x, gamma->value, saved, dy, &dx, &dgamma, &dbeta);
-  std::copy(dgamma.data.begin(), dgamma.data.end(), grads.data.begin());
-  std::copy(dbeta.data.begin(), dbeta.data.end(), grads.data.begin() + n);
+  Tensor scratch_g, scratch_b;  // the partial sums in host memory, for one all-reduce
+  const Tensor& host_g = host_view(tp, dgamma, scratch_g);
+  const Tensor& host_b = host_view(tp, dbeta, scratch_b);
+  std::copy(host_g.data.begin(), host_g.data.end(), grads.data.begin());
+  std::copy(host_b.data.begin(), host_b.data.end(), grads.data.begin() + n);
   tp_allreduce(tp, grads);
-  for (int64_t i = 0; i < n; ++i) {
-    gamma->grad.data[static_cast<std::size_t>(i)] += grads.data[static_cast<std::size_t>(i)];
-    beta->grad.data[static_cast<std::size_t>(i)] += grads.data[static_cast<std::size_t>(n + i)];
-  }
+  Tensor sum_g({n}), sum_b({n});
+  std::copy(grads.data.begin(), grads.data.begin() + n, sum_g.data.begin());
+  std::copy(grads.data.begin() + n, grads.data.end(), sum_b.data.begin());
+  ops.add(gamma->grad, reshaped(to_group_device(tp, std::move(sum_g)), gamma->grad.shape));
+  ops.add(beta->grad, reshaped(to_group_device(tp, std::move(sum_b)), beta->grad.shape));
   return dx;
 }
 
@@ -232,13 +236,16 @@ Tensor Transformer::backward(Ops& ops, const Tensor& dy, const TransformerCache&
 
 namespace {
 
-// (B, S, H) with S grown to `length` by zero positions at each sequence's end, or cut back.
-Tensor resize_sequences(const Tensor& x, int64_t length) {
+// (B, S, H) with S grown to `length` by zero positions at each sequence's end, or cut back
+// (on host memory, where tp's tensors cross).
+Tensor resize_sequences(const Tensor& x_any, int64_t length, const TensorParallel& tp) {
+  Tensor scratch;
+  const Tensor& x = host_view(tp, x_any, scratch);
   const int64_t b = x.dim(0), s = x.dim(1), h = x.dim(2), keep = std::min(s, length);
   Tensor out({b, length, h});
   for (int64_t i = 0; i < b; ++i)
     std::copy(x.ptr() + i * s * h, x.ptr() + (i * s + keep) * h, out.ptr() + i * length * h);
-  return out;
+  return to_group_device(tp, std::move(out));
 }
 
 // The same group without sequence parallelism.
@@ -264,14 +271,14 @@ Tensor Transformer::forward_blocks(Ops& ops, const Tensor& x, int first, int las
   cache.split = tp.splits_sequence() && (shape_.causal || cache.padded == cache.positions);
   const TensorParallel group = cache.split ? tp : without_sequence_split(tp);
   Tensor h = x;
-  if (cache.split) h = sequence_shard(cache.padded == cache.positions ? x : resize_sequences(x, cache.padded), tp);
+  if (cache.split) h = sequence_shard(cache.padded == cache.positions ? x : resize_sequences(x, cache.padded, tp), tp);
   for (int l = first; l < last; ++l) {
     const TransformerBlock& b = blocks_[static_cast<std::size_t>(l)];
     if (hooks_) hooks_->before_block(b, false);
     h = b.forward(ops, h, cache.blocks[static_cast<std::size_t>(l - first)], group);
     if (hooks_) hooks_->after_block(b, false);
   }
-  if (cache.split) h = resize_sequences(sequence_allgather(h, tp), cache.positions);
+  if (cache.split) h = resize_sequences(sequence_allgather(h, tp), cache.positions, tp);
   return h;
 }
 
@@ -281,14 +288,14 @@ Tensor Transformer::backward_blocks(Ops& ops, const Tensor& dy, const Transforme
   if (first < 0 || last > layers())
     throw Error(Status::invalid_argument, name() + ": backward needs the cache of this module's forward");
   const TensorParallel group = cache.split ? tp : without_sequence_split(tp);
-  Tensor d = cache.split ? sequence_shard(resize_sequences(dy, cache.padded), tp) : dy;
+  Tensor d = cache.split ? sequence_shard(resize_sequences(dy, cache.padded, tp), tp) : dy;
   for (int l = last; l-- > first;) {
     const TransformerBlock& b = blocks_[static_cast<std::size_t>(l)];
     if (hooks_) hooks_->before_block(b, true);
     d = b.backward(ops, d, cache.blocks[static_cast<std::size_t>(l - first)], group);
     if (hooks_) hooks_->after_block(b, true);
   }
-  if (cache.split) d = resize_sequences(sequence_allgather(d, tp), cache.positions);
+  if (cache.split) d = resize_sequences(sequence_allgather(d, tp), cache.positions, tp);
   return d;
 }
 
