@@ -736,7 +736,8 @@ class Device(unittest.TestCase):
     cuda does), crossing to the host only to send, reduce, checkpoint and evaluate. All run
     the same host ops, so every step's loss must be the same bits as the default's, resumed
     runs included. `--device cuda` runs on a GPU where there is one (within 1e-4 of the host,
-    the same bits run twice, two processes sharing it); without one it must say so."""
+    the same bits run twice and resumed halfway, two and four processes sharing it);
+    without one it must say so."""
 
     def assert_same_bits(self, config, ranks, *args):
         with tempfile.TemporaryDirectory() as d:
@@ -816,7 +817,8 @@ class Device(unittest.TestCase):
             print("no GPU here: checked that --device cuda says so; the CUDA comparisons run on a GPU machine")
             return
         with tempfile.TemporaryDirectory() as d:
-            for name, ranks, config, args in [("clip", 1, CLIP, []), ("mllm", 2, MLLM, ["--strategy", "disttrain"])]:
+            for name, ranks, config, args in [("clip", 1, CLIP, []), ("mllm", 2, MLLM, ["--strategy", "disttrain"]),
+                                              ("mllm-4", 4, MLLM, ["--strategy", "disttrain"])]:
                 for device in ["auto", "cuda", "cuda-again"]:
                     check(self, train(ranks, "--config", config, "--steps", "20", "--device",
                                       device.replace("-again", ""), "--metrics", f"{d}/{name}-{device}.jsonl",
