@@ -2,8 +2,10 @@
 
 #include <dlfcn.h>
 
+#include <chrono>
 #include <cstddef>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/common/error.hpp"
@@ -58,6 +60,27 @@ std::unique_ptr<DeviceCommPlugin> load_device_comm_plugin(const std::string& nam
   plugin->api_ = static_cast<const braid_comm_plugin_v2*>(lib.api);
   plugin->path_ = lib.path;
   return plugin;
+}
+
+DeviceCommunicator::DeviceCommunicator(const DeviceCommPlugin& plugin, const std::vector<int>& world_ranks)
+    : plugin_(&plugin), world_ranks_(world_ranks) {
+  const std::vector<int32_t> ranks(world_ranks.begin(), world_ranks.end());
+  plugin.check(plugin.api().comm_create(ranks.data(), static_cast<int32_t>(ranks.size()), &comm_),
+               "creating a communicator of " + std::to_string(ranks.size()) + " ranks");
+}
+
+DeviceCommunicator::~DeviceCommunicator() {
+  if (comm_) plugin_->api().comm_free(comm_);  // a destructor cannot throw: best effort
+}
+
+double DeviceCommunicator::allreduce_sum(float* data, std::size_t count, void* stream, double deadline_s) {
+  const auto& api = plugin_->api();
+  braid_comm_request_v2* request = nullptr;
+  plugin_->check(api.iallreduce(comm_, data, data, count, BRAID_COMM_FLOAT32, BRAID_COMM_SUM, stream, &request),
+                 "all-reduce of " + std::to_string(count) + " floats");
+  const auto start = std::chrono::steady_clock::now();
+  plugin_->check(api.wait(request, deadline_s), "waiting for an all-reduce");
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 WorldBootstrap::WorldBootstrap(const World& world) : world_(&world) {

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/runtime/world.hpp"
 #include "plugins/include/braid_comm_v2.h"
@@ -38,6 +39,28 @@ class DeviceCommPlugin {
   const braid_comm_plugin_v2* api_ = nullptr;
   std::string path_;
   bool initialised_ = false;
+};
+
+// A communicator of a device plugin over listed world ranks, made by exactly those ranks
+// (collective, in the same order on each, as World::group's) and freed with the object.
+class DeviceCommunicator {
+ public:
+  DeviceCommunicator(const DeviceCommPlugin& plugin, const std::vector<int>& world_ranks);
+  ~DeviceCommunicator();
+  DeviceCommunicator(const DeviceCommunicator&) = delete;
+  DeviceCommunicator& operator=(const DeviceCommunicator&) = delete;
+
+  int size() const { return static_cast<int>(world_ranks_.size()); }
+  // Sums `count` float32 at `data` (this process's device memory) in place over the group,
+  // on `stream` (null: the device's default); blocks until the device ran it, at most
+  // `deadline_s` seconds (<= 0: none; past it the plugin aborts the communicator and this
+  // throws its message). Returns the seconds blocked.
+  double allreduce_sum(float* data, std::size_t count, void* stream, double deadline_s);
+
+ private:
+  const DeviceCommPlugin* plugin_;
+  std::vector<int> world_ranks_;
+  braid_comm_v2* comm_ = nullptr;
 };
 
 // Loads libbraid-<name>.so through braidCommPlugin_v2 (not initialised); throws

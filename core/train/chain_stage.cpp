@@ -31,7 +31,8 @@ std::span<std::byte> bytes(std::span<float> v) { return std::as_writable_bytes(v
 
 ChainStage::ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, const plan::Plan& plan, nn::Model& model,
                        const data::ShapesDataset& dataset, const RankLayout& layout, const RankProgram& program,
-                       runtime::World& world, nn::Ops& ops, const DataOptions& data)
+                       runtime::World& world, nn::Ops& ops, const DataOptions& data,
+                       const DeviceCollectives* collectives)
     : model_(model), program_(program), ops_(ops), data_(data) {
   vision_ = role_of(layout, spec::Role::encoder);
   projector_ = role_of(layout, spec::Role::projector);
@@ -136,6 +137,11 @@ ChainStage::ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, co
   if (llm_.held && llm_.replicas > 1) llm_dp_.emplace(world.group(llm_.dp_ranks));
   if (vision_.held && vision_.replicas > 1) vision_dp_.emplace(world.group(vision_.dp_ranks));
   if (projector_.held && projector_.replicas > 1) projector_dp_.emplace(world.group(projector_.dp_ranks));
+  if (collectives && run.training.zero_stage == 0) {  // ZeRO reduces its shards itself
+    if (llm_dp_) llm_dp_device_ = collectives->group(llm_.dp_ranks);
+    if (vision_dp_) vision_dp_device_ = collectives->group(vision_.dp_ranks);
+    if (projector_dp_) projector_dp_device_ = collectives->group(projector_.dp_ranks);
+  }
   // Each module holds only its slices of what tensor parallelism splits.
   // Sequence parallelism where the run asks for it, but in a colocated encoder run kernel by
   // kernel (its tasks take the whole sequences; ImageEncoder::forward_kernel).
@@ -607,14 +613,20 @@ Pending ChainStage::reduce() {
   // Per module in one order on every rank: ZeRO's reduce-scatter, or an all-reduce.
   if (llm_zero_)
     waited += llm_zero_->reduce();
+  else if (llm_dp_device_)
+    waited += llm_dp_device_->allreduce_gradients(chain.llm->part_parameters(part_));
   else if (llm_dp_)
     waited += allreduce_gradients(ops_, *llm_dp_, chain.llm->part_parameters(part_));
   if (vision_zero_)
     waited += vision_zero_->reduce();
+  else if (vision_dp_device_)
+    waited += vision_dp_device_->allreduce_gradients(chain.vision->parameters());
   else if (vision_dp_)
     waited += allreduce_gradients(ops_, *vision_dp_, chain.vision->parameters());
   if (projector_zero_)
     waited += projector_zero_->reduce();
+  else if (projector_dp_device_)
+    waited += projector_dp_device_->allreduce_gradients(chain.projector->parameters());
   else if (projector_dp_)
     waited += allreduce_gradients(ops_, *projector_dp_, chain.projector->parameters());
   double loss[1] = {loss_};

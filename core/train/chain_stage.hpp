@@ -44,6 +44,7 @@
 #include "core/runtime/world.hpp"
 #include "core/spec/run.hpp"
 #include "core/train/colocated_encoder.hpp"
+#include "core/train/device_collectives.hpp"
 #include "core/train/layout.hpp"
 #include "core/train/loader.hpp"
 #include "core/train/memory_meter.hpp"
@@ -61,7 +62,8 @@ class ChainStage : public StageWork {
   // run, Error(bad_config) naming the training field when the batch does not split.
   ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, const plan::Plan& plan, nn::Model& model,
              const data::ShapesDataset& dataset, const RankLayout& layout, const RankProgram& program,
-             runtime::World& world, nn::Ops& ops, const DataOptions& data);
+             runtime::World& world, nn::Ops& ops, const DataOptions& data,
+             const DeviceCollectives* collectives = nullptr);
   ~ChainStage() override;
 
   void begin_step(std::int64_t step, StepResult& r) override;
@@ -149,6 +151,8 @@ class ChainStage : public StageWork {
   FillRules fill_;
   runtime::Communicator* comm_ = nullptr;
   std::optional<runtime::Communicator> llm_tp_, vision_tp_, projector_tp_, llm_dp_, vision_dp_, projector_dp_;
+  // The same DP groups on the device, when its collectives run there (no ZeRO).
+  std::unique_ptr<DeviceDataParallel> llm_dp_device_, vision_dp_device_, projector_dp_device_;
   nn::TensorParallel llm_group_, vision_group_, projector_group_;  // each module's TP group, when split
   std::vector<TrainedParameter> params_;
   std::unique_ptr<ZeroModule> llm_zero_, vision_zero_, projector_zero_;  // ZeRO >= 1 over a DP group of 2+

@@ -26,7 +26,7 @@ Message hidden_message(int tower, bool forward) {
 
 ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model& model,
                      const data::ShapesDataset& dataset, const RankLayout& layout, const RankProgram& program,
-                     runtime::World& world, nn::Ops& ops, const DataOptions& data)
+                     runtime::World& world, nn::Ops& ops, const DataOptions& data, const DeviceCollectives* collectives)
     : model_(model), layout_(layout), program_(program), ops_(ops), data_(data) {
   world_ = &world.communicator();
   const auto& clip = *model.clip;
@@ -119,8 +119,10 @@ ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model
     sync_.emplace(world.group(sync));
     sync_front_ = sync.front();
   }
-  for (auto& t : towers_)
+  for (auto& t : towers_) {
     if (t.here && t.role->replicas > 1) t.dp.emplace(world.group(t.role->dp_ranks));
+    if (t.dp && collectives && run.training.zero_stage == 0) t.dp_device = collectives->group(t.role->dp_ranks);
+  }
   for (auto& t : towers_)
     if (t.tp)
       t.tp_group =
@@ -365,6 +367,8 @@ Pending ClipStage::reduce() {
   for (auto& t : towers_)
     if (t.zero)
       waited += t.zero->reduce();
+    else if (t.here && t.dp_device)
+      waited += t.dp_device->allreduce_gradients(t.params);
     else if (t.here && t.dp)
       waited += allreduce_gradients(ops_, *t.dp, t.params);
   // The temperature's gradient is a share per rank, summed over the batch-sync; the loss

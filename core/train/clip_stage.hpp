@@ -27,6 +27,7 @@
 #include "core/runtime/world.hpp"
 #include "core/spec/run.hpp"
 #include "core/train/clip_work.hpp"
+#include "core/train/device_collectives.hpp"
 #include "core/train/layout.hpp"
 #include "core/train/loader.hpp"
 #include "core/train/memory_meter.hpp"
@@ -43,7 +44,7 @@ class ClipStage : public StageWork {
   // the plan's replicas and microbatches, Error(unsupported) for a tower split by TP.
   ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model& model, const data::ShapesDataset& dataset,
             const RankLayout& layout, const RankProgram& program, runtime::World& world, nn::Ops& ops,
-            const DataOptions& data);
+            const DataOptions& data, const DeviceCollectives* collectives = nullptr);
 
   void begin_step(std::int64_t step, StepResult& r) override;
   void install(Interpreter& interpreter) override;
@@ -67,7 +68,8 @@ class ClipStage : public StageWork {
     std::unique_ptr<Loader> loader;
     std::unique_ptr<Prefetcher> prefetch;  // made at the first step
     std::optional<runtime::Communicator> dp, tp;
-    nn::TensorParallel tp_group;  // over `tp`, when the tower is split
+    std::unique_ptr<DeviceDataParallel> dp_device;  // `dp` on the device, when its collectives run there
+    nn::TensorParallel tp_group;                    // over `tp`, when the tower is split
     std::vector<nn::Parameter*> params;
     std::unique_ptr<ZeroModule> zero;  // ZeRO >= 1 over a DP group of 2+
     // Per step.

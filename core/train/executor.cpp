@@ -24,10 +24,10 @@ Executor::Executor(const spec::RunSpec& run, const cost::CostModel& cost, const 
       world_comm_(&world.communicator()),
       program_(rank_program(cost, plan, options_.schedule, topology, world.rank())),
       work_(model.topology == spec::Topology::contrastive
-                ? std::unique_ptr<StageWork>(std::make_unique<ClipStage>(run, plan, model, dataset, layout_, program_,
-                                                                         world, ops, options_.data))
+                ? std::unique_ptr<StageWork>(std::make_unique<ClipStage>(
+                      run, plan, model, dataset, layout_, program_, world, ops, options_.data, options_.collectives))
                 : std::make_unique<ChainStage>(run, cost, plan, model, dataset, layout_, program_, world, ops,
-                                               options_.data)),
+                                               options_.data, options_.collectives)),
       params_(work_->parameters()) {
   work_->install(interpreter_);
   interpreter_.set(Op::optimizer_step, [this](const Instruction&) { return optimizer_step(lr_, *result_); });

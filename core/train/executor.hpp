@@ -28,6 +28,7 @@
 #include "core/runtime/groups.hpp"
 #include "core/runtime/world.hpp"
 #include "core/spec/run.hpp"
+#include "core/train/device_collectives.hpp"
 #include "core/train/interpreter.hpp"
 #include "core/train/layout.hpp"
 #include "core/train/memory_meter.hpp"
@@ -45,6 +46,9 @@ struct ExecutorOptions {
   // Host memory the ops' backend holds but does not use (its pool's cached blocks), so the
   // measured activations are what is in use; null for none.
   std::function<std::size_t()> idle_heap;
+  // The device's data-parallel collectives, when they run there (device_collectives.hpp);
+  // null: through host memory and the MPI plugin.
+  const DeviceCollectives* collectives = nullptr;
 };
 
 class Executor {

@@ -261,6 +261,14 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   TrainDevice device = open_train_device(o.device, threads, world.local_rank());
   nn::Ops& ops = *device.ops;
   if (rank == 0 && device.backend) out << "device: " << device.description << "\n" << std::flush;
+  std::string no_device_collectives;
+  const std::unique_ptr<DeviceCollectives> collectives = DeviceCollectives::open(device, world, no_device_collectives);
+  if (rank == 0 && device.backend)
+    out << "device collectives: "
+        << (collectives ? collectives->description()
+                        : "none (" + no_device_collectives + "): every collective through host memory and MPI")
+        << "\n"
+        << std::flush;
   nn::Model model = nn::build_model(run.model, seed);
   const data::ShapesDataset dataset = make_dataset(run, seed);
   ExecutorOptions eo;
@@ -269,6 +277,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   eo.data.last_step = total;
   eo.on_fatal = o.on_fatal;
   eo.schedule = o.schedule;
+  eo.collectives = collectives.get();
   if (device.backend && device.backend->name() == "host")  // its pool is this process's heap (emulated too)
     eo.idle_heap = [backend = device.backend] {
       const nn::DeviceMemoryStats m = backend->memory_stats();

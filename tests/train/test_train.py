@@ -762,6 +762,7 @@ class Device(unittest.TestCase):
                 for rank_auto, rank_dev in zip(measured["auto"]["ranks"], measured[dev]["ranks"]):
                     a, h = rank_auto["measured_bytes"]["activations"], rank_dev["measured_bytes"]["activations"]
                     self.assertLess(abs(h - a), 0.25 * a + (2 << 20), (dev, a, h))
+            return runs
 
     def test_clip_on_one_process(self):
         self.assert_same_bits(CLIP, 1)
@@ -774,6 +775,13 @@ class Device(unittest.TestCase):
 
     def test_distmm_on_two_processes(self):
         self.assert_same_bits(CLIP, 2, "--strategy", "distmm", "--schedule", "distmm-pipe")
+
+    def test_data_parallel_gradients_reduce_on_the_device(self):
+        # The emulated device all-reduces its DP groups' gradients through the MPI plugin's
+        # communication interface v2, on the device's memory, as cuda does through NCCL.
+        runs = self.assert_same_bits(MLLM, 4, "--strategy", "megatron", "--dp", "4")
+        self.assertIn("device collectives: mpi (", runs["emulated"])
+        self.assertIn("device collectives: none (the tensors are host memory)", runs["host"])
 
     def test_zero_stages_on_the_device(self):
         with tempfile.TemporaryDirectory() as d:

@@ -1,0 +1,60 @@
+// The data-parallel gradient all-reduce on the device's memory, through a device
+// communication plugin (braid_comm_v2.h): NCCL for `--device cuda` with a GPU per process,
+// the MPI plugin's interface v2 for `--device emulated`, so CI runs this path. Without one,
+// the gradients cross to the host and go through the MPI plugin (host_staging.hpp), as
+// every other message and collective of the trainer does.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/nn/device_backend.hpp"
+#include "core/nn/modules/parameter.hpp"
+#include "core/runtime/device_comm.hpp"
+#include "core/runtime/world.hpp"
+
+namespace braid::train {
+
+struct TrainDevice;
+
+// One data-parallel group's communicator on the device.
+class DeviceDataParallel {
+ public:
+  DeviceDataParallel(std::shared_ptr<nn::DeviceBackend> backend, std::unique_ptr<runtime::DeviceCommunicator> comm)
+      : backend_(std::move(backend)), comm_(std::move(comm)) {}
+  // Sums the gradients of `params` (the trainable ones) over the group in one flat buffer on
+  // the device, in the order allreduce_gradients uses on the host; returns the seconds blocked.
+  double allreduce_gradients(const std::vector<nn::Parameter*>& params);
+
+ private:
+  std::shared_ptr<nn::DeviceBackend> backend_;
+  std::unique_ptr<runtime::DeviceCommunicator> comm_;
+};
+
+class DeviceCollectives {
+ public:
+  // Seconds a device collective may wait before its communicator is aborted with an error
+  // (a rank that died or hangs), rather than waiting forever as NCCL would.
+  static constexpr double kDeadlineSeconds = 600.0;
+
+  // The plugin for `device`, started on every rank of `world` (collective), or null with
+  // `why_not` saying why: a device without one (the host ops; the host backend on host
+  // memory), processes sharing a GPU (NCCL refuses them), or a plugin that failed to load or
+  // start on some rank (all ranks decide together, so none waits for the others).
+  static std::unique_ptr<DeviceCollectives> open(const TrainDevice& device, runtime::World& world,
+                                                 std::string& why_not);
+  // "nccl (NCCL 2.28.3): data-parallel gradient all-reduce on the device"
+  std::string description() const;
+  // A communicator over `world_ranks`, made by exactly those ranks, in the order
+  // World::group's communicators are made.
+  std::unique_ptr<DeviceDataParallel> group(const std::vector<int>& world_ranks) const;
+
+ private:
+  DeviceCollectives() = default;
+  std::shared_ptr<nn::DeviceBackend> backend_;
+  std::unique_ptr<runtime::WorldBootstrap> bootstrap_;  // the plugin keeps a pointer to it
+  std::unique_ptr<runtime::DeviceCommPlugin> plugin_;
+};
+
+}  // namespace braid::train

@@ -1,0 +1,272 @@
+// libbraid-mpi.so's communication interface v2 (braid_comm_v2.h), over its version 1
+// (mpi_comm.cpp): the same MPI communicators and requests, on host memory. It is what lets
+// braid's device collectives run where the "device" is host memory (the host backend as an
+// emulated device), with the calls NCCL gets on a GPU:
+// - streams are accepted and ignored: host memory has none, work is ordered by the calls;
+// - the bootstrap is not needed (MPI has its own) and is only checked;
+// - wait and barrier keep their deadline by testing and sleeping. Past it the operation is
+//   abandoned (MPI cannot cancel a collective) and the communicator refuses further work;
+//   the error names the operation and the communicator's world ranks. Freeing the
+//   communicator then waits for what it abandoned, which the other ranks must complete.
+// Tags are honoured (MPI has them), which the interface allows.
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "braid_comm_v1.h"
+#include "braid_comm_v2.h"
+
+#define BRAID_PLUGIN_EXPORT __attribute__((visibility("default")))
+
+extern "C" const braid_comm_plugin_v1 braidCommPlugin_v1;  // mpi_comm.cpp, in this library
+
+struct braid_comm_v2 {
+  braid_comm_v1* comm = nullptr;
+  std::vector<int32_t> world_ranks;               // for errors
+  bool owned = true;                              // false for the world
+  bool aborted = false;                           // a deadline passed: no further work
+  std::vector<braid_comm_request_v1*> abandoned;  // operations left at a deadline
+};
+
+struct braid_comm_request_v2 {
+  braid_comm_request_v1* request = nullptr;
+  braid_comm_v2* comm = nullptr;
+  const char* op = "";
+};
+
+namespace {
+
+const braid_comm_plugin_v1& v1 = braidCommPlugin_v1;
+char error[1024] = "";
+braid_comm_v2 world_comm;
+bool started = false;
+
+int fail(int code, const char* format, ...) __attribute__((format(printf, 2, 3)));
+int fail(int code, const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(error, sizeof error, format, args);
+  va_end(args);
+  return code;
+}
+
+// Version 1's status, its message kept as this version's.
+int from_v1(int code) {
+  if (code) std::snprintf(error, sizeof error, "%s", v1.last_error());
+  return code;
+}
+
+constexpr int kFailed = 17;  // MPI_ERR_OTHER's value in Open MPI and MPICH alike
+
+std::string ranks_text(const braid_comm_v2* c) {
+  std::string s;
+  for (std::size_t i = 0; i < c->world_ranks.size(); ++i) s += (i ? "," : "") + std::to_string(c->world_ranks[i]);
+  return "{" + s + "}";
+}
+
+int usable(braid_comm_v2* c, const char* call) {
+  if (!c) return fail(kFailed, "%s: communicator is NULL", call);
+  if (c->aborted)
+    return fail(kFailed, "%s: the communicator of world ranks %s was aborted at a deadline; free it", call,
+                ranks_text(c).c_str());
+  return 0;
+}
+
+// Wraps the version-1 request a call just made (`code` its status).
+int posted(braid_comm_v2* c, const char* op, int code, braid_comm_request_v1* r, braid_comm_request_v2** out) {
+  if (code) return from_v1(code);
+  *out = new braid_comm_request_v2{r, c, op};
+  return 0;
+}
+
+const char* last_error() { return error; }
+const char* backend_version() { return v1.backend_version(); }
+
+int init(const braid_comm_bootstrap_v2* bootstrap) {
+  error[0] = '\0';
+  if (!bootstrap || bootstrap->struct_size < sizeof(braid_comm_bootstrap_v2))
+    return fail(kFailed, "init: the bootstrap is missing or older than this plugin");
+  if (started) return fail(kFailed, "init: already initialised");
+  if (int rc = from_v1(v1.init())) return rc;
+  int32_t rank = 0, size = 0;
+  v1.world(&rank, &size, nullptr, nullptr);
+  if (rank != bootstrap->rank || size != bootstrap->size) {
+    v1.finalize();
+    return fail(kFailed, "init: the bootstrap says rank %d of %d, MPI rank %d of %d", bootstrap->rank, bootstrap->size,
+                rank, size);
+  }
+  world_comm = braid_comm_v2();
+  v1.comm_world(&world_comm.comm);
+  for (int32_t r = 0; r < size; ++r) world_comm.world_ranks.push_back(r);
+  world_comm.owned = false;
+  started = true;
+  return 0;
+}
+
+int finalize() {
+  if (!started) return 0;
+  started = false;
+  world_comm = braid_comm_v2();
+  return from_v1(v1.finalize());
+}
+
+int world(int32_t* rank, int32_t* size, int32_t* local_rank, int32_t* local_size) {
+  if (!started) return fail(kFailed, "world: not initialised");
+  return from_v1(v1.world(rank, size, local_rank, local_size));
+}
+
+int comm_world(braid_comm_v2** out) {
+  if (!started) return fail(kFailed, "comm_world: not initialised");
+  if (!out) return fail(kFailed, "comm_world: output pointer is NULL");
+  *out = &world_comm;
+  return 0;
+}
+
+int comm_create(const int32_t* world_ranks, int32_t count, braid_comm_v2** out) {
+  if (!started) return fail(kFailed, "comm_create: not initialised");
+  if (!out) return fail(kFailed, "comm_create: output pointer is NULL");
+  braid_comm_v1* c = nullptr;
+  if (int rc = from_v1(v1.comm_create(world_ranks, count, &c))) return rc;
+  *out = new braid_comm_v2{c, std::vector<int32_t>(world_ranks, world_ranks + count), true, false, {}};
+  return 0;
+}
+
+int comm_free(braid_comm_v2* c) {
+  if (!c || !c->owned) return 0;
+  for (braid_comm_request_v1* r : c->abandoned) v1.wait(r);  // MPI frees nothing in flight
+  const int rc = from_v1(v1.comm_free(c->comm));
+  delete c;
+  return rc;
+}
+
+int comm_rank(braid_comm_v2* c, int32_t* rank) {
+  if (!c) return fail(kFailed, "comm_rank: communicator is NULL");
+  return from_v1(v1.comm_rank(c->comm, rank));
+}
+
+int comm_size(braid_comm_v2* c, int32_t* size) {
+  if (!c) return fail(kFailed, "comm_size: communicator is NULL");
+  return from_v1(v1.comm_size(c->comm, size));
+}
+
+int isend(braid_comm_v2* c, const void* data, size_t bytes, int32_t peer, int32_t tag, void*,
+          braid_comm_request_v2** out) {
+  if (int rc = usable(c, "isend")) return rc;
+  braid_comm_request_v1* r = nullptr;
+  const int code = v1.isend(c->comm, data, bytes, peer, tag, &r);
+  return posted(c, "isend", code, r, out);
+}
+
+int irecv(braid_comm_v2* c, void* data, size_t bytes, int32_t peer, int32_t tag, void*, braid_comm_request_v2** out) {
+  if (int rc = usable(c, "irecv")) return rc;
+  braid_comm_request_v1* r = nullptr;
+  const int code = v1.irecv(c->comm, data, bytes, peer, tag, &r);
+  return posted(c, "irecv", code, r, out);
+}
+
+int iallreduce(braid_comm_v2* c, const void* send, void* recv, size_t count, int32_t dtype, int32_t op, void*,
+               braid_comm_request_v2** out) {
+  if (int rc = usable(c, "iallreduce")) return rc;
+  braid_comm_request_v1* r = nullptr;
+  const int code = v1.iallreduce(c->comm, send, recv, count, dtype, op, &r);
+  return posted(c, "all-reduce", code, r, out);
+}
+
+int iallgather(braid_comm_v2* c, const void* send, void* recv, size_t bytes, void*, braid_comm_request_v2** out) {
+  if (int rc = usable(c, "iallgather")) return rc;
+  braid_comm_request_v1* r = nullptr;
+  const int code = v1.iallgather(c->comm, send, recv, bytes, &r);
+  return posted(c, "all-gather", code, r, out);
+}
+
+int ibroadcast(braid_comm_v2* c, void* data, size_t bytes, int32_t root, void*, braid_comm_request_v2** out) {
+  if (int rc = usable(c, "ibroadcast")) return rc;
+  braid_comm_request_v1* r = nullptr;
+  const int code = v1.ibroadcast(c->comm, data, bytes, root, &r);
+  return posted(c, "broadcast", code, r, out);
+}
+
+int ireduce_scatter(braid_comm_v2* c, const void* send, void* recv, size_t recv_count, int32_t dtype, int32_t op, void*,
+                    braid_comm_request_v2** out) {
+  if (int rc = usable(c, "ireduce_scatter")) return rc;
+  braid_comm_request_v1* r = nullptr;
+  const int code = v1.ireduce_scatter(c->comm, send, recv, recv_count, dtype, op, &r);
+  return posted(c, "reduce-scatter", code, r, out);
+}
+
+int test(braid_comm_request_v2* request, int32_t* done) {
+  if (!request) return fail(kFailed, "test: request is NULL");
+  const int rc = from_v1(v1.test(request->request, done));
+  if (*done) delete request;
+  return rc;
+}
+
+int wait(braid_comm_request_v2* request, double timeout_s) {
+  if (!request) return fail(kFailed, "wait: request is NULL");
+  if (timeout_s <= 0) {
+    const int rc = from_v1(v1.wait(request->request));
+    delete request;
+    return rc;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (;;) {
+    int32_t done = 0;
+    if (int rc = from_v1(v1.test(request->request, &done)); rc || done) {
+      delete request;
+      return rc;
+    }
+    if (std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  braid_comm_v2* c = request->comm;
+  const char* op = request->op;
+  c->abandoned.push_back(request->request);
+  c->aborted = true;
+  delete request;
+  return fail(kFailed,
+              "%s on the communicator of world ranks %s did not complete within %.3g s; it is aborted (MPI "
+              "does not say which ranks did not arrive)",
+              op, ranks_text(c).c_str(), timeout_s);
+}
+
+int barrier(braid_comm_v2* c, double timeout_s) {
+  if (int rc = usable(c, "barrier")) return rc;
+  // An all-reduce of nothing is a barrier that can be waited on with a deadline.
+  static int32_t none_in = 0, none_out = 0;
+  braid_comm_request_v2* r = nullptr;
+  if (int rc = iallreduce(c, &none_in, &none_out, 1, BRAID_COMM_INT32, BRAID_COMM_SUM, nullptr, &r)) return rc;
+  r->op = "barrier";
+  return wait(r, timeout_s);
+}
+
+void abort_world(int32_t code) { v1.abort(code); }
+
+}  // namespace
+
+extern "C" BRAID_PLUGIN_EXPORT const braid_comm_plugin_v2 braidCommPlugin_v2 = {
+    .interface_version = 2,
+    .name = "mpi",
+    .last_error = last_error,
+    .backend_version = backend_version,
+    .init = init,
+    .finalize = finalize,
+    .world = world,
+    .comm_world = comm_world,
+    .comm_create = comm_create,
+    .comm_free = comm_free,
+    .comm_rank = comm_rank,
+    .comm_size = comm_size,
+    .isend = isend,
+    .irecv = irecv,
+    .iallreduce = iallreduce,
+    .iallgather = iallgather,
+    .ibroadcast = ibroadcast,
+    .ireduce_scatter = ireduce_scatter,
+    .test = test,
+    .wait = wait,
+    .barrier = barrier,
+    .abort = abort_world,
+};
