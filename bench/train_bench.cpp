@@ -235,9 +235,8 @@ BraidDevice open_device(const std::string& device, int threads) {
     d.description = "host ops (" + std::to_string(threads) + " threads)";
     return d;
   }
-  if (device == "host") setenv("BRAID_HOST_MEMORY", "separate", 1);  // every tensor in the backend's memory
-  d.backend = nn::DeviceBackend::open_for_process(device, threads, 0);
-  unsetenv("BRAID_HOST_MEMORY");
+  // host: the host backend as an emulated device, every tensor in the backend's memory
+  d.backend = nn::DeviceBackend::open_for_process(device == "host" ? "emulated" : device, threads, 0);
   d.ops = std::make_unique<nn::DeviceOps>(d.backend);
   d.description = d.backend->name() + " backend, " + d.backend->info().name + " (" + d.backend->device().name() +
                   "), tensors resident";

@@ -1,6 +1,7 @@
 #include "core/nn/device_backend.hpp"
 
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "core/common/error.hpp"
@@ -19,15 +20,45 @@ std::shared_ptr<DeviceBackend> DeviceBackend::open(const std::string& plugin_nam
 std::shared_ptr<DeviceBackend> DeviceBackend::open_for_process(const std::string& plugin_name, int threads,
                                                                int local_rank) {
   // The host plugin's ops take their thread count from the environment when they start.
-  if (plugin_name == "host" && threads > 0) ::setenv("BRAID_HOST_THREADS", std::to_string(threads).c_str(), 1);
+  if ((plugin_name == "host" || plugin_name == "emulated") && threads > 0)
+    ::setenv("BRAID_HOST_THREADS", std::to_string(threads).c_str(), 1);
   return open_picking(plugin_name, [&](int count) {
     if (count == 0) throw Error(Status::plugin, plugin_name + " backend sees no device");
     return local_rank % count;
   });
 }
 
+namespace {
+
+// An environment variable set for a scope, then put back as it was.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+}  // namespace
+
 std::shared_ptr<DeviceBackend> DeviceBackend::open_picking(const std::string& plugin_name,
                                                            const std::function<int(int count)>& pick) {
+  if (plugin_name == "emulated") {  // the host plugin reads it when the device is opened
+    const ScopedEnv separate("BRAID_HOST_MEMORY", "separate");
+    return open_picking("host", pick);
+  }
   std::shared_ptr<DeviceBackend> b(new DeviceBackend());
   b->plugin_ = runtime::load_device_plugin(plugin_name);
   b->name_ = b->plugin_->name();
@@ -137,6 +168,9 @@ DeviceIds DeviceBackend::upload_ids(std::span<const int32_t> ids) {
 }
 
 void DeviceBackend::copy(Tensor& to, const Tensor& from) {
+  if (!(to.device() == device_) || !(from.device() == device_))
+    throw Error(Status::invalid_argument, name_ + " backend: copying on " + device_.name() + " from " +
+                                              from.device().name() + " into " + to.device().name());
   if (to.numel() != from.numel())
     throw Error(Status::invalid_argument,
                 name_ + " backend: copying " + shape_string(from.shape) + " into " + shape_string(to.shape));

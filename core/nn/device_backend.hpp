@@ -30,7 +30,8 @@ class DeviceBackend : public DeviceCopier, public std::enable_shared_from_this<D
  public:
   // Loads libbraid-<plugin>.so through the v2 interface and opens device `index` with one
   // stream; throws Error(Status::plugin) when the plugin is v1 only, has no such device, or
-  // cannot start.
+  // cannot start. "emulated" opens the host plugin as an emulated device (its memory not
+  // host memory to braid: BRAID_HOST_MEMORY=separate while it opens).
   static std::shared_ptr<DeviceBackend> open(const std::string& plugin, int index = 0);
   // The device one process of a job uses: the `local_rank`-th of the node's devices, modulo
   // those the plugin sees (processes may share one); for the host plugin, with `threads`

@@ -390,7 +390,10 @@ void DeviceOps::scale(Tensor& t, float factor) {
   check(o.scale(backend_->stream(), &d, factor, error_, sizeof error_), "scale");
 }
 
-Tensor DeviceOps::from_host(Tensor host) { return host.device() == backend_->device() ? host : backend_->upload(host); }
+Tensor DeviceOps::from_host(Tensor host) {
+  if (host.device() == backend_->device()) return host;  // moved, not copied
+  return backend_->upload(host);
+}
 
 Tensor DeviceOps::to_host(const Tensor& t) { return t.device().is_host() ? t : backend_->download(t); }
 

@@ -208,6 +208,16 @@ ChainStage::~ChainStage() {
   if (llm_tp_) chain.llm->detach_tensor_parallel();
 }
 
+std::vector<nn::Parameter*> ChainStage::held_parameters() const {
+  std::vector<nn::Parameter*> out;
+  const auto& chain = *model_.chain;
+  auto add = [&](const std::vector<nn::Parameter*>& params) { out.insert(out.end(), params.begin(), params.end()); };
+  if (vision_.held) add(chain.vision->parameters());
+  if (projector_.held) add(chain.projector->parameters());
+  if (llm_.held) add(chain.llm->part_parameters(part_));
+  return out;
+}
+
 std::vector<TrainedParameter> ChainStage::trained_parameters(int zero_stage) const {
   std::vector<TrainedParameter> out;
   auto add = [&](const std::vector<nn::Parameter*>& params, const ModuleRole& role) {

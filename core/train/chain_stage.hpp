@@ -70,6 +70,7 @@ class ChainStage : public StageWork {
   void install(Interpreter& interpreter) override;
   const FillRules* fill_rules() const override { return encoder_ ? &fill_ : nullptr; }
   std::vector<TrainedParameter>& parameters() override { return params_; }
+  std::vector<nn::Parameter*> held_parameters() const override;
   void gather_parameters() override;
   void single_process(bool on) override;
   void add_memory_sources(MemoryMeter& meter) override {

@@ -394,6 +394,21 @@ void ClipStage::after_optimizer_step() {
   model_.clip->loss->clamp_after_step(ops_);
 }
 
+std::vector<nn::Parameter*> ClipStage::held_parameters() const {
+  const nn::ClipModel& clip = *model_.clip;
+  std::vector<nn::Parameter*> out;
+  auto add = [&](const std::vector<nn::Parameter*>& params) { out.insert(out.end(), params.begin(), params.end()); };
+  for (int t = 0; t < 2; ++t) {
+    const Tower& tower = towers_[t];
+    if (!tower.here) continue;
+    add(t == 0 ? clip.image_encoder->part_parameters(tower.part) : clip.text_encoder->part_parameters(tower.part));
+    if (tower.role->stage + 1 == tower.role->stages)
+      add(t == 0 ? clip.image_head->parameters() : clip.text_head->parameters());
+  }
+  if (sync_) out.push_back(logit_scale_);  // the batch-sync reads the temperature
+  return out;
+}
+
 void ClipStage::gather_parameters() {
   const nn::ClipModel& clip = *model_.clip;
   const int layers[2] = {clip.image_encoder->layers(), clip.text_encoder->layers()};

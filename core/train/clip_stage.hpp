@@ -50,6 +50,7 @@ class ClipStage : public StageWork {
   void install(Interpreter& interpreter) override;
   ~ClipStage() override;
   std::vector<TrainedParameter>& parameters() override { return params_; }
+  std::vector<nn::Parameter*> held_parameters() const override;
   void single_process(bool on) override;
   void add_memory_sources(MemoryMeter& meter) override {
     meter.add_source(MemoryKind::communication, [this] { return sends_.bytes(); });

@@ -38,6 +38,17 @@ double DeviceDataParallel::allreduce_gradients(const std::vector<nn::Parameter*>
   return waited;
 }
 
+namespace {
+
+// Whether every rank of `world` succeeded (collective): so that all go on together.
+bool all_succeeded(runtime::World& world, bool succeeded) {
+  std::int32_t failed[1] = {succeeded ? 0 : 1};
+  world.communicator().allreduce(std::span<std::int32_t>(failed));
+  return failed[0] == 0;
+}
+
+}  // namespace
+
 std::unique_ptr<DeviceCollectives> DeviceCollectives::open(const TrainDevice& device, runtime::World& world,
                                                            std::string& why_not) {
   why_not.clear();
@@ -46,27 +57,36 @@ std::unique_ptr<DeviceCollectives> DeviceCollectives::open(const TrainDevice& de
     return nullptr;
   }
   const bool gpu = device.backend->device().type == nn::DeviceType::cuda;
-  if (gpu && world.local_size() > device.backend->device_count()) {
+  std::unique_ptr<DeviceCollectives> c(new DeviceCollectives());
+  c->backend_ = device.backend;
+  // First what each rank can tell alone, then starting the plugin, which is collective (NCCL
+  // agrees on ids over the bootstrap): only once every rank is ready, and agreed on again, so
+  // that no rank waits for one that gave up.
+  if (gpu && world.local_size() > device.backend->device_count())
     why_not = std::to_string(world.local_size()) + " processes share " +
               std::to_string(device.backend->device_count()) + " GPU(s) on this node, which NCCL refuses";
-  }
-  // Every rank tries, then all agree: one that cannot start makes all stage through the host.
-  std::unique_ptr<DeviceCollectives> c(new DeviceCollectives());
   if (why_not.empty()) {
     try {
-      c->backend_ = device.backend;
       c->bootstrap_ = std::make_unique<runtime::WorldBootstrap>(world);
       c->plugin_ = runtime::load_device_comm_plugin(gpu ? "nccl" : "mpi");
-      c->plugin_->init(c->bootstrap_->get());
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       why_not = e.what();
     }
   }
-  std::int32_t failed[1] = {why_not.empty() ? 0 : 1};
-  world.communicator().allreduce(std::span<std::int32_t>(failed));
-  if (failed[0] == 0) return c;
-  if (why_not.empty()) why_not = "another rank could not start its device communication plugin";
-  return nullptr;
+  if (!all_succeeded(world, why_not.empty())) {
+    if (why_not.empty()) why_not = "another rank cannot use its device communication plugin";
+    return nullptr;
+  }
+  try {
+    c->plugin_->init(c->bootstrap_->get());
+  } catch (const std::exception& e) {
+    why_not = e.what();
+  }
+  if (!all_succeeded(world, why_not.empty())) {
+    if (why_not.empty()) why_not = "another rank's device communication plugin failed to start";
+    return nullptr;
+  }
+  return c;
 }
 
 std::string DeviceCollectives::description() const {

@@ -41,7 +41,8 @@ class DeviceCollectives {
   // The plugin for `device`, started on every rank of `world` (collective), or null with
   // `why_not` saying why: a device without one (the host ops; the host backend on host
   // memory), processes sharing a GPU (NCCL refuses them), or a plugin that failed to load or
-  // start on some rank (all ranks decide together, so none waits for the others).
+  // start on some rank. Ranks agree before starting it and after, so none waits for another
+  // that gave up.
   static std::unique_ptr<DeviceCollectives> open(const TrainDevice& device, runtime::World& world,
                                                  std::string& why_not);
   // "nccl (NCCL 2.28.3): data-parallel gradient all-reduce on the device"

@@ -70,6 +70,8 @@ class Executor {
   const std::vector<Executed>& executed() const { return executed_; }
   std::vector<TrainedParameter>& parameters() { return params_; }
   nn::Ops& ops() { return ops_; }  // where the parameters and their state live
+  // Every parameter of the parts this rank holds (StageWork::held_parameters).
+  std::vector<nn::Parameter*> held_parameters() const { return work_->held_parameters(); }
   // This rank's memory by kind, sampled at the start of every step and after each instruction.
   const MemoryMeter& memory() const { return memory_; }
   runtime::Communicator& world_communicator() { return *world_comm_; }

@@ -1,5 +1,6 @@
 #include "core/train/host_staging.hpp"
 
+#include <set>
 #include <span>
 #include <utility>
 
@@ -30,20 +31,36 @@ std::vector<float> release_to_host(nn::Ops& ops, nn::Tensor& t) {
   return out;
 }
 
-void place_training_state(nn::Ops& ops, nn::ParameterStore& store, std::vector<TrainedParameter>& trained) {
-  auto place = [&](nn::Tensor& t) {
-    if (!t.data.empty()) t = ops.from_host(std::move(t));
-  };
-  for (nn::Parameter* p : store.all()) {
-    place(p->value);
-    place(p->grad);
+namespace {
+
+void place(nn::Ops& ops, nn::Tensor& t) {
+  if (!t.data.empty()) t = ops.from_host(std::move(t));
+}
+
+}  // namespace
+
+void place_training_state(nn::Ops& ops, const std::vector<nn::Parameter*>& held,
+                          std::vector<TrainedParameter>& trained) {
+  for (nn::Parameter* p : held) {
+    place(ops, p->value);
+    place(ops, p->grad);
   }
   for (TrainedParameter& t : trained) {
-    place(t.state.m);
-    place(t.state.v);
-    place(t.grad_shard);
-    place(t.value_shard);
+    place(ops, t.state.m);
+    place(ops, t.state.v);
+    place(ops, t.grad_shard);
+    place(ops, t.value_shard);
   }
+}
+
+void place_all_values(nn::Ops& ops, nn::ParameterStore& store) {
+  for (nn::Parameter* p : store.all()) place(ops, p->value);
+}
+
+void release_unheld_values(nn::Ops& ops, nn::ParameterStore& store, const std::vector<nn::Parameter*>& held) {
+  const std::set<const nn::Parameter*> keep(held.begin(), held.end());
+  for (nn::Parameter* p : store.all())
+    if (!keep.count(p)) p->value = host_tensor(ops, std::move(p->value));
 }
 
 void broadcast(nn::Ops& ops, runtime::Communicator& comm, nn::Tensor& t, int root) {

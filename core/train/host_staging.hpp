@@ -23,9 +23,15 @@ void edit_on_host(nn::Ops& ops, nn::Tensor& t, const std::function<void(nn::Tens
 // `t`'s elements as a vector (for a send): moved out of host memory, copied from a device.
 // `t` is left empty.
 std::vector<float> release_to_host(nn::Ops& ops, nn::Tensor& t);
-// Every parameter of `store` (its value; the gradient of a trainable one) and the optimizer
-// state of `trained` moved to where `ops` keeps tensors: after building or restoring them.
-void place_training_state(nn::Ops& ops, nn::ParameterStore& store, std::vector<TrainedParameter>& trained);
+// The parameters this rank holds (their values; the gradients of trainable ones) and the
+// optimizer state of `trained` moved to where `ops` keeps tensors: after building or
+// restoring them. The rest of the model stays in host memory.
+void place_training_state(nn::Ops& ops, const std::vector<nn::Parameter*>& held,
+                          std::vector<TrainedParameter>& trained);
+// Every parameter value of `store` where `ops` keeps tensors (to evaluate the whole model);
+// `release_unheld` puts back in host memory those this rank does not hold.
+void place_all_values(nn::Ops& ops, nn::ParameterStore& store);
+void release_unheld_values(nn::Ops& ops, nn::ParameterStore& store, const std::vector<nn::Parameter*>& held);
 // Rank `root`'s `t` to every rank of `comm` (each holds a tensor of its shape already).
 void broadcast(nn::Ops& ops, runtime::Communicator& comm, nn::Tensor& t, int root);
 

@@ -71,6 +71,8 @@ class StageWork {
   // The parameters this rank trains, with their optimizer state (and ZeRO shards); the work
   // keeps them, the executor steps them.
   virtual std::vector<TrainedParameter>& parameters() = 0;
+  // Every parameter of the parts this rank holds, trained or frozen: what its ops read.
+  virtual std::vector<nn::Parameter*> held_parameters() const = 0;
   // Every parameter from the rank that trains it to every rank (collective over the world),
   // so that one rank can evaluate the whole model.
   virtual void gather_parameters() = 0;

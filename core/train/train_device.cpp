@@ -1,7 +1,6 @@
 #include "core/train/train_device.hpp"
 
 #include <cstdio>
-#include <cstdlib>
 
 #include "core/common/error.hpp"
 #include "core/nn/device_ops.hpp"
@@ -46,14 +45,7 @@ TrainDevice open_train_device(const std::string& name, int threads, int local_ra
   }
   if (name != "emulated" && name != "cuda") throw Error(Status::invalid_argument, train_device_problem(name));
   if (name == "emulated") {
-    setenv("BRAID_HOST_MEMORY", "separate", 1);  // read when the backend opens
-    try {
-      d.backend = nn::DeviceBackend::open_for_process("host", threads, local_rank);
-    } catch (...) {
-      unsetenv("BRAID_HOST_MEMORY");
-      throw;
-    }
-    unsetenv("BRAID_HOST_MEMORY");
+    d.backend = nn::DeviceBackend::open_for_process("emulated", threads, local_rank);
   } else {
     try {
       d.backend = nn::DeviceBackend::open_for_process("cuda", threads, local_rank);

@@ -338,7 +338,8 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       report.summary.checkpoint = o.checkpoint_dir + "/" + checkpoint_file_name(*scan.step);
     }
   }
-  place_training_state(ops, model.store, executor.parameters());  // on the device, built or restored
+  // On the device, built or restored: what this rank holds.
+  place_training_state(ops, executor.held_parameters(), executor.parameters());
   std::optional<MetricsWriter> metrics;
   if (rank == 0 && !o.metrics_path.empty())
     metrics.emplace(o.metrics_path, first > 1 ? std::optional<std::int64_t>(first - 1) : std::nullopt);
@@ -384,7 +385,9 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       // within their groups, then every parameter from the rank that trains it.
       executor.single_process(true);
       executor.gather_parameters();
+      place_all_values(ops, model.store);  // the evaluating ranks run the whole model
       EvalMetrics e = evaluate(run, model, heldout, layouts, rank, comm, ops, step);
+      release_unheld_values(ops, model.store, executor.held_parameters());
       executor.single_process(false);
       if (rank == 0) {
         end_live_line();

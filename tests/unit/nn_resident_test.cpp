@@ -82,16 +82,7 @@ std::vector<std::string> backends_under_test() {
 
 // The host backend opens as an emulated device: its memory is not the host's to touch.
 std::shared_ptr<nn::DeviceBackend> open_separate(const std::string& name) {
-  if (name != "host") return nn::DeviceBackend::open(name);
-  setenv("BRAID_HOST_MEMORY", "separate", 1);
-  try {
-    auto backend = nn::DeviceBackend::open(name);
-    unsetenv("BRAID_HOST_MEMORY");
-    return backend;
-  } catch (...) {
-    unsetenv("BRAID_HOST_MEMORY");
-    throw;
-  }
+  return nn::DeviceBackend::open(name == "host" ? "emulated" : name);
 }
 
 // The emulated device is what makes the test above mean something: its memory is not the
@@ -118,6 +109,16 @@ TEST(EmulatedDevice, DebugBuildsRefuseElementAccess) {
   EXPECT_THROW((void)copy.data[0], Error);
   EXPECT_THROW((void)copy.data.begin(), Error);
 #endif
+}
+
+TEST(EmulatedDevice, OpeningItLeavesTheEnvironmentAsItWas) {
+  setenv("BRAID_HOST_MEMORY", "shared", 1);
+  EXPECT_EQ(nn::DeviceBackend::open("emulated")->device().type, nn::DeviceType::emulated);
+  EXPECT_STREQ(std::getenv("BRAID_HOST_MEMORY"), "shared");
+  EXPECT_TRUE(nn::DeviceBackend::open("host")->device().is_host());
+  unsetenv("BRAID_HOST_MEMORY");
+  nn::DeviceBackend::open("emulated");
+  EXPECT_EQ(std::getenv("BRAID_HOST_MEMORY"), nullptr);
 }
 
 TEST(EmulatedDevice, AnUnknownMemoryModeIsRefused) {

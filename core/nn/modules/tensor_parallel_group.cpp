@@ -12,7 +12,10 @@
 namespace braid::nn {
 
 const Tensor& host_view(const TensorParallel& tp, const Tensor& t, Tensor& scratch) {
-  if (t.device().is_host() || !tp.ops) return t;
+  if (t.device().is_host()) return t;
+  if (!tp.ops)
+    throw Error(Status::internal, "tensor parallelism: a tensor on " + t.device().name() +
+                                      " but the group has no Ops to bring it to the host");
   scratch = tp.ops->to_host(t);
   return scratch;
 }

@@ -94,6 +94,7 @@ class TensorParallelState {
     tp_.allreduce_sum = nullptr;
     tp_.allgather = nullptr;
     tp_.reduce_scatter = nullptr;
+    tp_.ops = nullptr;
   }
 
  private:
