@@ -134,6 +134,11 @@ ChainStage::ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, co
   if (llm_.held && llm_.tp > 1) llm_tp_.emplace(world.group(llm_.tp_ranks));
   if (vision_.held && vision_.tp > 1) vision_tp_.emplace(world.group(vision_.tp_ranks));
   if (projector_.held && projector_.tp > 1) projector_tp_.emplace(world.group(projector_.tp_ranks));
+  if (collectives) {
+    if (llm_tp_) llm_tp_device_ = collectives->group(llm_.tp_ranks);
+    if (vision_tp_) vision_tp_device_ = collectives->group(vision_.tp_ranks);
+    if (projector_tp_) projector_tp_device_ = collectives->group(projector_.tp_ranks);
+  }
   if (llm_.held && llm_.replicas > 1) llm_dp_.emplace(world.group(llm_.dp_ranks));
   if (vision_.held && vision_.replicas > 1) vision_dp_.emplace(world.group(vision_.dp_ranks));
   if (projector_.held && projector_.replicas > 1) projector_dp_.emplace(world.group(projector_.dp_ranks));
@@ -146,9 +151,12 @@ ChainStage::ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, co
   // Sequence parallelism where the run asks for it, but in a colocated encoder run kernel by
   // kernel (its tasks take the whole sequences; ImageEncoder::forward_kernel).
   const bool sequence_parallel = run.training.sequence_parallel;
-  if (vision_tp_) vision_group_ = tensor_parallel(*vision_tp_, vision_.tp_rank, sequence_parallel && !colocated_);
-  if (projector_tp_) projector_group_ = tensor_parallel(*projector_tp_, projector_.tp_rank, false);
-  if (llm_tp_) llm_group_ = tensor_parallel(*llm_tp_, llm_.tp_rank, sequence_parallel);
+  if (vision_tp_)
+    vision_group_ =
+        tensor_parallel(*vision_tp_, vision_.tp_rank, sequence_parallel && !colocated_, vision_tp_device_.get());
+  if (projector_tp_)
+    projector_group_ = tensor_parallel(*projector_tp_, projector_.tp_rank, false, projector_tp_device_.get());
+  if (llm_tp_) llm_group_ = tensor_parallel(*llm_tp_, llm_.tp_rank, sequence_parallel, llm_tp_device_.get());
   if (encoder_ && vision_tp_) {
     // A tensor-parallel encoder's collectives must come in one order on the ranks of its group:
     // the program's, not whatever each rank found ready first.
@@ -184,10 +192,14 @@ void ChainStage::make_zero(int stage) {
                                                    zero_units(chain.projector->parameters(), {}), params_, in_pipeline);
 }
 
-nn::TensorParallel ChainStage::tensor_parallel(runtime::Communicator& group, int rank, bool sequence_parallel) {
-  return tensor_parallel_group(ops_, group, rank, sequence_parallel, [this](double waited) {
-    if (result_) result_->idle[static_cast<std::size_t>(sim::Cause::tp)] += waited;
-  });
+nn::TensorParallel ChainStage::tensor_parallel(runtime::Communicator& group, int rank, bool sequence_parallel,
+                                               DeviceGroup* on_device) {
+  return tensor_parallel_group(
+      ops_, group, rank, sequence_parallel,
+      [this](double waited) {
+        if (result_) result_->idle[static_cast<std::size_t>(sim::Cause::tp)] += waited;
+      },
+      on_device);
 }
 
 void ChainStage::set_tensor_parallel(bool single_process) {

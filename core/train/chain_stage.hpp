@@ -123,7 +123,8 @@ class ChainStage : public StageWork {
   std::vector<TrainedParameter> trained_parameters(int zero_stage) const;
   void make_zero(int stage);  // a ZeroModule per data-parallel module this rank holds
   // A TP group over `group` whose waits count as the step's TP idle time.
-  nn::TensorParallel tensor_parallel(runtime::Communicator& group, int rank, bool sequence_parallel);
+  nn::TensorParallel tensor_parallel(runtime::Communicator& group, int rank, bool sequence_parallel,
+                                     DeviceGroup* on_device);
   // Every split module sliced for its group, or whole (gathered) for one process.
   void set_tensor_parallel(bool single_process);
   void share_tokens_within_tp(int i);
@@ -152,8 +153,9 @@ class ChainStage : public StageWork {
   FillRules fill_;
   runtime::Communicator* comm_ = nullptr;
   std::optional<runtime::Communicator> llm_tp_, vision_tp_, projector_tp_, llm_dp_, vision_dp_, projector_dp_;
-  // The same DP groups on the device, when its collectives run there (no ZeRO).
-  std::unique_ptr<DeviceDataParallel> llm_dp_device_, vision_dp_device_, projector_dp_device_;
+  // The same groups on the device, when its collectives run there (DP: without ZeRO).
+  std::unique_ptr<DeviceGroup> llm_dp_device_, vision_dp_device_, projector_dp_device_;
+  std::unique_ptr<DeviceGroup> llm_tp_device_, vision_tp_device_, projector_tp_device_;  // TP groups, likewise
   nn::TensorParallel llm_group_, vision_group_, projector_group_;  // each module's TP group, when split
   std::vector<TrainedParameter> params_;
   std::unique_ptr<ZeroModule> llm_zero_, vision_zero_, projector_zero_;  // ZeRO >= 1 over a DP group of 2+

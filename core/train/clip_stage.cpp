@@ -113,8 +113,10 @@ ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model
     if (holder.grid->coords(r)[static_cast<std::size_t>(runtime::Axis::tp)] == tp_index_) sync.push_back(r);
   }
   // Groups in one order on every rank; only their members create them.
-  for (auto& t : towers_)
+  for (auto& t : towers_) {
     if (t.here && t.role->tp > 1) t.tp.emplace(world.group(t.role->tp_ranks));
+    if (t.tp && collectives) t.tp_device = collectives->group(t.role->tp_ranks);
+  }
   if (std::find(sync.begin(), sync.end(), layout.rank) != sync.end()) {
     sync_.emplace(world.group(sync));
     sync_front_ = sync.front();
@@ -125,10 +127,12 @@ ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model
   }
   for (auto& t : towers_)
     if (t.tp)
-      t.tp_group =
-          tensor_parallel_group(ops_, *t.tp, t.role->tp_rank, run.training.sequence_parallel, [this](double waited) {
+      t.tp_group = tensor_parallel_group(
+          ops_, *t.tp, t.role->tp_rank, run.training.sequence_parallel,
+          [this](double waited) {
             if (result_) result_->idle[static_cast<std::size_t>(sim::Cause::tp)] += waited;
-          });
+          },
+          t.tp_device.get());
   set_tensor_parallel(false);
 
   // Each distinct tensor's gradient norm counted once: by DP replica 0, or under ZeRO by the

@@ -69,8 +69,8 @@ class ClipStage : public StageWork {
     std::unique_ptr<Loader> loader;
     std::unique_ptr<Prefetcher> prefetch;  // made at the first step
     std::optional<runtime::Communicator> dp, tp;
-    std::unique_ptr<DeviceDataParallel> dp_device;  // `dp` on the device, when its collectives run there
-    nn::TensorParallel tp_group;                    // over `tp`, when the tower is split
+    std::unique_ptr<DeviceGroup> dp_device, tp_device;  // `dp`, `tp` on the device, when its collectives run there
+    nn::TensorParallel tp_group;                        // over `tp`, when the tower is split
     std::vector<nn::Parameter*> params;
     std::unique_ptr<ZeroModule> zero;  // ZeRO >= 1 over a DP group of 2+
     // Per step.

@@ -8,7 +8,7 @@
 
 namespace braid::train {
 
-double DeviceDataParallel::allreduce_gradients(const std::vector<nn::Parameter*>& params) {
+double DeviceGroup::allreduce_gradients(const std::vector<nn::Parameter*>& params) {
   std::size_t total = 0;
   for (const nn::Parameter* p : params)
     if (p->trainable) total += p->grad.data.size();
@@ -48,6 +48,14 @@ bool all_succeeded(runtime::World& world, bool succeeded) {
 }
 
 }  // namespace
+
+double DeviceGroup::allreduce_sum(nn::Tensor& t) {
+  if (!(t.device() == backend_->device()))
+    throw Error(Status::internal,
+                "a device all-reduce of a tensor on " + t.device().name() + ", not " + backend_->device().name());
+  backend_->synchronize();  // the plugin runs on its own stream
+  return comm_->allreduce_sum(t.ptr(), t.data.size(), nullptr, DeviceCollectives::kDeadlineSeconds);
+}
 
 std::unique_ptr<DeviceCollectives> DeviceCollectives::open(const TrainDevice& device, runtime::World& world,
                                                            std::string& why_not) {
@@ -91,12 +99,11 @@ std::unique_ptr<DeviceCollectives> DeviceCollectives::open(const TrainDevice& de
 
 std::string DeviceCollectives::description() const {
   return std::string(plugin_->name()) + " (" + plugin_->backend_version() +
-         "): the data-parallel gradient all-reduce on the device";
+         "): the data-parallel and tensor-parallel all-reduces on the device";
 }
 
-std::unique_ptr<DeviceDataParallel> DeviceCollectives::group(const std::vector<int>& world_ranks) const {
-  return std::make_unique<DeviceDataParallel>(backend_,
-                                              std::make_unique<runtime::DeviceCommunicator>(*plugin_, world_ranks));
+std::unique_ptr<DeviceGroup> DeviceCollectives::group(const std::vector<int>& world_ranks) const {
+  return std::make_unique<DeviceGroup>(backend_, std::make_unique<runtime::DeviceCommunicator>(*plugin_, world_ranks));
 }
 
 }  // namespace braid::train

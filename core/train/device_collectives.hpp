@@ -1,8 +1,9 @@
-// The data-parallel gradient all-reduce on the device's memory, through a device
-// communication plugin (braid_comm_v2.h): NCCL for `--device cuda` with a GPU per process,
-// the MPI plugin's interface v2 for `--device emulated`, so CI runs this path. Without one,
-// the gradients cross to the host and go through the MPI plugin (host_staging.hpp), as
-// every other message and collective of the trainer does.
+// The trainer's all-reduces on the device's memory, through a device communication plugin
+// (braid_comm_v2.h): NCCL for `--device cuda` with a GPU per process, the MPI plugin's
+// interface v2 for `--device emulated`, so CI runs this path. They are the data-parallel
+// gradient all-reduce and tensor parallelism's all-reduces. Without a plugin they cross to
+// the host and go through the MPI plugin (host_staging.hpp), as the trainer's other
+// messages and collectives do.
 #pragma once
 
 #include <memory>
@@ -18,14 +19,16 @@ namespace braid::train {
 
 struct TrainDevice;
 
-// One data-parallel group's communicator on the device.
-class DeviceDataParallel {
+// One group's communicator on the device (a DP or a TP group).
+class DeviceGroup {
  public:
-  DeviceDataParallel(std::shared_ptr<nn::DeviceBackend> backend, std::unique_ptr<runtime::DeviceCommunicator> comm)
+  DeviceGroup(std::shared_ptr<nn::DeviceBackend> backend, std::unique_ptr<runtime::DeviceCommunicator> comm)
       : backend_(std::move(backend)), comm_(std::move(comm)) {}
   // Sums the gradients of `params` (the trainable ones) over the group in one flat buffer on
   // the device, in the order allreduce_gradients uses on the host; returns the seconds blocked.
   double allreduce_gradients(const std::vector<nn::Parameter*>& params);
+  // Sums `t` (on the backend's device) over the group in place; returns the seconds blocked.
+  double allreduce_sum(nn::Tensor& t);
 
  private:
   std::shared_ptr<nn::DeviceBackend> backend_;
@@ -45,11 +48,11 @@ class DeviceCollectives {
   // that gave up.
   static std::unique_ptr<DeviceCollectives> open(const TrainDevice& device, runtime::World& world,
                                                  std::string& why_not);
-  // "nccl (NCCL 2.28.3): data-parallel gradient all-reduce on the device"
+  // "nccl (NCCL 2.28.3): the data-parallel and tensor-parallel all-reduces on the device"
   std::string description() const;
   // A communicator over `world_ranks`, made by exactly those ranks, in the order
   // World::group's communicators are made.
-  std::unique_ptr<DeviceDataParallel> group(const std::vector<int>& world_ranks) const;
+  std::unique_ptr<DeviceGroup> group(const std::vector<int>& world_ranks) const;
 
  private:
   DeviceCollectives() = default;

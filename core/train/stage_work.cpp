@@ -4,13 +4,18 @@
 #include <memory>
 
 #include "core/common/error.hpp"
+#include "core/train/device_collectives.hpp"
 #include "core/train/host_staging.hpp"
 
 namespace braid::train {
 
 nn::TensorParallel tensor_parallel_group(nn::Ops& ops, runtime::Communicator& group, int rank, bool sequence_parallel,
-                                         std::function<void(double)> waited) {
-  nn::TensorParallel tp(rank, group.size(), [&ops, &group, waited](nn::Tensor& t) {
+                                         std::function<void(double)> waited, DeviceGroup* on_device) {
+  nn::TensorParallel tp(rank, group.size(), [&ops, &group, waited, on_device](nn::Tensor& t) {
+    if (on_device && !t.device().is_host()) {
+      waited(on_device->allreduce_sum(t));
+      return;
+    }
     edit_on_host(ops, t, [&](nn::Tensor& host) {
       auto req = group.iallreduce(std::span<float>(host.data));
       waited(req.wait());

@@ -26,6 +26,7 @@
 namespace braid::train {
 
 class MemoryMeter;
+class DeviceGroup;
 
 struct StepResult {
   double loss = 0;                              // the global batch's loss (every rank gets it)
@@ -92,10 +93,11 @@ class StageWork {
 
 // A module's tensor-parallel group over `group` (this rank `rank` of it): all-reduce, and with
 // `sequence_parallel` all-gather and reduce-scatter, through the communication plugin; every
-// wait goes to `waited` (the step's TP idle time). Tensors `ops` keeps on a device cross
-// through host memory for the collectives.
+// wait goes to `waited` (the step's TP idle time). Tensors `ops` keeps on a device are
+// all-reduced there through `on_device` when given (device_collectives.hpp), else cross
+// through host memory, as the sequence-parallel collectives always do.
 nn::TensorParallel tensor_parallel_group(nn::Ops& ops, runtime::Communicator& group, int rank, bool sequence_parallel,
-                                         std::function<void(double)> waited);
+                                         std::function<void(double)> waited, DeviceGroup* on_device = nullptr);
 
 // Sets the handlers of the four point-to-point opcodes: receives through `receive` (which
 // posts them and returns them pending), sends through `send` (non-blocking).
