@@ -67,21 +67,35 @@ nn::Tensor broadcast_tensor(runtime::Communicator& comm, nn::Tensor t, const nn:
   return t;
 }
 
-EvalMetrics evaluate(const spec::RunSpec& run, const nn::Model& model, const std::vector<data::Sample>& samples,
-                     const std::vector<RankLayout>& layouts, int rank, runtime::Communicator& world, nn::Ops& ops,
-                     std::int64_t step) {
+// Who runs the model in an evaluation: the ranks of the two towers' replica 0 (CLIP, each
+// embeds with its tower), or rank 0 (a chain, evaluated whole).
+struct Evaluators {
+  int image_owner = 0, text_owner = 0;
+  std::int64_t embed = 0;
+  bool includes(int rank) const { return rank == image_owner || rank == text_owner; }
+};
+
+Evaluators evaluators(const spec::RunSpec& run, const nn::Model& model, const std::vector<RankLayout>& layouts) {
+  Evaluators e;
+  if (model.topology != spec::Topology::contrastive) return e;
+  std::string image_name, text_name;
+  for (const auto& s : run.model.modules) {
+    if (s.role != spec::Role::encoder) continue;
+    (s.modality == spec::Modality::image ? image_name : text_name) = s.name;
+    e.embed = s.embed_dim;
+  }
+  e.image_owner = owner_of(layouts, image_name);
+  e.text_owner = owner_of(layouts, text_name);
+  return e;
+}
+
+EvalMetrics evaluate(const Evaluators& who, const nn::Model& model, const std::vector<data::Sample>& samples, int rank,
+                     runtime::Communicator& world, nn::Ops& ops, std::int64_t step) {
   EvalMetrics m;
   m.step = step;
   if (model.topology == spec::Topology::contrastive) {
-    std::string image_name, text_name;
-    std::int64_t embed = 0;
-    for (const auto& s : run.model.modules) {
-      if (s.role != spec::Role::encoder) continue;
-      (s.modality == spec::Modality::image ? image_name : text_name) = s.name;
-      embed = s.embed_dim;
-    }
-    const int image_owner = owner_of(layouts, image_name), text_owner = owner_of(layouts, text_name);
-    const nn::Shape shape{static_cast<std::int64_t>(samples.size()), embed};
+    const int image_owner = who.image_owner, text_owner = who.text_owner;
+    const nn::Shape shape{static_cast<std::int64_t>(samples.size()), who.embed};
     nn::Tensor image, text;
     if (rank == image_owner) image = image_embeddings(ops, *model.clip, samples);
     if (rank == text_owner) text = text_embeddings(ops, *model.clip, samples);
@@ -93,7 +107,7 @@ EvalMetrics evaluate(const spec::RunSpec& run, const nn::Model& model, const std
     m.values = {{"retrieval_top1_i2t", r.image_to_text}, {"retrieval_top1_t2i", r.text_to_image}};
   } else {
     double v[2] = {0, 0};
-    if (rank == 0) {
+    if (who.includes(rank)) {  // rank 0
       const CaptionMetrics c = caption_metrics(ops, *model.chain, samples);
       v[0] = c.loss;
       v[1] = c.token_accuracy;
@@ -385,9 +399,10 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       // within their groups, then every parameter from the rank that trains it.
       executor.single_process(true);
       executor.gather_parameters();
-      place_all_values(ops, model.store);  // the evaluating ranks run the whole model
-      EvalMetrics e = evaluate(run, model, heldout, layouts, rank, comm, ops, step);
-      release_unheld_values(ops, model.store, executor.held_parameters());
+      const Evaluators who = evaluators(run, model, layouts);
+      if (who.includes(rank)) place_all_values(ops, model.store);  // they run the whole model
+      EvalMetrics e = evaluate(who, model, heldout, rank, comm, ops, step);
+      if (who.includes(rank)) release_unheld_values(ops, model.store, executor.held_parameters());
       executor.single_process(false);
       if (rank == 0) {
         end_live_line();

@@ -750,6 +750,9 @@ class Device(unittest.TestCase):
             self.assertEqual(losses(d + "/auto.jsonl"), losses(d + "/host.jsonl"))
             self.assertEqual(losses(d + "/auto.jsonl"), losses(d + "/host-staged.jsonl"))
             self.assertEqual(losses(d + "/auto.jsonl"), losses(d + "/emulated.jsonl"))
+            evals = {dev: [m for m in metrics(f"{d}/{dev}.jsonl") if m.get("eval")] for dev in runs}
+            self.assertTrue(evals["auto"])
+            self.assertEqual(evals["auto"], evals["emulated"])  # the whole model on the device, once
             self.assertRegex(runs["emulated"], r"device: host backend .*, emulated:0, tensors resident")
             self.assertIn("device: host backend", runs["host"])
             self.assertRegex(runs["host-staged"], r"device: host backend .*, staged")
