@@ -54,7 +54,7 @@ class Attention(nn.Module):
         q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
         if self.causal:
-            mask = torch.ones(s, s, dtype=torch.bool).triu(1)
+            mask = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
             scores = scores.masked_fill(mask, float("-inf"))
         attn = (scores.softmax(dim=-1) @ v).transpose(1, 2).reshape(b, s, e)
         return self.out(attn)
@@ -140,7 +140,7 @@ class TextEncoder(Transformer):
     def forward(self, ids, lengths):
         t = ids.shape[1]
         tokens = self.run(self.token_embed[ids] + self.pos_embed[:t])
-        return tokens, tokens[torch.arange(ids.shape[0]), lengths - 1]
+        return tokens, tokens[torch.arange(ids.shape[0], device=ids.device), lengths - 1]
 
 
 class ContrastiveLoss(nn.Module):
@@ -152,7 +152,7 @@ class ContrastiveLoss(nn.Module):
 
     def forward(self, image, text):
         logits = self.logit_scale.clamp(max=MAX_LOGIT_SCALE_PARAM).exp() * image @ text.T
-        labels = torch.arange(image.shape[0])
+        labels = torch.arange(image.shape[0], device=image.device)
         return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
 
 
@@ -248,7 +248,7 @@ class Mllm(nn.Module):
         t = ids.shape[1]
         targets = torch.full_like(ids, -1)
         targets[:, :-1] = ids[:, 1:]
-        targets[torch.arange(t).unsqueeze(0) + 1 >= lengths.unsqueeze(1)] = -1
+        targets[torch.arange(t, device=ids.device).unsqueeze(0) + 1 >= lengths.unsqueeze(1)] = -1
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
 
     def after_step(self):

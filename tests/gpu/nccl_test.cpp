@@ -1,13 +1,16 @@
 // The NCCL plugin at world size 1 (one process, bootstrapped over the MPI plugin's world of
 // one): every collective and dtype, a send to itself, a communicator made and freed, and a
-// wait that reaches its deadline and aborts its communicator with a message. Skips, saying
-// why, where no GPU is present.
+// wait that reaches its deadline (its stream held by a host function) and aborts its
+// communicator with a message. Skips, saying why, where no GPU is present.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/runtime/device_comm.hpp"
@@ -130,19 +133,37 @@ TEST_F(Nccl, GatherBroadcastReduceScatterAndSelfSend) {
   cudaFree(c_out);
 }
 
+// Holds a stream until opened: a host function enqueued on it waits for the flag, so work
+// queued behind it cannot complete. (NCCL refuses a receive from itself without a send.)
+struct StreamGate {
+  std::atomic<bool> open{false};
+  static void CUDART_CB hold(void* self) {
+    while (!static_cast<StreamGate*>(self)->open.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+};
+
 TEST_F(Nccl, ADeadlineAbortsTheCommunicatorAndSaysWhat) {
   const int32_t me = 0;
   braid_comm_v2* c = nullptr;
   plugin_->check(api().comm_create(&me, 1, &c), "comm_create");
   float* d = device_copy(std::vector<float>(4, 0.0f));
-  cudaStream_t stream = nullptr;  // its own: the receive that never completes holds it
+  cudaStream_t stream = nullptr;  // its own: the gate holds it
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  StreamGate gate;
+  ASSERT_EQ(cudaLaunchHostFunc(stream, StreamGate::hold, &gate), cudaSuccess);
+  // Opened after the deadline whatever happens, in case the abort waits for the stream.
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    gate.open = true;
+  });
   braid_comm_request_v2* r = nullptr;
-  plugin_->check(api().irecv(c, d, 4 * sizeof(float), 0, 0, stream, &r), "irecv");  // no matching send
+  plugin_->check(api().iallreduce(c, d, d, 4, BRAID_COMM_FLOAT32, BRAID_COMM_SUM, stream, &r), "iallreduce");
   EXPECT_NE(api().wait(r, 1.0), 0);
   const std::string why = api().last_error();
-  EXPECT_NE(why.find("receive of 16 bytes from rank 0 did not complete within"), std::string::npos) << why;
+  EXPECT_NE(why.find("all-reduce of 4 elements did not complete within"), std::string::npos) << why;
   EXPECT_NE(why.find("aborted"), std::string::npos) << why;
+  opener.join();
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_NE(api().iallreduce(c, d, d, 4, BRAID_COMM_FLOAT32, BRAID_COMM_SUM, nullptr, &r), 0);
   EXPECT_NE(std::string(api().last_error()).find("was aborted"), std::string::npos) << api().last_error();
   plugin_->check(api().comm_free(c), "comm_free");
