@@ -50,11 +50,25 @@ __global__ void fill_rows_k(float* y, const float* row, int64_t rows, int64_t co
   GRID_LOOP(i, rows * cols) y[i] = row[i % cols];
 }
 
-__global__ void column_sums_add_k(float* out, const float* x, int64_t rows, int64_t cols) {
+// Column sums in two passes, without atomics: a thread sums kChunkRows rows of one column in
+// order into a partial (threads of a warp take neighbouring columns), then each column adds
+// its partials in chunk order.
+constexpr int64_t kChunkRows = 32;
+
+__global__ void column_partials_k(const float* x, int64_t rows, int64_t cols, float* partial) {
+  GRID_LOOP(i, column_chunks(rows) * cols) {
+    const int64_t chunk = i / cols, c = i % cols, end = min(rows, (chunk + 1) * kChunkRows);
+    float sum = 0.0f;
+    for (int64_t r = chunk * kChunkRows; r < end; ++r) sum += x[r * cols + c];
+    partial[i] = sum;
+  }
+}
+
+__global__ void add_partials_k(float* out, const float* partial, int64_t chunks, int64_t cols) {
   GRID_LOOP(c, cols) {
-    float sum = out[c];  // rows in order, as the host adds them
-    for (int64_t r = 0; r < rows; ++r) sum += x[r * cols + c];
-    out[c] = sum;
+    float sum = 0.0f;
+    for (int64_t k = 0; k < chunks; ++k) sum += partial[k * cols + c];
+    out[c] += sum;
   }
 }
 
@@ -155,16 +169,18 @@ __global__ void layernorm_backward_dx_k(const float* x, const float* gamma, cons
   }
 }
 
-__global__ void layernorm_backward_params_k(const float* x, const float* mean, const float* rstd, const float* dy,
-                                            float* dgamma, float* dbeta, int64_t rows, int64_t f) {
-  GRID_LOOP(i, f) {
-    float dg = dgamma ? dgamma[i] : 0.0f, db = dbeta ? dbeta[i] : 0.0f;
-    for (int64_t r = 0; r < rows; ++r) {
+// The first pass of the parameters' column sums (column_partials_k's chunks).
+__global__ void layernorm_param_partials_k(const float* x, const float* mean, const float* rstd, const float* dy,
+                                           int64_t rows, int64_t f, float* dgamma_partial, float* dbeta_partial) {
+  GRID_LOOP(at, column_chunks(rows) * f) {
+    const int64_t chunk = at / f, i = at % f, end = min(rows, (chunk + 1) * kChunkRows);
+    float dg = 0.0f, db = 0.0f;
+    for (int64_t r = chunk * kChunkRows; r < end; ++r) {
       dg += dy[r * f + i] * (x[r * f + i] - mean[r]) * rstd[r];
       db += dy[r * f + i];
     }
-    if (dgamma) dgamma[i] = dg;
-    if (dbeta) dbeta[i] = db;
+    dgamma_partial[at] = dg;
+    dbeta_partial[at] = db;
   }
 }
 
@@ -225,9 +241,16 @@ __global__ void embedding_forward_k(const float* table, const int32_t* ids, floa
   GRID_LOOP(i, n * e) out[i] = table[int64_t(ids[i / e]) * e + i % e];
 }
 
-__global__ void embedding_backward_k(const int32_t* ids, const float* dout, float* dtable, int64_t n, int64_t e) {
-  GRID_LOOP(c, e) {
-    for (int64_t i = 0; i < n; ++i) dtable[int64_t(ids[i]) * e + c] += dout[i * e + c];
+// One thread per (distinct id, feature): the id's positions in order, as the host adds them.
+__global__ void embedding_backward_k(const int32_t* groups, int64_t distinct, int64_t n, const float* dout,
+                                     float* dtable, int64_t e) {
+  const int32_t *positions = groups, *starts = groups + n, *ids = starts + distinct + 1;
+  GRID_LOOP(at, distinct * e) {
+    const int64_t g = at / e, c = at % e;
+    float* cell = dtable + int64_t(ids[g]) * e + c;
+    float sum = *cell;
+    for (int32_t k = starts[g]; k < starts[g + 1]; ++k) sum += dout[int64_t(positions[k]) * e + c];
+    *cell = sum;
   }
 }
 
@@ -332,8 +355,13 @@ void fill_rows(cudaStream_t s, float* y, const float* row, int64_t rows, int64_t
   fill_rows_k<<<blocks_for(rows * cols), kThreads, 0, s>>>(y, row, rows, cols);
   launched("fill_rows");
 }
-void column_sums_add(cudaStream_t s, float* out, const float* x, int64_t rows, int64_t cols) {
-  column_sums_add_k<<<blocks_for(cols), kThreads, 0, s>>>(out, x, rows, cols);
+__host__ __device__ int64_t column_chunks(int64_t rows) { return rows > 0 ? (rows + kChunkRows - 1) / kChunkRows : 1; }
+
+void column_sums_add(cudaStream_t s, float* out, const float* x, int64_t rows, int64_t cols, float* scratch) {
+  if (rows == 0 || cols == 0) return;
+  column_partials_k<<<blocks_for(column_chunks(rows) * cols), kThreads, 0, s>>>(x, rows, cols, scratch);
+  launched("column_sums_add (partials)");
+  add_partials_k<<<blocks_for(cols), kThreads, 0, s>>>(out, scratch, column_chunks(rows), cols);
   launched("column_sums_add");
 }
 void add(cudaStream_t s, float* y, const float* x, int64_t n) {
@@ -380,8 +408,15 @@ void layernorm_backward_dx(cudaStream_t s, const float* x, const float* gamma, c
   launched("layernorm_backward");
 }
 void layernorm_backward_params(cudaStream_t s, const float* x, const float* mean, const float* rstd, const float* dy,
-                               float* dgamma, float* dbeta, int64_t rows, int64_t f) {
-  layernorm_backward_params_k<<<blocks_for(f), kThreads, 0, s>>>(x, mean, rstd, dy, dgamma, dbeta, rows, f);
+                               float* dgamma, float* dbeta, int64_t rows, int64_t f, float* scratch) {
+  if (rows == 0 || f == 0) return;
+  const int64_t chunks = column_chunks(rows);
+  float *dgamma_partial = scratch, *dbeta_partial = scratch + chunks * f;
+  layernorm_param_partials_k<<<blocks_for(chunks * f), kThreads, 0, s>>>(x, mean, rstd, dy, rows, f, dgamma_partial,
+                                                                         dbeta_partial);
+  launched("layernorm_backward (parameter partials)");
+  if (dgamma) add_partials_k<<<blocks_for(f), kThreads, 0, s>>>(dgamma, dgamma_partial, chunks, f);
+  if (dbeta) add_partials_k<<<blocks_for(f), kThreads, 0, s>>>(dbeta, dbeta_partial, chunks, f);
   launched("layernorm_backward (parameters)");
 }
 void l2_normalize_forward(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t f) {
@@ -408,8 +443,10 @@ void embedding_forward(cudaStream_t s, const float* table, const int32_t* ids, f
   embedding_forward_k<<<blocks_for(n * e), kThreads, 0, s>>>(table, ids, out, n, e);
   launched("embedding_forward");
 }
-void embedding_backward(cudaStream_t s, const int32_t* ids, const float* dout, float* dtable, int64_t n, int64_t e) {
-  embedding_backward_k<<<blocks_for(e), kThreads, 0, s>>>(ids, dout, dtable, n, e);
+void embedding_backward(cudaStream_t s, const int32_t* groups, int64_t distinct, int64_t n, const float* dout,
+                        float* dtable, int64_t e) {
+  if (distinct == 0 || e == 0) return;
+  embedding_backward_k<<<blocks_for(distinct * e), kThreads, 0, s>>>(groups, distinct, n, dout, dtable, e);
   launched("embedding_backward");
 }
 void patchify(cudaStream_t s, const float* image, float* cols, int64_t images, int64_t c, int64_t h, int64_t w,

@@ -1,6 +1,7 @@
 // The CUDA backend's kernels (kernels.cu), as launchers: each enqueues on `stream` and
 // checks the launch. No reduction uses atomics: a row is reduced by one block in a fixed
-// tree, a column by one thread in row order, a whole tensor by a fixed grid then one block,
+// tree, a column by chunks of rows then the chunks in order, a whole tensor by a fixed grid
+// then one block,
 // so the same inputs give the same bits on the same GPU.
 #pragma once
 
@@ -14,8 +15,12 @@ struct AdamWCoefficients {
   float decay, beta1, rest1, beta2, rest2, step_size, sqrt_correction2, eps;
 };
 
-void fill_rows(cudaStream_t s, float* y, const float* row, int64_t rows, int64_t cols);        // y[r] = row
-void column_sums_add(cudaStream_t s, float* out, const float* x, int64_t rows, int64_t cols);  // out += sum_r x[r]
+void fill_rows(cudaStream_t s, float* y, const float* row, int64_t rows, int64_t cols);  // y[r] = row
+// Column sums run in two passes (chunks of rows, then the chunks in order): their scratch
+// holds column_chunks(rows) floats per column.
+__host__ __device__ int64_t column_chunks(int64_t rows);
+void column_sums_add(cudaStream_t s, float* out, const float* x, int64_t rows, int64_t cols,
+                     float* scratch);  // out += sum_r x[r]
 void add(cudaStream_t s, float* y, const float* x, int64_t n);
 void scale(cudaStream_t s, float* t, float factor, int64_t n);
 void gelu_forward(cudaStream_t s, const float* x, float* y, int64_t n);
@@ -31,9 +36,10 @@ void layernorm_forward(cudaStream_t s, const float* x, const float* gamma, const
                        float* mean, float* rstd, int64_t rows, int64_t f);
 void layernorm_backward_dx(cudaStream_t s, const float* x, const float* gamma, const float* mean, const float* rstd,
                            const float* dy, float* dx, int64_t rows, int64_t f);
-// dgamma += sum_r dy (x - mean) rstd, dbeta += sum_r dy (either may be null).
+// dgamma += sum_r dy (x - mean) rstd, dbeta += sum_r dy (either may be null); scratch:
+// 2 * column_chunks(rows) * f floats.
 void layernorm_backward_params(cudaStream_t s, const float* x, const float* mean, const float* rstd, const float* dy,
-                               float* dgamma, float* dbeta, int64_t rows, int64_t f);
+                               float* dgamma, float* dbeta, int64_t rows, int64_t f, float* scratch);
 void l2_normalize_forward(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t f);
 void l2_normalize_backward(cudaStream_t s, const float* x, const float* dy, float* dx, int64_t rows, int64_t f);
 
@@ -44,8 +50,11 @@ void softmax_rows(cudaStream_t s, float* p, int64_t rows, int64_t sq, int64_t sk
 void softmax_backward_rows(cudaStream_t s, const float* p, float* ds, int64_t rows, int64_t sk);
 
 void embedding_forward(cudaStream_t s, const float* table, const int32_t* ids, float* out, int64_t n, int64_t e);
-// dtable[ids[i]] += dout[i], positions in order per feature.
-void embedding_backward(cudaStream_t s, const int32_t* ids, const float* dout, float* dtable, int64_t n, int64_t e);
+// dtable[ids[i]] += dout[i], positions in order per feature. groups (device) lists the n
+// positions grouped by id (in order within an id), then where each of the `distinct` ids'
+// positions start (distinct + 1 offsets), then the ids.
+void embedding_backward(cudaStream_t s, const int32_t* groups, int64_t distinct, int64_t n, const float* dout,
+                        float* dtable, int64_t e);
 
 // images (B, C, H, W) <-> patch rows (B * (H/P) * (W/P), C*P*P), each flattened (c, i, j).
 void patchify(cudaStream_t s, const float* image, float* cols, int64_t images, int64_t c, int64_t h, int64_t w,

@@ -61,7 +61,10 @@ void linear_backward_on(Stream s, const Tensor& x, const Tensor& w, const Tensor
   if (db) expect_shape(f32(db, op, "dbias"), {out}, op, "dbias");
   if (dx) braid_cuda::gemm(s, false, false, rows, in, out, 1.0f, data(dy), out, data(w), in, 0.0f, data(*dx), in);
   if (dw) braid_cuda::gemm(s, true, false, out, in, rows, 1.0f, data(dy), out, data(x), in, 1.0f, data(*dw), in);
-  if (db) braid_cuda::column_sums_add(s->stream, data(*db), data(dy), rows, out);
+  if (db) {
+    Scratch partial(s, static_cast<size_t>(braid_cuda::column_chunks(rows) * out) * sizeof(float));
+    braid_cuda::column_sums_add(s->stream, data(*db), data(dy), rows, out, partial.f());
+  }
 }
 
 int linear_forward(Stream s, const Tensor* x, const Tensor* w, const Tensor* b, Tensor* y, char* e, size_t n) {
@@ -109,9 +112,12 @@ int layernorm_backward(Stream s, const Tensor* x, const Tensor* gamma, const Ten
     if (dx)
       braid_cuda::layernorm_backward_dx(s->stream, data(*x), data(*gamma), data(*mean), data(*rstd), data(*dy),
                                         data(*dx), rows, f);
-    if (dgamma || dbeta)
+    if (dgamma || dbeta) {
+      Scratch partial(s, static_cast<size_t>(2 * braid_cuda::column_chunks(rows) * f) * sizeof(float));
       braid_cuda::layernorm_backward_params(s->stream, data(*x), data(*mean), data(*rstd), data(*dy),
-                                            dgamma ? data(*dgamma) : nullptr, dbeta ? data(*dbeta) : nullptr, rows, f);
+                                            dgamma ? data(*dgamma) : nullptr, dbeta ? data(*dbeta) : nullptr, rows, f,
+                                            partial.f());
+    }
   });
 }
 
@@ -179,6 +185,31 @@ Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, int64_t h
   return d;
 }
 
+// Where operand (sample b, head h) of attention's per-head GEMMs starts: b * sample + h * head.
+struct Strides {
+  int64_t sample, head;
+};
+
+// Attention's per-(sample, head) GEMMs as strided-batched cuBLAS calls: one call per head
+// batched over the samples, or one per sample batched over the heads, whichever is fewer
+// launches (the two strides differ, so one call cannot cover both).
+void gemm_per_head(Stream s, const Dims& d, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                   const float* a, int64_t lda, Strides sa, const float* b, int64_t ldb, Strides sb, float beta,
+                   float* c, int64_t ldc, Strides sc) {
+  const bool over_samples = d.heads <= d.batch;
+  const int64_t calls = over_samples ? d.heads : d.batch, batch = over_samples ? d.batch : d.heads;
+  const auto start = [&](Strides t, int64_t i) { return i * (over_samples ? t.head : t.sample); };
+  const auto stride = [&](Strides t) { return over_samples ? t.sample : t.head; };
+  for (int64_t i = 0; i < calls; ++i)
+    braid_cuda::gemm_batched(s, trans_a, trans_b, m, n, k, alpha, a + start(sa, i), lda, stride(sa), b + start(sb, i),
+                             ldb, stride(sb), beta, c + start(sc, i), ldc, stride(sc), batch);
+}
+
+// The strides of queries (and outputs), keys (and values) and the (B, H, Sq, Sk) scores.
+Strides query_strides(const Dims& d) { return {d.sq * d.width, d.head_dim}; }
+Strides key_strides(const Dims& d) { return {d.sk * d.width, d.head_dim}; }
+Strides score_strides(const Dims& d) { return {d.heads * d.sq * d.sk, d.sq * d.sk}; }
+
 int attention_forward(Stream s, const Tensor* q, const Tensor* k, const Tensor* v, int64_t heads, int32_t causal,
                       Tensor* out, Tensor* saved, char* e, size_t n) {
   return on_stream(s, e, n, [&] {
@@ -187,18 +218,13 @@ int attention_forward(Stream s, const Tensor* q, const Tensor* k, const Tensor* 
     expect_same_shape(f32(out, op, "out"), *q, op, "out");
     expect_shape(f32(saved, op, "saved"), {d.batch, d.heads, d.sq, d.sk}, op, "saved");
     const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
-    for (int64_t b = 0; b < d.batch; ++b) {  // one batched GEMM over the heads per sample
-      const float* qb = data(*q) + b * d.sq * d.width;
-      const float* kb = data(*k) + b * d.sk * d.width;
-      float* p = data(*saved) + b * d.heads * d.sq * d.sk;
-      braid_cuda::gemm_batched(s, false, true, d.sq, d.sk, d.head_dim, scale, qb, d.width, d.head_dim, kb, d.width,
-                               d.head_dim, 0.0f, p, d.sk, d.sq * d.sk, d.heads);
-    }
+    const Strides qs = query_strides(d), ks = key_strides(d), ps = score_strides(d);
+    // S = scale Q K^T, P = softmax(S) in place, out = P V.
+    gemm_per_head(s, d, false, true, d.sq, d.sk, d.head_dim, scale, data(*q), d.width, qs, data(*k), d.width, ks, 0.0f,
+                  data(*saved), d.sk, ps);
     braid_cuda::softmax_rows(s->stream, data(*saved), d.batch * d.heads * d.sq, d.sq, d.sk, causal != 0);
-    for (int64_t b = 0; b < d.batch; ++b)
-      braid_cuda::gemm_batched(s, false, false, d.sq, d.head_dim, d.sk, 1.0f, data(*saved) + b * d.heads * d.sq * d.sk,
-                               d.sk, d.sq * d.sk, data(*v) + b * d.sk * d.width, d.width, d.head_dim, 0.0f,
-                               data(*out) + b * d.sq * d.width, d.width, d.head_dim, d.heads);
+    gemm_per_head(s, d, false, false, d.sq, d.head_dim, d.sk, 1.0f, data(*saved), d.sk, ps, data(*v), d.width, ks, 0.0f,
+                  data(*out), d.width, qs);
   });
 }
 
@@ -213,28 +239,19 @@ int attention_backward(Stream s, const Tensor* q, const Tensor* k, const Tensor*
     expect_same_shape(f32(dk, op, "dk"), *k, op, "dk");
     expect_same_shape(f32(dv, op, "dv"), *v, op, "dv");
     const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
-    const int64_t block = d.sq * d.sk;
-    Scratch ds(s, static_cast<size_t>(d.batch * d.heads * block) * sizeof(float));  // dP, then dS
-    for (int64_t b = 0; b < d.batch; ++b) {
-      const int64_t q_at = b * d.sq * d.width, k_at = b * d.sk * d.width;
-      const float* p = data(*saved) + b * d.heads * block;
-      float* dsb = ds.f() + b * d.heads * block;
-      // out = P V: dV = P^T dout, dP = dout V^T.
-      braid_cuda::gemm_batched(s, true, false, d.sk, d.head_dim, d.sq, 1.0f, p, d.sk, block, data(*dout) + q_at,
-                               d.width, d.head_dim, 0.0f, data(*dv) + k_at, d.width, d.head_dim, d.heads);
-      braid_cuda::gemm_batched(s, false, true, d.sq, d.sk, d.head_dim, 1.0f, data(*dout) + q_at, d.width, d.head_dim,
-                               data(*v) + k_at, d.width, d.head_dim, 0.0f, dsb, d.sk, block, d.heads);
-    }
+    const Strides qs = query_strides(d), ks = key_strides(d), ps = score_strides(d);
+    Scratch ds(s, static_cast<size_t>(d.batch * d.heads * d.sq * d.sk) * sizeof(float));  // dP, then dS
+    // out = P V: dV = P^T dout, dP = dout V^T.
+    gemm_per_head(s, d, true, false, d.sk, d.head_dim, d.sq, 1.0f, data(*saved), d.sk, ps, data(*dout), d.width, qs,
+                  0.0f, data(*dv), d.width, ks);
+    gemm_per_head(s, d, false, true, d.sq, d.sk, d.head_dim, 1.0f, data(*dout), d.width, qs, data(*v), d.width, ks,
+                  0.0f, ds.f(), d.sk, ps);
     braid_cuda::softmax_backward_rows(s->stream, data(*saved), ds.f(), d.batch * d.heads * d.sq, d.sk);
-    for (int64_t b = 0; b < d.batch; ++b) {
-      const int64_t q_at = b * d.sq * d.width, k_at = b * d.sk * d.width;
-      const float* dsb = ds.f() + b * d.heads * block;
-      // S = scale Q K^T: dQ = scale dS K, dK = scale dS^T Q.
-      braid_cuda::gemm_batched(s, false, false, d.sq, d.head_dim, d.sk, scale, dsb, d.sk, block, data(*k) + k_at,
-                               d.width, d.head_dim, 0.0f, data(*dq) + q_at, d.width, d.head_dim, d.heads);
-      braid_cuda::gemm_batched(s, true, false, d.sk, d.head_dim, d.sq, scale, dsb, d.sk, block, data(*q) + q_at,
-                               d.width, d.head_dim, 0.0f, data(*dk) + k_at, d.width, d.head_dim, d.heads);
-    }
+    // S = scale Q K^T: dQ = scale dS K, dK = scale dS^T Q.
+    gemm_per_head(s, d, false, false, d.sq, d.head_dim, d.sk, scale, ds.f(), d.sk, ps, data(*k), d.width, ks, 0.0f,
+                  data(*dq), d.width, qs);
+    gemm_per_head(s, d, true, false, d.sk, d.head_dim, d.sq, scale, ds.f(), d.sk, ps, data(*q), d.width, qs, 0.0f,
+                  data(*dk), d.width, ks);
   });
 }
 
@@ -273,6 +290,29 @@ int embedding_forward(Stream s, const Tensor* table, const Tensor* ids, Tensor* 
   });
 }
 
+// The layout braid_cuda::embedding_backward reads: positions grouped by id (a stable counting
+// sort), each distinct id's first position in that list (and the end), then the ids.
+std::vector<int32_t> positions_by_id(const std::vector<int32_t>& ids) {
+  std::vector<int32_t> sorted(ids);
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  const auto distinct = static_cast<int64_t>(sorted.size()), n = static_cast<int64_t>(ids.size());
+  std::vector<int32_t> groups(static_cast<size_t>(n + 2 * distinct + 1), 0);
+  int32_t* starts = groups.data() + n;
+  for (int32_t id : ids) {
+    const auto g = std::lower_bound(sorted.begin(), sorted.end(), id) - sorted.begin();
+    ++starts[g + 1];
+  }
+  for (int64_t g = 0; g < distinct; ++g) starts[g + 1] += starts[g];
+  std::vector<int32_t> next(starts, starts + distinct);
+  for (int32_t i = 0; i < static_cast<int32_t>(n); ++i) {
+    const auto g = std::lower_bound(sorted.begin(), sorted.end(), ids[static_cast<size_t>(i)]) - sorted.begin();
+    groups[static_cast<size_t>(next[static_cast<size_t>(g)]++)] = i;
+  }
+  std::copy(sorted.begin(), sorted.end(), groups.begin() + n + distinct + 1);
+  return groups;
+}
+
 int embedding_backward(Stream s, const Tensor* ids, const Tensor* dout, Tensor* dtable, char* e, size_t n) {
   return on_stream(s, e, n, [&] {
     const char* op = "embedding_backward";
@@ -282,8 +322,15 @@ int embedding_backward(Stream s, const Tensor* ids, const Tensor* dout, Tensor* 
         dout->shape[dout->rank - 1] != dtable->shape[1])
       invalid("embedding_backward: dout " + braid_cuda::shape_string(*dout) + " is not " +
               std::to_string(ids->shape[0]) + " rows of " + std::to_string(dtable->shape[1]));
-    check_ids(s, id, ids->shape[0], dtable->shape[0], 0, op, "id");
-    braid_cuda::embedding_backward(s->stream, id, data(*dout), data(*dtable), ids->shape[0], dtable->shape[1]);
+    const std::vector<int32_t> groups = positions_by_id(check_ids(s, id, ids->shape[0], dtable->shape[0], 0, op, "id"));
+    const int64_t count = ids->shape[0], distinct = (static_cast<int64_t>(groups.size()) - count - 1) / 2;
+    Scratch on_device(s, groups.size() * sizeof(int32_t));
+    // From pageable memory: the call returns once `groups` is staged, so it may go out of scope.
+    braid_cuda::check(cudaMemcpyAsync(on_device.f(), groups.data(), groups.size() * sizeof(int32_t),
+                                      cudaMemcpyHostToDevice, s->stream),
+                      "cudaMemcpyAsync (embedding groups)");
+    braid_cuda::embedding_backward(s->stream, static_cast<const int32_t*>(static_cast<void*>(on_device.f())), distinct,
+                                   count, data(*dout), data(*dtable), dtable->shape[1]);
   });
 }
 
