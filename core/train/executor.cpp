@@ -42,6 +42,7 @@ Executor::Executor(const spec::RunSpec& run, const cost::CostModel& cost, const 
   }
   work_->add_memory_sources(memory_);
   if (options_.idle_heap) memory_.add_idle_heap(options_.idle_heap);
+  if (options_.device_in_use) memory_.measure_activations_on_device(options_.device_in_use);
   interpreter_.after_instruction([this] { memory_.sample(); });
   const auto& list = program_.instructions();
   first_forward_ = static_cast<int>(list.size());

@@ -46,6 +46,9 @@ struct ExecutorOptions {
   // Host memory the ops' backend holds but does not use (its pool's cached blocks), so the
   // measured activations are what is in use; null for none.
   std::function<std::size_t()> idle_heap;
+  // With tensors resident on a device: its bytes in use, which activations are measured
+  // from instead of the heap (the heap there holds the GPU runtime's own state); null: the heap.
+  std::function<std::size_t()> device_in_use;
   // The device's data-parallel collectives, when they run there (device_collectives.hpp);
   // null: through host memory and the MPI plugin.
   const DeviceCollectives* collectives = nullptr;

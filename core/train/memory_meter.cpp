@@ -71,7 +71,12 @@ MemoryBytes MemoryMeter::tracked() const {
 
 void MemoryMeter::add_idle_heap(std::function<std::size_t()> bytes) { idle_.push_back(std::move(bytes)); }
 
+void MemoryMeter::measure_activations_on_device(std::function<std::size_t()> in_use) {
+  device_in_use_ = std::move(in_use);
+}
+
 double MemoryMeter::heap_used() const {
+  if (device_in_use_) return static_cast<double>(device_in_use_());
   double heap = static_cast<double>(heap_in_use());
   for (const auto& idle : idle_) heap -= static_cast<double>(idle());
   return heap;

@@ -64,6 +64,10 @@ class MemoryMeter {
   // backend's caching pool keeps in host memory: taken out of the heap in use.
   void add_idle_heap(std::function<std::size_t()> bytes);
 
+  // Activations that live in a device's memory (tensors resident there): measured from its
+  // bytes in use, `in_use()`, instead of from the heap.
+  void measure_activations_on_device(std::function<std::size_t()> in_use);
+
   // At the start of a step, before any of its activations exist: a sample, and before the
   // first step the heap baseline activations are measured from.
   void begin_step();
@@ -85,7 +89,8 @@ class MemoryMeter {
   const std::vector<TrainedParameter>* params_;
   std::vector<std::pair<MemoryKind, std::function<std::size_t()>>> sources_;
   std::vector<std::function<std::size_t()>> idle_;
-  double heap_used() const;  // heap in use less the idle heap
+  std::function<std::size_t()> device_in_use_;
+  double heap_used() const;  // the device's bytes in use, or the heap in use less the idle heap
   double heap_at_start_ = 0, tracked_at_start_ = 0;
   MemoryBytes peak_, last_;
   std::int64_t samples_ = 0;

@@ -292,7 +292,9 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   eo.on_fatal = o.on_fatal;
   eo.schedule = o.schedule;
   eo.collectives = collectives.get();
-  if (device.backend && device.backend->name() == "host")  // its pool is this process's heap (emulated too)
+  if (device.backend && !device.backend->device().is_host())  // resident: cuda, emulated
+    eo.device_in_use = [backend = device.backend] { return static_cast<std::size_t>(backend->memory_stats().in_use); };
+  else if (device.backend)  // the host backend's pool is this process's heap
     eo.idle_heap = [backend = device.backend] {
       const nn::DeviceMemoryStats m = backend->memory_stats();
       return static_cast<std::size_t>(m.reserved - m.in_use);
