@@ -4,7 +4,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <memory>
 #include <optional>
+#include <span>
 
 #include "core/cost/comm.hpp"
 
@@ -42,6 +44,95 @@ double timed(runtime::Communicator& world, int reps, F&& run) {
   return batches[1];
 }
 
+// One process's side of the three cases, with its buffers: through the world's
+// communicators on host memory, or a device plugin's communicators on device memory.
+class Endpoint {
+ public:
+  virtual ~Endpoint() = default;
+  // For the pair's members: send then receive (`first`), or receive then send.
+  virtual void ping(std::size_t bytes, bool first) = 0;
+  // For the group's members, made once the p2p cases are done.
+  virtual void join_group() = 0;
+  virtual void allreduce(std::size_t bytes) = 0;
+  virtual void allgather(std::size_t piece) = 0;  // receives size() * piece
+};
+
+class HostEndpoint : public Endpoint {
+ public:
+  HostEndpoint(runtime::World& world, std::vector<int> pair, std::vector<int> group)
+      : world_(world), pair_(std::move(pair)), group_(std::move(group)) {}
+  void ping(std::size_t bytes, bool first) override {
+    buffer_.resize(bytes);
+    runtime::Communicator& all = world_.communicator();
+    const int peer = first ? pair_[1] : pair_[0];
+    if (first) {
+      all.send(buffer_, peer, 7);
+      all.recv(buffer_, peer, 8);
+    } else {
+      all.recv(buffer_, peer, 7);
+      all.send(buffer_, peer, 8);
+    }
+  }
+  void join_group() override { sub_.emplace(world_.group(group_)); }
+  void allreduce(std::size_t bytes) override {
+    sums_.resize(bytes / sizeof(double), 1.0);
+    sub_->allreduce(std::span<double>(sums_));
+  }
+  void allgather(std::size_t piece) override {
+    buffer_.resize(piece);
+    gathered_.resize(piece * group_.size());
+    sub_->allgather(buffer_, gathered_);
+  }
+
+ private:
+  runtime::World& world_;
+  std::vector<int> pair_, group_;
+  std::optional<runtime::Communicator> sub_;
+  std::vector<std::byte> buffer_, gathered_;
+  std::vector<double> sums_;
+};
+
+class DeviceEndpoint : public Endpoint {
+ public:
+  // A deadline far past any case's time: a rank that died surfaces as an error, not a hang.
+  static constexpr double kDeadlineSeconds = 600.0;
+
+  DeviceEndpoint(const LinkPath& path, const std::vector<int>& pair, std::vector<int> group, bool in_pair)
+      : path_(path), group_(std::move(group)) {
+    if (in_pair) pair_comm_.emplace(*path.plugin, pair);
+  }
+  void ping(std::size_t bytes, bool first) override {
+    float* data = buffer(send_, bytes);
+    const int peer = first ? 1 : 0;  // group ranks of the pair's communicator
+    if (first) {
+      pair_comm_->send(data, bytes, peer, nullptr, kDeadlineSeconds);
+      pair_comm_->recv(data, bytes, peer, nullptr, kDeadlineSeconds);
+    } else {
+      pair_comm_->recv(data, bytes, peer, nullptr, kDeadlineSeconds);
+      pair_comm_->send(data, bytes, peer, nullptr, kDeadlineSeconds);
+    }
+  }
+  void join_group() override { sub_.emplace(*path_.plugin, group_); }
+  void allreduce(std::size_t bytes) override {
+    sub_->allreduce_sum(buffer(send_, bytes), bytes / sizeof(float), nullptr, kDeadlineSeconds);
+  }
+  void allgather(std::size_t piece) override {
+    sub_->allgather(buffer(send_, piece), buffer(recv_, piece * group_.size()), piece, nullptr, kDeadlineSeconds);
+  }
+
+ private:
+  // `t` as a device buffer of at least `bytes` (whole floats), made again only when it grows.
+  float* buffer(nn::Tensor& t, std::size_t bytes) {
+    const auto floats = static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float));
+    if (t.numel() < floats) t = path_.backend->zeros({floats});
+    return t.ptr();
+  }
+  LinkPath path_;
+  std::vector<int> group_;
+  std::optional<runtime::DeviceCommunicator> pair_comm_, sub_;
+  nn::Tensor send_, recv_;
+};
+
 }  // namespace
 
 const char* link_op_name(LinkOp op) {
@@ -59,37 +150,34 @@ const char* link_op_name(LinkOp op) {
 int link_case_count(bool quick) { return static_cast<int>(3 * message_sizes(quick).size()); }
 
 std::vector<LinkTiming> measure_links(runtime::World& world, const std::vector<int>& pair,
-                                      const std::vector<int>& group, bool quick, const CaseHook& between) {
+                                      const std::vector<int>& group, bool quick, const CaseHook& between,
+                                      const LinkPath& path) {
   runtime::Communicator& all = world.communicator();
   const int me = world.rank();
+  const bool in_pair = me == pair[0] || me == pair[1];
+  const bool member = std::binary_search(group.begin(), group.end(), me);
+  std::unique_ptr<Endpoint> end;
+  if (path.plugin)
+    end = std::make_unique<DeviceEndpoint>(path, pair, group, in_pair);
+  else
+    end = std::make_unique<HostEndpoint>(world, pair, group);
   const auto sizes = message_sizes(quick);
   const int cases = link_case_count(quick);
   std::vector<LinkTiming> out;
   int index = 0;
   for (double bytes : sizes) {
     between(index++, cases, "p2p " + std::to_string(static_cast<long long>(bytes)) + " B");
-    std::vector<std::byte> buffer(static_cast<std::size_t>(bytes));
-    const int reps = repetitions(bytes, quick);
-    double round_trip = timed(all, reps, [&] {
-      if (me == pair[0]) {
-        all.send(buffer, pair[1], 7);
-        all.recv(buffer, pair[1], 8);
-      } else if (me == pair[1]) {
-        all.recv(buffer, pair[0], 7);
-        all.send(buffer, pair[0], 8);
-      }
+    const double round_trip = timed(all, repetitions(bytes, quick), [&] {
+      if (in_pair) end->ping(static_cast<std::size_t>(bytes), me == pair[0]);
     });
     out.push_back({LinkOp::p2p, 2, bytes, round_trip / 2});
   }
-  const bool member = std::binary_search(group.begin(), group.end(), me);
-  std::optional<runtime::Communicator> sub;
-  if (member) sub.emplace(world.group(group));
+  if (member) end->join_group();
   const int n = static_cast<int>(group.size());
   for (double bytes : sizes) {
     between(index++, cases, "all-reduce " + std::to_string(static_cast<long long>(bytes)) + " B");
-    std::vector<double> data(static_cast<std::size_t>(bytes) / sizeof(double), 1.0);
-    double t = timed(all, repetitions(bytes, quick), [&] {
-      if (sub) sub->allreduce(std::span<double>(data));
+    const double t = timed(all, repetitions(bytes, quick), [&] {
+      if (member) end->allreduce(static_cast<std::size_t>(bytes));
     });
     out.push_back({LinkOp::all_reduce, n, bytes, t});
   }
@@ -97,11 +185,10 @@ std::vector<LinkTiming> measure_links(runtime::World& world, const std::vector<i
     between(index++, cases, "all-gather " + std::to_string(static_cast<long long>(bytes)) + " B");
     // The gathered output is `bytes`, rounded down to whole pieces of 8 bytes per member.
     const std::size_t piece = std::max<std::size_t>(8, static_cast<std::size_t>(bytes) / n / 8 * 8);
-    std::vector<std::byte> send(piece), recv(piece * static_cast<std::size_t>(n));
-    double t = timed(all, repetitions(bytes, quick), [&] {
-      if (sub) sub->allgather(send, recv);
+    const double t = timed(all, repetitions(bytes, quick), [&] {
+      if (member) end->allgather(piece);
     });
-    out.push_back({LinkOp::all_gather, n, static_cast<double>(recv.size()), t});
+    out.push_back({LinkOp::all_gather, n, static_cast<double>(piece) * n, t});
   }
   return out;
 }

@@ -4,10 +4,13 @@
 // and all-gather as measured.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/calibrate/measure.hpp"
+#include "core/nn/device_backend.hpp"
+#include "core/runtime/device_comm.hpp"
 #include "core/runtime/world.hpp"
 
 namespace braid::calibrate {
@@ -30,12 +33,21 @@ struct LinkFit {
   int points = 0;
 };
 
+// What the links are timed through: the world's communicators (the MPI plugin) on host
+// memory, or, with `plugin`, a started device communication plugin (NCCL on GPUs) on the
+// memory of `backend`, as the trainer's device collectives run.
+struct LinkPath {
+  const runtime::DeviceCommPlugin* plugin = nullptr;
+  std::shared_ptr<nn::DeviceBackend> backend;
+};
+
 // Ping-pong between world ranks `pair[0]` and `pair[1]`, then all-reduce and all-gather over
 // `group` (world ranks, ascending). Every process of the world calls it with the same
 // arguments; those outside the pair or the group wait. Times are rank pair[0]'s (p2p: half a
 // round trip) and the slowest member's (collectives), valid on every process.
 std::vector<LinkTiming> measure_links(runtime::World& world, const std::vector<int>& pair,
-                                      const std::vector<int>& group, bool quick, const CaseHook& between);
+                                      const std::vector<int>& group, bool quick, const CaseHook& between,
+                                      const LinkPath& path = {});
 int link_case_count(bool quick);
 
 // The latency and bandwidth that make the cost model's formulas closest to `points` (least

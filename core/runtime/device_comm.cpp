@@ -73,14 +73,39 @@ DeviceCommunicator::~DeviceCommunicator() {
   if (comm_) plugin_->api().comm_free(comm_);  // a destructor cannot throw: best effort
 }
 
-double DeviceCommunicator::allreduce_sum(float* data, std::size_t count, void* stream, double deadline_s) {
-  const auto& api = plugin_->api();
-  braid_comm_request_v2* request = nullptr;
-  plugin_->check(api.iallreduce(comm_, data, data, count, BRAID_COMM_FLOAT32, BRAID_COMM_SUM, stream, &request),
-                 "all-reduce of " + std::to_string(count) + " floats");
+double DeviceCommunicator::finish(braid_comm_request_v2* request, const std::string& what, double deadline_s) {
   const auto start = std::chrono::steady_clock::now();
-  plugin_->check(api.wait(request, deadline_s), "waiting for an all-reduce");
+  plugin_->check(plugin_->api().wait(request, deadline_s), "waiting for " + what);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double DeviceCommunicator::allreduce_sum(float* data, std::size_t count, void* stream, double deadline_s) {
+  braid_comm_request_v2* request = nullptr;
+  const std::string what = "an all-reduce of " + std::to_string(count) + " floats";
+  plugin_->check(
+      plugin_->api().iallreduce(comm_, data, data, count, BRAID_COMM_FLOAT32, BRAID_COMM_SUM, stream, &request), what);
+  return finish(request, what, deadline_s);
+}
+
+double DeviceCommunicator::send(const void* data, std::size_t bytes, int peer, void* stream, double deadline_s) {
+  braid_comm_request_v2* request = nullptr;
+  const std::string what = "a send of " + std::to_string(bytes) + " bytes to rank " + std::to_string(peer);
+  plugin_->check(plugin_->api().isend(comm_, data, bytes, peer, 0, stream, &request), what);
+  return finish(request, what, deadline_s);
+}
+
+double DeviceCommunicator::recv(void* data, std::size_t bytes, int peer, void* stream, double deadline_s) {
+  braid_comm_request_v2* request = nullptr;
+  const std::string what = "a receive of " + std::to_string(bytes) + " bytes from rank " + std::to_string(peer);
+  plugin_->check(plugin_->api().irecv(comm_, data, bytes, peer, 0, stream, &request), what);
+  return finish(request, what, deadline_s);
+}
+
+double DeviceCommunicator::allgather(const void* send, void* recv, std::size_t bytes, void* stream, double deadline_s) {
+  braid_comm_request_v2* request = nullptr;
+  const std::string what = "an all-gather of " + std::to_string(bytes) + " bytes each";
+  plugin_->check(plugin_->api().iallgather(comm_, send, recv, bytes, stream, &request), what);
+  return finish(request, what, deadline_s);
 }
 
 WorldBootstrap::WorldBootstrap(const World& world) : world_(&world) {

@@ -56,8 +56,15 @@ class DeviceCommunicator {
   // `deadline_s` seconds (<= 0: none; past it the plugin aborts the communicator and this
   // throws its message). Returns the seconds blocked.
   double allreduce_sum(float* data, std::size_t count, void* stream, double deadline_s);
+  // `bytes` at `data` to group rank `peer`, or from it (NCCL matches them by issue order);
+  // every member's `bytes` at `send` into `recv` (size() * bytes, in group rank order). Each
+  // blocks as allreduce_sum does and returns the seconds blocked.
+  double send(const void* data, std::size_t bytes, int peer, void* stream, double deadline_s);
+  double recv(void* data, std::size_t bytes, int peer, void* stream, double deadline_s);
+  double allgather(const void* send, void* recv, std::size_t bytes, void* stream, double deadline_s);
 
  private:
+  double finish(braid_comm_request_v2* request, const std::string& what, double deadline_s);
   const DeviceCommPlugin* plugin_;
   std::vector<int> world_ranks_;
   braid_comm_v2* comm_ = nullptr;

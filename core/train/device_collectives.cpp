@@ -4,7 +4,6 @@
 #include <span>
 
 #include "core/common/error.hpp"
-#include "core/train/train_device.hpp"
 
 namespace braid::train {
 
@@ -57,22 +56,22 @@ double DeviceGroup::allreduce_sum(nn::Tensor& t) {
   return comm_->allreduce_sum(t.ptr(), t.data.size(), nullptr, DeviceCollectives::kDeadlineSeconds);
 }
 
-std::unique_ptr<DeviceCollectives> DeviceCollectives::open(const TrainDevice& device, runtime::World& world,
-                                                           std::string& why_not) {
+std::unique_ptr<DeviceCollectives> DeviceCollectives::open(const std::shared_ptr<nn::DeviceBackend>& backend,
+                                                           runtime::World& world, std::string& why_not) {
   why_not.clear();
-  if (!device.backend || device.backend->device().is_host()) {
+  if (!backend || backend->device().is_host()) {
     why_not = "the tensors are host memory";
     return nullptr;
   }
-  const bool gpu = device.backend->device().type == nn::DeviceType::cuda;
+  const bool gpu = backend->device().type == nn::DeviceType::cuda;
   std::unique_ptr<DeviceCollectives> c(new DeviceCollectives());
-  c->backend_ = device.backend;
+  c->backend_ = backend;
   // First what each rank can tell alone, then starting the plugin, which is collective (NCCL
   // agrees on ids over the bootstrap): only once every rank is ready, and agreed on again, so
   // that no rank waits for one that gave up.
-  if (gpu && world.local_size() > device.backend->device_count())
-    why_not = std::to_string(world.local_size()) + " processes share " +
-              std::to_string(device.backend->device_count()) + " GPU(s) on this node, which NCCL refuses";
+  if (gpu && world.local_size() > backend->device_count())
+    why_not = std::to_string(world.local_size()) + " processes share " + std::to_string(backend->device_count()) +
+              " GPU(s) on this node, which NCCL refuses";
   if (why_not.empty()) {
     try {
       c->bootstrap_ = std::make_unique<runtime::WorldBootstrap>(world);

@@ -17,8 +17,6 @@
 
 namespace braid::train {
 
-struct TrainDevice;
-
 // One group's communicator on the device (a DP or a TP group).
 class DeviceGroup {
  public:
@@ -46,13 +44,16 @@ class DeviceCollectives {
   // memory), processes sharing a GPU (NCCL refuses them), or a plugin that failed to load or
   // start on some rank. Ranks agree before starting it and after, so none waits for another
   // that gave up.
-  static std::unique_ptr<DeviceCollectives> open(const TrainDevice& device, runtime::World& world,
-                                                 std::string& why_not);
+  static std::unique_ptr<DeviceCollectives> open(const std::shared_ptr<nn::DeviceBackend>& backend,
+                                                 runtime::World& world, std::string& why_not);
   // "nccl (NCCL 2.28.3): the data-parallel and tensor-parallel all-reduces on the device"
   std::string description() const;
   // A communicator over `world_ranks`, made by exactly those ranks, in the order
   // World::group's communicators are made.
   std::unique_ptr<DeviceGroup> group(const std::vector<int>& world_ranks) const;
+  // The started plugin and the backend whose memory it moves (braid calibrate times links with them).
+  const runtime::DeviceCommPlugin& plugin() const { return *plugin_; }
+  const std::shared_ptr<nn::DeviceBackend>& backend() const { return backend_; }
 
  private:
   DeviceCollectives() = default;

@@ -276,7 +276,8 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   nn::Ops& ops = *device.ops;
   if (rank == 0 && device.backend) out << "device: " << device.description << "\n" << std::flush;
   std::string no_device_collectives;
-  const std::unique_ptr<DeviceCollectives> collectives = DeviceCollectives::open(device, world, no_device_collectives);
+  const std::unique_ptr<DeviceCollectives> collectives =
+      DeviceCollectives::open(device.backend, world, no_device_collectives);
   if (rank == 0 && device.backend)
     out << "device collectives: "
         << (collectives ? collectives->description()

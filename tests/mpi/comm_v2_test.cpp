@@ -2,8 +2,8 @@
 // processes, run by ctest under `mpiexec -n 2` and `-n 4`; argv[1] is the process count to
 // expect. It is the interface NCCL implements on GPUs, on host memory: every collective,
 // point to point (a rank to itself included), communicators of some ranks, the trainer's
-// DeviceCommunicator, and a deadline that aborts a communicator with a message naming the
-// operation and the ranks.
+// DeviceCommunicator (all-reduce, a ping-pong, all-gather), and a deadline that aborts a communicator with a message
+// naming the operation and the ranks.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -94,6 +94,23 @@ void groups_and_the_trainers_communicator(const Plugin& p, int n, int r, test::C
     std::vector<float> x(1000, float(r + 1));
     c.allreduce_sum(x.data(), x.size(), nullptr, 0.0);
     check(x[999] == float(pair[0] + pair[1] + 2), "all-reduce over a pair, no deadline");
+    // A ping-pong (braid calibrate's p2p case) and an all-gather in group rank order.
+    const int me = r % 2, peer = 1 - me;
+    std::vector<int32_t> ball = {me == 0 ? 41 : -1};
+    if (me == 0) {
+      c.send(ball.data(), 4, peer, nullptr, 60.0);
+      c.recv(ball.data(), 4, peer, nullptr, 60.0);
+      check(ball[0] == 42, "ping-pong: the ball comes back changed");
+    } else {
+      c.recv(ball.data(), 4, peer, nullptr, 60.0);
+      ball[0] += 1;
+      c.send(ball.data(), 4, peer, nullptr, 60.0);
+    }
+    const std::vector<float> mine = {float(r), float(10 * r)};
+    std::vector<float> all(4, -1.0f);
+    c.allgather(mine.data(), all.data(), mine.size() * sizeof(float), nullptr, 60.0);
+    check(all == std::vector<float>{float(pair[0]), float(10 * pair[0]), float(pair[1]), float(10 * pair[1])},
+          "all-gather over a pair");
   }
   check.passed("groups");
 }

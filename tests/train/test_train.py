@@ -920,11 +920,36 @@ class Calibrate(unittest.TestCase):
             if cuda_devices():
                 self.assertEqual(r.returncode, 0, r.stderr)
                 with open(out) as f:
-                    self.assertIn("(float32, cuBLAS)", f.read())
+                    text = f.read()
+                self.assertIn("(float32, cuBLAS)", text)
+                self.assertIn("; links timed on ", text)  # NCCL with a GPU each, else host memory and why
             else:
                 self.assertNotEqual(r.returncode, 0)
                 self.assertIn("--device cuda: no GPU", r.stderr)
                 self.assertFalse(os.path.exists(out))
+
+    def test_on_a_device_the_links_are_timed_where_its_collectives_run(self):
+        # The emulated device's collectives go through the MPI plugin's device interface (v2),
+        # as NCCL's do on GPUs: the links are timed there, on the device's memory.
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "emulated.yaml")
+            r = self.calibrate(2, "--device", "emulated", "--out", out, "--format", "json", "--quiet")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            report = json.loads(r.stdout)
+            self.assertIn("links timed on the device's memory through the mpi plugin's device interface",
+                          report["communication"])
+            timings = report["timings"]["intra_node"]
+            self.assertEqual({t["op"] for t in timings}, {"p2p", "all-reduce", "all-gather"})
+            self.assertTrue(all(t["seconds"] > 0 for t in timings), timings)
+            with open(out) as f:
+                text = f.read()
+            self.assertIn("ops through the host backend as an emulated device", text)
+            self.assertIn("links timed on the device's memory", text)
+            out = os.path.join(d, "host.yaml")  # host memory: the world's communicators, no note
+            r = self.calibrate(2, "--device", "host", "--out", out, "--quiet")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(out) as f:
+                self.assertNotIn("links timed", f.read())
 
     def test_a_name_with_yaml_syntax_reads_back(self):
         with tempfile.TemporaryDirectory() as d:

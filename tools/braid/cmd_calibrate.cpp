@@ -19,6 +19,7 @@
 #include "core/common/file.hpp"
 #include "core/nn/device_backend.hpp"
 #include "core/runtime/world.hpp"
+#include "core/train/device_collectives.hpp"
 #include "tools/braid/commands.hpp"
 #include "tools/braid/rank_error.hpp"
 
@@ -43,8 +44,11 @@ const char* kCalibrateUsage =
     "    launch spans several.\n"
     "The file says what was measured, when and on what. Links need two processes or more.\n"
     "With --device cuda the compute cases run on each process's GPU (cuBLAS and braid's\n"
-    "kernels through the CUDA backend, GPU-sized ladders, a device copy for the bandwidth); the\n"
-    "links are still the MPI plugin's.\n"
+    "kernels through the CUDA backend, GPU-sized ladders, a device copy for the bandwidth), and\n"
+    "the links are timed through NCCL on GPU memory, as braid train's device collectives run,\n"
+    "when every process has a GPU of its own (else through the MPI plugin on host memory, and\n"
+    "the file says why). --device emulated runs that path on the host backend as an emulated\n"
+    "device, its links through the MPI plugin's device interface.\n"
     "\n"
     "options";
 
@@ -171,7 +175,8 @@ int run_calibrate(const std::vector<std::string>& args) {
       "host threads per process, as braid train --threads (default: the host's cores / processes on it)")(
       "device", po::value(&device)->value_name("D"),
       "what runs the compute cases: auto (default: braid's host ops), host (the same through the device "
-      "interface, libbraid-host.so), cuda (the GPU of each process: local rank modulo the node's GPUs)")(
+      "interface, libbraid-host.so), cuda (the GPU of each process: local rank modulo the node's GPUs), "
+      "emulated (the host backend as an emulated device)")(
       "quick", "short ladders and timings (a rough file in seconds; for tests)")("quiet,q",
                                                                                  "no progress on standard error")(
       "format,f", po::value(&format)->value_name("FMT"),
@@ -193,8 +198,8 @@ int run_calibrate(const std::vector<std::string>& args) {
   std::string problem;
   if (format != "table" && format != "json") problem = "--format must be table or json, not '" + format + "'";
   if (problem.empty() && threads < 0) problem = "--threads must be >= 0";
-  if (problem.empty() && device != "auto" && device != "host" && device != "cuda")
-    problem = "--device must be auto, host or cuda, got '" + device + "'";
+  if (problem.empty() && device != "auto" && device != "host" && device != "cuda" && device != "emulated")
+    problem = "--device must be auto, host, cuda or emulated, got '" + device + "'";
   if (problem.empty() && out == "-" && format == "json")
     problem = "--format json prints to standard output: give the cluster file a place with --out FILE";
   if (!problem.empty()) {
@@ -269,9 +274,10 @@ int run_calibrate(const std::vector<std::string>& args) {
     // node's GPUs, one process each at a time.
     std::shared_ptr<nn::DeviceBackend> backend;
     int gpus = 0;
-    if (device == "host") {
-      backend = nn::DeviceBackend::open_for_process("host", c.threads, world.local_rank());
-      c.cpu += ", ops through the host backend (device interface 2)";
+    if (device == "host" || device == "emulated") {
+      backend = nn::DeviceBackend::open_for_process(device, c.threads, world.local_rank());
+      c.cpu += device == "host" ? ", ops through the host backend (device interface 2)"
+                                : ", ops through the host backend as an emulated device";
     } else if (device == "cuda") {
       try {
         backend = nn::DeviceBackend::open_for_process("cuda", 1, world.local_rank());
@@ -332,13 +338,24 @@ int run_calibrate(const std::vector<std::string>& args) {
     average_seconds(all, memory);
     c.memory = memory.front();
     // Links inside rank 0's host (its first two ranks; collectives over all of them), then
-    // between hosts (their first ranks).
+    // between hosts (their first ranks): on the device when the trainer's collectives would
+    // run there (collective: every rank agrees on it).
+    std::string why_not;
+    const std::unique_ptr<train::DeviceCollectives> on_device = train::DeviceCollectives::open(backend, world, why_not);
+    calibrate::LinkPath path;
+    if (on_device) {
+      path = {&on_device->plugin(), on_device->backend()};
+      c.communication += "; links timed on the device's memory through the " + std::string(on_device->plugin().name()) +
+                         " plugin's device interface";
+    } else if (backend && !backend->device().is_host()) {
+      c.communication += "; links timed on host memory: " + why_not;
+    }
     if (local.size() >= 2)
       c.intra = calibrate::measure_links(world, {local[0], local[1]}, local, c.quick,
-                                         hook("links within a host", Together::no));
+                                         hook("links within a host", Together::no), path);
     if (firsts.size() >= 2)
       c.inter = calibrate::measure_links(world, {firsts[0], firsts[1]}, firsts, c.quick,
-                                         hook("links between hosts", Together::no));
+                                         hook("links between hosts", Together::no), path);
     if (c.intra.empty()) c.intra = c.inter;  // one process per host: only the network was measured
     progress.finish();
 
