@@ -2,8 +2,8 @@
 // processes, run by ctest under `mpiexec -n 2` and `-n 4`; argv[1] is the process count to
 // expect. It is the interface NCCL implements on GPUs, on host memory: every collective,
 // point to point (a rank to itself included), communicators of some ranks, the trainer's
-// DeviceCommunicator (all-reduce, a ping-pong, all-gather), and a deadline that aborts a communicator with a message
-// naming the operation and the ranks.
+// DeviceCommunicator (all-reduce, a ping-pong, all-gather), and a deadline that aborts a
+// communicator with a message naming the operation and the ranks.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
