@@ -4,6 +4,8 @@ numpy, with its gradients derived by hand, to 1e-5: for a rank holding every row
 (n == N), a rank holding a slice (n < N, tiles that do not divide N), local and gathered
 rows in the same memory, strided rows, and absent gradients. Views borrow the arrays
 (no copy), and what the library cannot take is refused with the status that says so.
+Where PyTorch sees a CUDA GPU, the same ops on CUDA tensors (the CUDA plugin, on the current
+or a given stream) equal the CPU's; elsewhere those tests skip, saying why.
 
 Environment: BRAID_LIBRARY (the libbraid.so to test; required). Needs numpy (Debian's
 python3-numpy, under /usr/bin/python3): skipped with the reason printed without it.
@@ -209,6 +211,58 @@ class ContrastiveTorchTest(unittest.TestCase):
         v = braid.tensor.view(base[2:])
         self.assertEqual(v.struct.data, base.data_ptr() + 2 * 4 * 4)
         self.assertEqual((v.struct.strides[0], v.struct.strides[1]), (4, 1))
+
+
+def no_cuda():
+    """Why the CUDA tests cannot run under this Python, or None when they can."""
+    if torch is None:
+        return "PyTorch is not importable"
+    if not torch.cuda.is_available():
+        return f"PyTorch {torch.__version__} sees no CUDA GPU"
+    return None
+
+
+@unittest.skipIf(no_cuda(), f"CUDA tests: {no_cuda()}")
+class ContrastiveCudaTest(unittest.TestCase):
+    """CUDA torch tensors go to the CUDA plugin (libbraid-cuda.so) on the current stream, or
+    the one passed: the same loss, statistics and gradients as the same tensors on the CPU,
+    within 1e-5."""
+
+    def run_on(self, device, image, text, offset, n, stream=None, shared=False):
+        ti, tt = torch.from_numpy(image).to(device), torch.from_numpy(text).to(device)
+        li, lt = (ti, tt) if shared else (ti[offset:offset + n], tt[offset:offset + n])
+        loss, stats = braid.tensor.contrastive_forward(li, lt, ti, tt, 11.0, offset, 8, stream)
+        grads = [torch.full(li.shape, float("nan"), device=device), torch.full(lt.shape, float("nan"), device=device),
+                 torch.full(ti.shape, float("nan"), device=device), torch.full(tt.shape, float("nan"), device=device)]
+        grad_scale = braid.tensor.contrastive_backward(li, lt, ti, tt, 11.0, offset, stats, 0.5, *grads, 8, stream)
+        if device == "cuda":
+            torch.cuda.synchronize()  # the gradients may still be in flight on the stream
+        self.assertEqual(stats.device.type, device)
+        return loss, stats.cpu(), [g.cpu() for g in grads], grad_scale
+
+    def same(self, cpu, cuda):
+        self.assertLessEqual(abs(cpu[0] - cuda[0]), TOLERANCE, "loss")
+        self.assertLessEqual(abs(cpu[3] - cuda[3]), TOLERANCE, "d logit_scale")
+        self.assertLessEqual(float((cpu[1] - cuda[1]).abs().max()), TOLERANCE, "stats")
+        for got, want, key in zip(cuda[2], cpu[2], ("local_image", "local_text", "all_image", "all_text")):
+            self.assertLessEqual(float((got - want).abs().max()), TOLERANCE, key)
+
+    def test_a_slice_of_the_rows_on_the_current_and_a_given_stream(self):
+        rng = np.random.default_rng(11)
+        image, text = normalised(rng, 40, 16), normalised(rng, 40, 16)  # tiles of 8 over 40 rows
+        cpu = self.run_on("cpu", image, text, 16, 12)
+        self.same(cpu, self.run_on("cuda", image, text, 16, 12))
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):  # the current stream: what the binding passes
+            self.same(cpu, self.run_on("cuda", image, text, 16, 12))
+        self.same(cpu, self.run_on("cuda", image, text, 16, 12, stream=side))
+
+    def test_local_and_gathered_in_the_same_memory(self):
+        rng = np.random.default_rng(12)
+        image, text = normalised(rng, 24, 16), normalised(rng, 24, 16)
+        cpu = self.run_on("cpu", image, text, 0, 24, shared=True)
+        self.same(cpu, self.run_on("cuda", image, text, 0, 24, shared=True))
+        self.assertFalse(bool(cpu[2][2].any()) or bool(cpu[2][3].any()), "one process: grad_all_* zeroed")
 
 
 if __name__ == "__main__":

@@ -172,7 +172,7 @@ def contrastive_forward(local_image: Any, local_text: Any, all_image: Any, all_t
     ``all_image``, ``all_text``: (N, E), every rank's, this rank's at rows
     [row_offset, row_offset + n); ``logit_scale``: the exponentiated scale; ``tile``:
     gathered rows per tile (0: the library's default). numpy arrays or torch tensors
-    (float32, CPU for now). Returns (loss, stats): the mean over the 2n local rows of the
+    (float32; CPU, or CUDA through the CUDA plugin). Returns (loss, stats): the mean over the 2n local rows of the
     image->text and text->image cross-entropies, and the (2, n) float32 log-sum-exp
     statistics (an array of the inputs' kind) :func:`contrastive_backward` needs."""
     lib = _loader.load_library()
