@@ -52,6 +52,7 @@
 //   T: threads for braid's HostOps, OpenBLAS and PyTorch alike (default: 1, then 2; a
 //   device backend runs at the first only).
 //   --profile: braid's step time by op (an Ops wrapper with timers) and by phase.
+//   Each row also goes to standard error as soon as it is measured (the table waits for all).
 //   The peer runs under the first of $BRAID_PYTHON, CMake's Python3, python3 and
 //   /usr/bin/python3 (Debian's python3-torch) that imports torch; without one, braid's
 //   figures are printed and the comparison says "skipped: no torch".
@@ -504,6 +505,13 @@ int main(int argc, char** argv) {
             check_peer(*row.compiled, "torch.compile");
           }
         }
+        // Each row as it is measured, so a run cut short keeps what it finished.
+        std::fprintf(stderr, "train_bench: %s, %d thread(s): braid %.3f ms a step", name.c_str(), threads,
+                     1e3 * row.braid.median_s);
+        if (row.peer) std::fprintf(stderr, ", PyTorch %.3f ms (%.2fx)", 1e3 * row.peer->median_s, row.ratio());
+        if (row.compiled)
+          std::fprintf(stderr, ", torch.compile %.3f ms (%.2fx)", 1e3 * row.compiled->median_s, row.compiled_ratio());
+        std::fprintf(stderr, "\n");
         if (o.profile) {  // a second model, so the timed run starts from the same weights
           BraidTrainer profiled(w.run.model);
           profiled.place(ops, w);
