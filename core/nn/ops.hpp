@@ -145,4 +145,12 @@ class Ops {
   virtual void zero(Tensor& t, const Shape& shape) { reset(t, shape); }
 };
 
+// `t` itself when it is host memory; else its copy on the host (through `ops`), kept in
+// `scratch`: for code that reads elements on the host whichever Ops keeps `t`.
+inline const Tensor& on_host(Ops& ops, const Tensor& t, Tensor& scratch) {
+  if (t.device().is_host()) return t;
+  scratch = ops.to_host(t);
+  return scratch;
+}
+
 }  // namespace braid::nn

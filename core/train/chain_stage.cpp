@@ -632,25 +632,17 @@ void ChainStage::send(const Instruction& ins) {
 Pending ChainStage::reduce() {
   const auto& chain = *model_.chain;
   double waited = sends_.wait_all();
-  // Per module in one order on every rank: ZeRO's reduce-scatter, or an all-reduce.
-  if (llm_zero_)
-    waited += llm_zero_->reduce();
-  else if (llm_dp_device_)
-    waited += llm_dp_device_->allreduce_gradients(chain.llm->part_parameters(part_));
-  else if (llm_dp_)
-    waited += allreduce_gradients(ops_, *llm_dp_, chain.llm->part_parameters(part_));
-  if (vision_zero_)
-    waited += vision_zero_->reduce();
-  else if (vision_dp_device_)
-    waited += vision_dp_device_->allreduce_gradients(chain.vision->parameters());
-  else if (vision_dp_)
-    waited += allreduce_gradients(ops_, *vision_dp_, chain.vision->parameters());
-  if (projector_zero_)
-    waited += projector_zero_->reduce();
-  else if (projector_dp_device_)
-    waited += projector_dp_device_->allreduce_gradients(chain.projector->parameters());
-  else if (projector_dp_)
-    waited += allreduce_gradients(ops_, *projector_dp_, chain.projector->parameters());
+  // Per module in one order on every rank: ZeRO's reduce-scatter, or an all-reduce (ZeRO
+  // exists only over a DP group).
+  if (llm_dp_)
+    waited += reduce_module_gradients(ops_, llm_zero_.get(), llm_dp_device_.get(), *llm_dp_,
+                                      chain.llm->part_parameters(part_));
+  if (vision_dp_)
+    waited += reduce_module_gradients(ops_, vision_zero_.get(), vision_dp_device_.get(), *vision_dp_,
+                                      chain.vision->parameters());
+  if (projector_dp_)
+    waited += reduce_module_gradients(ops_, projector_zero_.get(), projector_dp_device_.get(), *projector_dp_,
+                                      chain.projector->parameters());
   double loss[1] = {loss_};
   auto req = comm_->iallreduce(std::span<double>(loss));
   waited += req.wait();

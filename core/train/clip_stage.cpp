@@ -369,12 +369,8 @@ Pending ClipStage::sync(const Instruction& i) {
 Pending ClipStage::reduce() {
   double waited = sends_.wait_all();
   for (auto& t : towers_)
-    if (t.zero)
-      waited += t.zero->reduce();
-    else if (t.here && t.dp_device)
-      waited += t.dp_device->allreduce_gradients(t.params);
-    else if (t.here && t.dp)
-      waited += allreduce_gradients(ops_, *t.dp, t.params);
+    if (t.dp)  // ZeRO exists only over a DP group
+      waited += reduce_module_gradients(ops_, t.zero.get(), t.dp_device.get(), *t.dp, t.params);
   // The temperature's gradient is a share per rank, summed over the batch-sync; the loss
   // the batch-syncs summed already, on the ranks of the towers' last stages.
   if (sync_) {

@@ -6,12 +6,6 @@
 
 namespace braid::train {
 
-const nn::Tensor& on_host(nn::Ops& ops, const nn::Tensor& t, nn::Tensor& scratch) {
-  if (t.device().is_host()) return t;
-  scratch = ops.to_host(t);
-  return scratch;
-}
-
 nn::Tensor host_tensor(nn::Ops& ops, nn::Tensor&& t) { return t.device().is_host() ? std::move(t) : ops.to_host(t); }
 
 void edit_on_host(nn::Ops& ops, nn::Tensor& t, const std::function<void(nn::Tensor&)>& edit) {

@@ -14,8 +14,7 @@
 
 namespace braid::train {
 
-// `t` itself when it is host memory; else its copy on the host, kept in `scratch`.
-const nn::Tensor& on_host(nn::Ops& ops, const nn::Tensor& t, nn::Tensor& scratch);
+using nn::on_host;  // `t` itself when it is host memory, else its host copy in `scratch`
 // `t` moved out when it is host memory; else its copy on the host.
 nn::Tensor host_tensor(nn::Ops& ops, nn::Tensor&& t);
 // Runs `edit` on `t`'s elements in host memory, then puts them back where `t` lives.

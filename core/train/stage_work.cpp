@@ -6,6 +6,7 @@
 #include "core/common/error.hpp"
 #include "core/train/device_collectives.hpp"
 #include "core/train/host_staging.hpp"
+#include "core/train/zero.hpp"
 
 namespace braid::train {
 
@@ -91,6 +92,13 @@ double allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, const std:
     at += n;
   }
   return waited;
+}
+
+double reduce_module_gradients(nn::Ops& ops, ZeroModule* zero, DeviceGroup* on_device, runtime::Communicator& dp,
+                               const std::vector<nn::Parameter*>& params) {
+  if (zero) return zero->reduce();
+  if (on_device) return on_device->allreduce_gradients(params);
+  return allreduce_gradients(ops, dp, params);
 }
 
 }  // namespace braid::train

@@ -27,6 +27,7 @@ namespace braid::train {
 
 class MemoryMeter;
 class DeviceGroup;
+class ZeroModule;
 
 struct StepResult {
   double loss = 0;                              // the global batch's loss (every rank gets it)
@@ -111,5 +112,10 @@ Pending pending_requests(std::vector<runtime::Request> requests, std::function<v
 // Sums the gradients of `params` (the trainable ones) over `comm` in one flat all-reduce;
 // returns the seconds blocked.
 double allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, const std::vector<nn::Parameter*>& params);
+// A data-parallel module's gradient reduction over `dp`, the one place that picks its path:
+// ZeRO's reduce-scatter when `zero`, else the all-reduce on the device when `on_device`,
+// else allreduce_gradients. Returns the seconds blocked.
+double reduce_module_gradients(nn::Ops& ops, ZeroModule* zero, DeviceGroup* on_device, runtime::Communicator& dp,
+                               const std::vector<nn::Parameter*>& params);
 
 }  // namespace braid::train

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <optional>
 #include <source_location>
 #include <string>
 
@@ -52,5 +54,23 @@ class Checks {
   const runtime::World& world_;
   int count_ = 0;
 };
+
+// The world of a test program run as `PROGRAM EXPECTED_PROCESS_COUNT` (`launch` says how),
+// through the MPI plugin, and the expected count. Exits 2 on other arguments, 1 when the
+// plugin cannot start. The world is returned in an optional so that main can end MPI
+// (reset) before it returns.
+inline std::optional<runtime::World> plugin_world(int argc, char** argv, const char* launch, int& expected) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s EXPECTED_PROCESS_COUNT (%s)\n", argv[0], launch);
+    std::exit(2);
+  }
+  expected = std::atoi(argv[1]);
+  try {
+    return runtime::World::from_plugin("mpi");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    std::exit(1);
+  }
+}
 
 }  // namespace braid::test

@@ -287,18 +287,9 @@ void errors_come_back(World& world, test::Checks& check) {
 }  // namespace braid
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s EXPECTED_PROCESS_COUNT (run it under mpiexec -n N, or alone with 1)\n", argv[0]);
-    return 2;
-  }
-  const int expected = std::atoi(argv[1]);
-  std::optional<braid::runtime::World> world;
-  try {
-    world.emplace(braid::runtime::World::from_plugin("mpi"));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  }
+  int expected = 0;
+  std::optional<braid::runtime::World> world =
+      braid::test::plugin_world(argc, argv, "run it under mpiexec -n N, or alone with 1", expected);
   braid::test::Checks check(*world);
   try {
     if (world->rank() == 0) std::printf("%s\n", world->bootstrap().c_str());

@@ -149,18 +149,9 @@ void a_deadline_aborts_the_communicator(const Plugin& p, runtime::World& world, 
 }  // namespace braid
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s EXPECTED_PROCESS_COUNT (run it under mpiexec -n N)\n", argv[0]);
-    return 2;
-  }
-  const int expected = std::atoi(argv[1]);
-  std::optional<braid::runtime::World> world;
-  try {
-    world.emplace(braid::runtime::World::from_plugin("mpi"));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  }
+  int expected = 0;
+  std::optional<braid::runtime::World> world =
+      braid::test::plugin_world(argc, argv, "run it under mpiexec -n N", expected);
   braid::test::Checks check(*world);
   const int n = world->size(), r = world->rank();
   check(n == expected, "world size " + std::to_string(n) + ", launched with " + std::to_string(expected));

@@ -16,8 +16,7 @@ const Tensor& host_view(const TensorParallel& tp, const Tensor& t, Tensor& scrat
   if (!tp.ops)
     throw Error(Status::internal, "tensor parallelism: a tensor on " + t.device().name() +
                                       " but the group has no Ops to bring it to the host");
-  scratch = tp.ops->to_host(t);
-  return scratch;
+  return on_host(*tp.ops, t, scratch);
 }
 
 Tensor to_group_device(const TensorParallel& tp, Tensor host) {
