@@ -49,8 +49,9 @@ static_assert(BRAID_BUBBLE_BATCH_SYNC == static_cast<int>(Cause::batch_sync));
 static_assert(BRAID_BUBBLE_IMBALANCE == static_cast<int>(Cause::imbalance));
 static_assert(BRAID_FLAG_SYNC_ONLY == braid::pipeline::kSyncOnly);
 static_assert(BRAID_FLAG_IN_TP_BUBBLE == braid::pipeline::kInTpBubble);
+static_assert(BRAID_FLAG_IN_DP_WAIT == braid::pipeline::kInDpWait);
 static_assert(BRAID_FLAG_ALL == (BRAID_FLAG_NO_STORE | BRAID_FLAG_RECOMPUTE | BRAID_FLAG_BACKWARD_TASK |
-                                 BRAID_FLAG_SYNC_ONLY | BRAID_FLAG_IN_TP_BUBBLE));
+                                 BRAID_FLAG_SYNC_ONLY | BRAID_FLAG_IN_TP_BUBBLE | BRAID_FLAG_IN_DP_WAIT));
 // The numbering of a colocated stage's encoder units and ordering messages (core/bubble).
 static_assert(BRAID_ENCODER_UNIT_EMBEDDING == braid::bubble::kEmbeddingUnit);
 static_assert(BRAID_ENCODER_UNIT_FIRST_KERNEL == braid::bubble::kFirstKernelUnit);

@@ -71,8 +71,8 @@ class StageEmitter {
     i.unit = t.unit;
     i.chunk = t.layer;
     i.microbatch = e.microbatch;
-    i.flags =
-        static_cast<std::uint8_t>((e.backward ? pipeline::kBackwardTask : 0) | (e.in_tp ? pipeline::kInTpBubble : 0));
+    i.flags = static_cast<std::uint8_t>((e.backward ? pipeline::kBackwardTask : 0) |
+                                        (e.in_tp ? pipeline::kInTpBubble : 0) | (e.in_dp ? pipeline::kInDpWait : 0));
     put(i);
     if (e.task + 1 != static_cast<int>(list.size())) return;
     if (!e.backward && !last_host) {

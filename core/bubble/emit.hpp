@@ -17,6 +17,7 @@ struct Entry {
   bool in_tp = false;
   bool backward = false;
   int encoder = 0, microbatch = 0, task = 0;
+  bool in_dp = false;  // a backward task after the stage's last llm backward, in its DP wait
 };
 using Placement = std::vector<std::vector<Entry>>;  // per llm stage, in placement order
 

@@ -192,7 +192,9 @@ class Placer {
   double put(int s, std::size_t gi, const Chunk& ch, int task, bool backward, double from, double seconds) {
     auto& g = gaps_[static_cast<std::size_t>(s)];
     Gap& gap = g[gi];
-    placement_[static_cast<std::size_t>(s)].push_back({gap.slot, gap.in_tp, backward, ch.encoder, ch.microbatch, task});
+    // After the stage's last llm backward, a backward task runs while the llm's gradients reduce.
+    placement_[static_cast<std::size_t>(s)].push_back(
+        {gap.slot, gap.in_tp, backward, ch.encoder, ch.microbatch, task, backward && gap.cooldown});
     if (gap.in_tp) {
       if (gap.bin_used + seconds > gap.bubble) {
         ++gap.bin;
@@ -497,7 +499,10 @@ Schedules schedule(const cost::CostModel& cost, const plan::Plan& plan) {
     r.encoder_tasks = std::max(r.encoder_tasks, n);
   }
   for (const auto& st : fine.placement)
-    for (const auto& e : st) r.tp_bubble_tasks += e.in_tp;
+    for (const auto& e : st) {
+      r.tp_bubble_tasks += e.in_tp;
+      r.dp_wait_tasks += e.in_dp;
+    }
   r.rounds = rounds;
   r.scheduler_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return out;

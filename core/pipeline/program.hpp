@@ -34,6 +34,10 @@ enum : std::uint8_t {
   kBackwardTask = 4,  // encoder_task: a backward task (else forward)
   kSyncOnly = 8,      // a send/receive that only orders work; its transfer is charged inside that work
   kInTpBubble = 16,   // encoder_task: runs while the preceding forward/backward waits on its TP collectives
+  // encoder_task (backward): runs while the llm's gradient reduction, issued when the stage's
+  // last llm backward ends, is in flight; the stage's reduce_grads waits for it, then
+  // reduces the encoders' gradients (a colocated stage's cool-down under the bubble scheduler).
+  kInDpWait = 32,
 };
 
 struct Instruction {
@@ -96,6 +100,10 @@ struct StageProgram {
   std::vector<WorkUnit> units;  // unit 0..v-1: the model chunks; then encoder units (colocated)
   double send_activation_s = 0, send_grad_s = 0;  // one p2p message each
   double reduce_grads_s = 0;                      // the DP collective
+  // Of reduce_grads_s, the gradient reduction of the stage's own grid (reduce-scatter or
+  // all-reduce, no parameter all-gather; a colocated stage's encoders not included): what a
+  // colocated stage issues early when it runs kInDpWait tasks.
+  double early_reduce_s = 0;
   double optimizer_s = 0;
   double static_memory_bytes = 0;  // weights, gradients, optimizer state, reserved
   int group_microbatches = 0;      // contrastive: this stage's microbatches per group (0: the program's)

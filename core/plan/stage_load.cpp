@@ -21,12 +21,15 @@ void StageLoad::add(const cost::CostModel& cost, int m, int layers, bool first, 
   optimizer_s += cost.optimizer_seconds(m, params, dp_group.size);
 }
 
-double StageLoad::exposed_dp_sync(const spec::TrainingSpec& training) const {
+double StageLoad::exposed_dp_reduce(const spec::TrainingSpec& training) const {
   const double reduce = dp_sync_s - dp_gather_s;
-  const double exposed_reduce = training.overlap_grad_reduce ? std::max(0.0, reduce - work.backward_time()) : reduce;
+  return training.overlap_grad_reduce ? std::max(0.0, reduce - work.backward_time()) : reduce;
+}
+
+double StageLoad::exposed_dp_sync(const spec::TrainingSpec& training) const {
   const double exposed_gather =
       training.overlap_param_gather ? std::max(0.0, dp_gather_s - work.forward_time()) : dp_gather_s;
-  return exposed_reduce + exposed_gather;
+  return exposed_dp_reduce(training) + exposed_gather;
 }
 
 std::string StageLoad::label() const {

@@ -34,6 +34,8 @@ struct StageLoad {
   // all-gather behind the next step's first forward with `overlap_param_gather` (issued
   // bucket by bucket, waited on in each module's forward pre-hook).
   double exposed_dp_sync(const spec::TrainingSpec& training) const;
+  // ... of which the gradient reduction (without the parameter all-gather).
+  double exposed_dp_reduce(const spec::TrainingSpec& training) const;
   // Adds `layers` layers of module `m` (+ its first/last extras) at (tp, dp, microbatch).
   void add(const cost::CostModel& cost, int m, int layers, bool first, bool last, int tp, int samples,
            const cost::GroupShape& dp_group);

@@ -57,7 +57,8 @@ struct Rank {
   std::array<double, kCauseCount> direct{};  // tp, dp_shard: known when they happen
   std::vector<Idle> idle;                    // classified once the timeline is known
   double first_forward = -1, last_backward = 0;
-  double tp_slack = 0;  // TP-collective wait of the last forward/backward not yet filled by encoder tasks
+  double tp_slack = 0;    // TP-collective wait of the last forward/backward not yet filled by encoder tasks
+  double dp_issued = -1;  // when the llm's gradient reduction was issued early (kInDpWait tasks); -1: not
   double live = 0, peak = 0;
   std::unordered_map<long long, double> stored;  // (microbatch, chunk) -> activation bytes
   bool waiting_recv = false;                     // woken by a message
@@ -73,6 +74,8 @@ long long message_key(int to_rank, int from_stage, bool grad, int microbatch) {
 struct Collective {
   int expected = 0, arrived = 0;
   double latest = 0;
+  double issued = 0;                            // the latest early issue of the arrivals' llm reductions ...
+  bool all_issued = true;                       // ... when every arrival issued one
   std::vector<std::pair<int, double>> waiting;  // rank, arrival
 };
 
@@ -195,6 +198,9 @@ class Simulation {
       tp *= scale;
     }
     if (slow_ && !slow_->empty()) busy *= (*slow_)[static_cast<std::size_t>(r)][k.pc];
+    // The first task in the DP wait issues the llm's gradient reduction, whose gradients
+    // were final when the stage's last llm backward ended.
+    if (i.op == Op::encoder_task && (i.flags & pipeline::kInDpWait) && k.dp_issued < 0) k.dp_issued = k.last_backward;
     if (i.op == Op::encoder_task && (i.flags & pipeline::kInTpBubble)) {
       // Runs on the compute units while the previous forward/backward waits on its
       // TP collectives: that wait turns into work; only what does not fit delays.
@@ -282,17 +288,22 @@ class Simulation {
   }
 
   // Arrives at a collective; true when this arrival completed it (everyone released).
-  void arrive(int r, Collective& c, double duration, Wait kind, int lane) {
+  // `early`: the part of `duration` that ran from its early issue (a DP reduction).
+  void arrive(int r, Collective& c, double duration, Wait kind, int lane, double early = 0) {
     Rank& k = ranks_[static_cast<std::size_t>(r)];
     c.arrived++;
     c.latest = std::max(c.latest, k.compute);
+    c.issued = std::max(c.issued, k.dp_issued);
+    c.all_issued = c.all_issued && k.dp_issued >= 0;
     c.waiting.emplace_back(r, k.compute);
     if (c.arrived < c.expected) return;
-    const double end = c.latest + duration;
+    // Issued early, the llm's reduction ran behind the tasks in its wait; the rest follows it.
+    const double end =
+        early > 0 && c.all_issued ? std::max(c.latest, c.issued + early) + duration - early : c.latest + duration;
     for (auto [w, at] : c.waiting) {
       Rank& m = ranks_[static_cast<std::size_t>(w)];
       m.idle.push_back({at, end, kind});
-      record(w, lane, c.latest, duration);
+      record(w, lane, c.latest, end - c.latest);
       m.compute = end;
       m.tp_slack = 0;
       m.pc++;
@@ -329,7 +340,8 @@ class Simulation {
           }
           break;
         case Op::reduce_grads:
-          arrive(r, reduce_[k.stage], stage_of(k).reduce_grads_s, Wait::dp, 2);
+          arrive(r, reduce_[k.stage], stage_of(k).reduce_grads_s, Wait::dp, 2,
+                 std::min(stage_of(k).early_reduce_s, stage_of(k).reduce_grads_s));
           return;  // resumed by the collective
         case Op::batch_sync:
           arrive(r, sync_[i.group], p_.batch_sync_s, Wait::sync, 2);

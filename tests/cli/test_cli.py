@@ -327,13 +327,15 @@ class SimulateBubbleTest(CliTestCase):
         self.assertEqual(set(r["bubbles_before"]), BUBBLE_CAUSES)
         self.assertEqual(set(r["bubbles_after"]), BUBBLE_CAUSES)
         t = r["step_time_s"]
-        # A shallow encoder pipeline leaves work to move: each pass gains, neither loses.
+        # A shallow encoder pipeline leaves work to move: coarse gains, fine keeps at least that.
         self.assertLess(t["coarse"], t["colocated"])
-        self.assertLess(t["fine"], t["coarse"])
+        self.assertLessEqual(t["fine"], t["coarse"] * (1 + 1e-12))
         self.assertAlmostEqual(doc["step_time_s"], t["fine"], delta=1e-9 * t["fine"])
         self.assertTrue(0 < r["recovered_fraction"]["coarse"] <= r["recovered_fraction"]["fine"] < 1)
         self.assertLess(sum(r["bubbles_after"].values()), sum(r["bubbles_before"].values()))
-        self.assertGreater(r["tp_bubble_tasks"], 0)
+        # The backwards after the llm's last backward run behind its gradient reduction.
+        self.assertGreater(r["dp_wait_tasks"], 0)
+        self.assertIn("tp_bubble_tasks", r)
         self.assertGreater(r["encoder_tasks_per_device"], 0)
         self.assertGreaterEqual(r["scheduler_time_s"], 0)
         # Against the llm alone: H = encoder_s - (step - llm step), over encoder_s and over the llm's idle time.
@@ -361,6 +363,7 @@ class SimulateBubbleTest(CliTestCase):
         self.assertExit(result, 0)
         self.assertIn("bubble scheduler (optimus)", result.stdout)
         self.assertIn("tasks inside TP waits", result.stdout)
+        self.assertIn("behind the llm's gradient reduction", result.stdout)
         result = simulate(VIT22B, "--plan", self.SHALLOW, "--schedule", "1f1b")
         self.assertExit(result, 2)
         self.assertIn("optimus-fine", result.stderr)

@@ -410,6 +410,64 @@ TEST(Pipeline, OrderingOnlyMessagesCostNothing) {
   EXPECT_DOUBLE_EQ(sim::simulate(prog).step_time_s, 0.0);
 }
 
+// Encoder backward tasks in a colocated stage's DP wait: the llm's gradient reduction
+// (early_reduce_s of reduce_grads_s) starts when the last llm backward ends and runs behind
+// them; the rest of the reduction (the encoders' gradients) follows both.
+TEST(Pipeline, TasksInTheDpWaitRunBehindTheEarlyReduction) {
+  auto with_tasks = [](double task_s, std::uint8_t flags, int replicas) {
+    Program prog = uniform(1);
+    auto& st = prog.stages[0];
+    st.replicas = replicas;
+    pipeline::WorkUnit task;
+    task.label = "encoder kernel";
+    task.backward_s = task_s;
+    st.units.push_back(task);
+    st.reduce_grads_s = 5;
+    st.early_reduce_s = 3;
+    const auto in_dp = static_cast<std::uint8_t>(pipeline::kBackwardTask | flags);
+    st.instructions = {{Op::forward, 0, 0, -1, -1, 0, 0},
+                       {Op::backward, 0, 0, -1, -1, 0, 0},
+                       {Op::encoder_task, 0, 0, -1, -1, 1, in_dp},
+                       {Op::encoder_task, 1, 0, -1, -1, 1, in_dp},
+                       {Op::reduce_grads, -1, 0, -1, -1, 0, 0}};
+    return sim::simulate(prog).step_time_s;
+  };
+  for (int replicas : {1, 3}) {
+    SCOPED_TRACE(replicas);
+    // forward 1 + backward 2, then two tasks of 1 s: 3 + 2 + 5 in order.
+    EXPECT_NEAR(with_tasks(1, 0, replicas), 10, 1e-12);
+    // In the wait: the early 3 s hide the tasks' 2 s; the other 2 s follow: 3 + 3 + 2.
+    EXPECT_NEAR(with_tasks(1, pipeline::kInDpWait, replicas), 8, 1e-12);
+    // Tasks longer than the early part: 3 + 2 x 2.5 + 2.
+    EXPECT_NEAR(with_tasks(2.5, pipeline::kInDpWait, replicas), 10, 1e-12);
+  }
+}
+
+TEST(Pipeline, TasksInTheDpWaitFollowTheLastBackward) {
+  Program prog = uniform(1);
+  auto& st = prog.stages[0];
+  st.units.push_back(st.units[0]);
+  const auto in_dp = static_cast<std::uint8_t>(pipeline::kBackwardTask | pipeline::kInDpWait);
+  st.instructions = {{Op::forward, 0, 0, -1, -1, 0, 0},
+                     {Op::encoder_task, 0, 0, -1, -1, 1, in_dp},
+                     {Op::backward, 0, 0, -1, -1, 0, 0},
+                     {Op::reduce_grads, -1, 0, -1, -1, 0, 0}};
+  test::expect_error([&] { sim::simulate(prog); }, Status::invalid_argument,
+                     {"instruction 2 (Backward): follows a task in the DP wait"});
+  st.instructions = {{Op::forward, 0, 0, -1, -1, 0, 0},
+                     {Op::backward, 0, 0, -1, -1, 0, 0},
+                     {Op::encoder_task, 0, 0, -1, -1, 1, pipeline::kInDpWait},
+                     {Op::reduce_grads, -1, 0, -1, -1, 0, 0}};
+  test::expect_error([&] { sim::simulate(prog); }, Status::invalid_argument,
+                     {"instruction 2 (EncoderTask): runs in the DP wait but is no encoder backward task"});
+  st.instructions = {{Op::forward, 0, 0, -1, -1, 0, 0},
+                     {Op::backward, 0, 0, -1, -1, 0, 0},
+                     {Op::reduce_grads, -1, 0, -1, -1, 0, 0},
+                     {Op::encoder_task, 0, 0, -1, -1, 1, in_dp}};
+  test::expect_error([&] { sim::simulate(prog); }, Status::invalid_argument,
+                     {"instruction 3 (EncoderTask): runs in the DP wait of a reduction already done"});
+}
+
 }  // namespace
 }  // namespace braid
 

@@ -68,6 +68,7 @@ nlohmann::ordered_json bubble_report_json(const bubble::Report& b,
   j["placements_simulated"] = b.rounds;
   j["encoder_tasks_per_device"] = b.encoder_tasks;
   j["tp_bubble_tasks"] = b.tp_bubble_tasks;
+  j["dp_wait_tasks"] = b.dp_wait_tasks;
   return j;
 }
 
@@ -81,7 +82,8 @@ void print_bubble_report(const bubble::Report& b, const std::optional<bubble::Pu
             << "  coarse             " << seconds(b.coarse_step_s) << "   " << gain(b.coarse_step_s) << ", "
             << fixed(100 * b.recovered_coarse, 1) << "% of the idle time recovered\n"
             << "  fine               " << seconds(b.fine_step_s) << "   " << gain(b.fine_step_s) << ", "
-            << fixed(100 * b.recovered_fine, 1) << "% recovered, " << b.tp_bubble_tasks << " tasks inside TP waits\n"
+            << fixed(100 * b.recovered_fine, 1) << "% recovered, " << b.tp_bubble_tasks << " tasks inside TP waits, "
+            << b.dp_wait_tasks << " behind the llm's gradient reduction\n"
             << "  idle before        " << bubbles_text(b.bubbles_before) << "\n"
             << "  idle after         " << bubbles_text(b.bubbles_after) << "\n"
             << "  against the llm alone (" << seconds(b.llm_step_s) << " step, " << seconds(b.llm_idle_s)

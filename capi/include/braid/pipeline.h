@@ -124,8 +124,14 @@ typedef enum braid_opcode {
  * instruction's TP collectives are in flight, or simply in order after it. Never set on
  * a communication task (transfer, shard traffic, the encoder's own TP collectives). */
 #define BRAID_FLAG_IN_TP_BUBBLE 16u
+/* ENCODER_TASK, backward ("optimus-coarse", "optimus-fine", "optimus-online"): placed after
+ * the stage's last BACKWARD and before its REDUCE_GRADS, inside the wait of the llm's
+ * gradient reduction. An executor may issue the reduction of the stage's own (llm)
+ * gradients when its last BACKWARD ends and run these tasks while it is in flight, then
+ * reduce the encoders' gradients at REDUCE_GRADS; or simply run everything in order. */
+#define BRAID_FLAG_IN_DP_WAIT 32u
 /* Every flag a program may carry. */
-#define BRAID_FLAG_ALL 31u
+#define BRAID_FLAG_ALL 63u
 
 /* ENCODER_TASK units: unit = 1 + e * BRAID_ENCODER_UNITS + one of these (see "Values"). */
 #define BRAID_ENCODER_UNIT_EMBEDDING 0 /* patch/token embedding (the encoder's first stage) */

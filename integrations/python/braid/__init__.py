@@ -45,7 +45,15 @@ from .errors import *  # noqa: F401,F403 (the statuses and exceptions, errors.__
 from .groups import Groups
 from .plan import Plan, plan
 from .program import Program, Simulation
-from .vocab import FLAG_ALL, FLAG_BACKWARD_TASK, FLAG_IN_TP_BUBBLE, FLAG_NO_STORE, FLAG_RECOMPUTE, FLAG_SYNC_ONLY
+from .vocab import (
+    FLAG_ALL,
+    FLAG_BACKWARD_TASK,
+    FLAG_IN_DP_WAIT,
+    FLAG_IN_TP_BUBBLE,
+    FLAG_NO_STORE,
+    FLAG_RECOMPUTE,
+    FLAG_SYNC_ONLY,
+)
 
 __all__ = [
     "ABI_VERSION",
@@ -70,6 +78,7 @@ __all__ = [
     "FLAG_BACKWARD_TASK",
     "FLAG_SYNC_ONLY",
     "FLAG_IN_TP_BUBBLE",
+    "FLAG_IN_DP_WAIT",
     "FLAG_ALL",
 ]
 
