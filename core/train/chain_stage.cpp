@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <deque>
 #include <string>
+#include <utility>
 
 #include "core/bubble/encoder_tasks.hpp"
 #include "core/common/error.hpp"
@@ -113,6 +114,7 @@ ChainStage::ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, co
     encoder_ = std::make_unique<ColocatedEncoder>(bubble::decompose(cost, plan), program.stage, program.stage_program(),
                                                   *chain.vision, ops, microbatch_, llm_.tp_rank / vision_.tp,
                                                   llm_.tp / vision_.tp);
+    for (const Instruction& ins : program_.instructions()) llm_backwards_ += ins.op == Op::backward;
     // Encoder tasks and the ordering messages of the encoder's side (its tokens out, their
     // gradients in) may run ahead of a wait; they keep their order among themselves.
     fill_.movable = [this](int index) {
@@ -281,6 +283,8 @@ void ChainStage::begin_step(std::int64_t step, StepResult& r) {
   result_ = &r;
   loss_ = 0;
   in_flight_.clear();
+  llm_backwards_left_ = llm_backwards_;
+  early_llm_reduce_ = {};
   for (ZeroModule* z : {llm_zero_.get(), vision_zero_.get(), projector_zero_.get()})
     if (z) z->begin_step();
   encoded_.clear();
@@ -422,6 +426,7 @@ void ChainStage::install(Interpreter& in) {
   in.set(Op::reduce_grads, [this](const Instruction&) { return reduce(); });
   if (encoder_)
     in.set(Op::encoder_task, [this](const Instruction& i) {
+      if (i.flags & pipeline::kInDpWait) post_llm_reduce_early();
       encoder_->run(i);
       return Pending{};
     });
@@ -487,6 +492,7 @@ Pending ChainStage::backward(const Instruction& ins) {
     encode_backward(i);
     return {};
   }
+  --llm_backwards_left_;  // the handler finishes it: its gradients are in when it returns
   Microbatch& mb = in_flight_.at(i);
   Calls llm_calls(llm_zero_.get(), static_cast<int>(mb.groups.size()), true);
   for (auto& g : mb.groups) {
@@ -634,7 +640,9 @@ Pending ChainStage::reduce() {
   double waited = sends_.wait_all();
   // Per module in one order on every rank: ZeRO's reduce-scatter, or an all-reduce (ZeRO
   // exists only over a DP group).
-  if (llm_dp_)
+  if (!early_llm_reduce_.empty())
+    waited += std::exchange(early_llm_reduce_, {}).finish();
+  else if (llm_dp_)
     waited += reduce_module_gradients(ops_, llm_zero_.get(), llm_dp_device_.get(), *llm_dp_,
                                       chain.llm->part_parameters(part_));
   if (vision_dp_)
@@ -648,6 +656,13 @@ Pending ChainStage::reduce() {
   waited += req.wait();
   result_->loss = loss[0];
   return blocked_for(waited);
+}
+
+void ChainStage::post_llm_reduce_early() {
+  // Every replica posts at the same point of its llm DP group's collectives: the group has
+  // this one per step. Under online filling a task may come up before the last llm backward.
+  if (!early_llm_reduce_.empty() || llm_backwards_left_ > 0 || !llm_dp_ || llm_zero_ || llm_dp_device_) return;
+  early_llm_reduce_ = post_allreduce_gradients(ops_, *llm_dp_, model_.chain->llm->part_parameters(part_));
 }
 
 void ChainStage::gather_parameters() {

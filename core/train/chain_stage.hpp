@@ -120,6 +120,10 @@ class ChainStage : public StageWork {
   Pending receive(const pipeline::Instruction& i);
   void send(const pipeline::Instruction& i);
   Pending reduce();
+  // The first task in the DP wait (pipeline::kInDpWait) posts the llm's gradient all-reduce
+  // once the stage's last llm backward has run; reduce() then waits for it. (On the host MPI
+  // path only: ZeRO's and the device's reductions stay in reduce().)
+  void post_llm_reduce_early();
   std::vector<TrainedParameter> trained_parameters(int zero_stage) const;
   void make_zero(int stage);  // a ZeroModule per data-parallel module this rank holds
   // A TP group over `group` whose waits count as the step's TP idle time.
@@ -168,6 +172,8 @@ class ChainStage : public StageWork {
   std::map<int, Microbatch> in_flight_;  // llm microbatches between forward and backward
   std::map<int, Encoded> encoded_;       // encoder work between its forward and backward
   PendingSends sends_;
+  int llm_backwards_ = 0, llm_backwards_left_ = 0;  // llm backwards of the stage's program, and still to run
+  Pending early_llm_reduce_;
 };
 
 }  // namespace braid::train

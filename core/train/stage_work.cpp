@@ -67,31 +67,36 @@ Pending pending_requests(std::vector<runtime::Request> requests, std::function<v
   return p;
 }
 
-double allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, const std::vector<nn::Parameter*>& params) {
+Pending post_allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, std::vector<nn::Parameter*> params) {
   std::size_t total = 0;
   for (auto* p : params)
     if (p->trainable) total += p->grad.data.size();
-  std::vector<float> flat;
-  flat.reserve(total);
+  auto flat = std::make_shared<std::vector<float>>();
+  flat->reserve(total);
   for (auto* p : params) {
     if (!p->trainable) continue;
     nn::Tensor scratch;
     const nn::Tensor& grad = on_host(ops, p->grad, scratch);
-    flat.insert(flat.end(), grad.data.begin(), grad.data.end());
+    flat->insert(flat->end(), grad.data.begin(), grad.data.end());
   }
-  auto req = comm.iallreduce(std::span<float>(flat));
-  const double waited = req.wait();
-  std::size_t at = 0;
-  for (auto* p : params) {
-    if (!p->trainable) continue;
-    const auto n = p->grad.data.size();
-    edit_on_host(ops, p->grad, [&](nn::Tensor& grad) {
-      std::copy(flat.begin() + static_cast<std::ptrdiff_t>(at), flat.begin() + static_cast<std::ptrdiff_t>(at + n),
-                grad.data.begin());
-    });
-    at += n;
-  }
-  return waited;
+  std::vector<runtime::Request> requests;
+  requests.push_back(comm.iallreduce(std::span<float>(*flat)));
+  return pending_requests(std::move(requests), [&ops, flat, params = std::move(params)] {
+    std::size_t at = 0;
+    for (auto* p : params) {
+      if (!p->trainable) continue;
+      const auto n = p->grad.data.size();
+      edit_on_host(ops, p->grad, [&](nn::Tensor& grad) {
+        std::copy(flat->begin() + static_cast<std::ptrdiff_t>(at), flat->begin() + static_cast<std::ptrdiff_t>(at + n),
+                  grad.data.begin());
+      });
+      at += n;
+    }
+  });
+}
+
+double allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, const std::vector<nn::Parameter*>& params) {
+  return post_allreduce_gradients(ops, comm, params).finish();
 }
 
 double reduce_module_gradients(nn::Ops& ops, ZeroModule* zero, DeviceGroup* on_device, runtime::Communicator& dp,

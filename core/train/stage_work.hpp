@@ -112,6 +112,8 @@ Pending pending_requests(std::vector<runtime::Request> requests, std::function<v
 // Sums the gradients of `params` (the trainable ones) over `comm` in one flat all-reduce;
 // returns the seconds blocked.
 double allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, const std::vector<nn::Parameter*>& params);
+// The same all-reduce posted: finish() waits for it and writes the sums back.
+Pending post_allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, std::vector<nn::Parameter*> params);
 // A data-parallel module's gradient reduction over `dp`, the one place that picks its path:
 // ZeRO's reduce-scatter when `zero`, else the all-reduce on the device when `on_device`,
 // else allreduce_gradients. Returns the seconds blocked.
