@@ -17,7 +17,8 @@ struct Entry {
   bool in_tp = false;
   bool backward = false;
   int encoder = 0, microbatch = 0, task = 0;
-  bool in_dp = false;  // a backward task after the stage's last llm backward, in its DP wait
+  bool in_dp = false;  // in a DP wait: a forward task before the stage's first llm instruction
+                       // (the parameter all-gather), a backward one after its last (the reduction)
 };
 using Placement = std::vector<std::vector<Entry>>;  // per llm stage, in placement order
 

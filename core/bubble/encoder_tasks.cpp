@@ -80,7 +80,12 @@ Colocated decompose(const cost::CostModel& cost, const plan::Plan& plan) {
   c.llm.model_flops = double(run.training.global_batch) * cost.model_flops_per_sample();
   c.microbatches = c.llm.microbatches;
   const int P = c.stages();
-  for (auto& st : c.llm.stages) st.instructions.resize(st.instructions.size() - 2);  // the step's tail
+  for (auto& st : c.llm.stages) {
+    st.instructions.resize(st.instructions.size() - 2);  // the step's tail
+    // The llm's exposed parameter all-gather opens the step (see StageProgram::gather_s).
+    st.gather_s = std::max(0.0, st.reduce_grads_s - st.early_reduce_s);
+    st.reduce_grads_s -= st.gather_s;
+  }
   c.hosts.resize(static_cast<std::size_t>(P));
   const int devices = P * c.llm.stages[0].replicas * c.llm.stages[0].devices_per_replica;
 

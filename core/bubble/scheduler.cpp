@@ -192,9 +192,10 @@ class Placer {
   double put(int s, std::size_t gi, const Chunk& ch, int task, bool backward, double from, double seconds) {
     auto& g = gaps_[static_cast<std::size_t>(s)];
     Gap& gap = g[gi];
-    // After the stage's last llm backward, a backward task runs while the llm's gradients reduce.
-    placement_[static_cast<std::size_t>(s)].push_back(
-        {gap.slot, gap.in_tp, backward, ch.encoder, ch.microbatch, task, backward && gap.cooldown});
+    // Before the stage's first llm instruction, a forward task runs while the llm's parameters
+    // are all-gathered; after its last llm backward, a backward one while its gradients reduce.
+    placement_[static_cast<std::size_t>(s)].push_back({gap.slot, gap.in_tp, backward, ch.encoder, ch.microbatch, task,
+                                                       backward ? gap.cooldown : gap.warmup && !gap.in_tp});
     if (gap.in_tp) {
       if (gap.bin_used + seconds > gap.bubble) {
         ++gap.bin;
@@ -457,6 +458,7 @@ Schedules schedule(const cost::CostModel& cost, const plan::Plan& plan) {
     llm_only.ok = true;
   }
   Tried coarse = improve(c, Pass::coarse, {llm_only, plain}, plain, &rounds);
+
   Tried fine = improve(c, Pass::fine, {llm_only, coarse, plain}, coarse, &rounds);
 
   auto full = [&](const Placement& p) { return emit(c, p).program; };

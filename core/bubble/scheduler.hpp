@@ -61,7 +61,7 @@ struct Report {
   int rounds = 0;                 // placements simulated
   long long encoder_tasks = 0;    // EncoderTasks per step on the busiest device
   long long tp_bubble_tasks = 0;  // of the fine schedule's tasks, those inside TP waits (all stages)
-  long long dp_wait_tasks = 0;    // ... and those in the wait of the llm's gradient reduction
+  long long dp_wait_tasks = 0;    // ... and those in the llm's DP waits (parameter all-gather, gradient reduction)
 };
 
 struct Schedules {

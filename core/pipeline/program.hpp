@@ -34,9 +34,11 @@ enum : std::uint8_t {
   kBackwardTask = 4,  // encoder_task: a backward task (else forward)
   kSyncOnly = 8,      // a send/receive that only orders work; its transfer is charged inside that work
   kInTpBubble = 16,   // encoder_task: runs while the preceding forward/backward waits on its TP collectives
-  // encoder_task (backward): runs while the llm's gradient reduction, issued when the stage's
-  // last llm backward ends, is in flight; the stage's reduce_grads waits for it, then
-  // reduces the encoders' gradients (a colocated stage's cool-down under the bubble scheduler).
+  // encoder_task in a colocated stage's DP waits (the bubble scheduler's coarse and fine
+  // passes): a backward task after the stage's last llm backward runs while the llm's
+  // gradient reduction, issued when that backward ends, is in flight (reduce_grads waits for
+  // it, then reduces the encoders' gradients); a forward task before the stage's first llm
+  // instruction runs while the llm's parameter all-gather (gather_s) is in flight.
   kInDpWait = 32,
 };
 
@@ -104,6 +106,11 @@ struct StageProgram {
   // all-reduce, no parameter all-gather; a colocated stage's encoders not included): what a
   // colocated stage issues early when it runs kInDpWait tasks.
   double early_reduce_s = 0;
+  // A colocated stage: the llm's parameter all-gather (ZeRO-1/2, not overlapped), charged at
+  // the start of the step rather than inside reduce_grads_s: in the steady state it ends one
+  // step and precedes the next one's first llm forward, and kInDpWait forward tasks run
+  // behind it.
+  double gather_s = 0;
   double optimizer_s = 0;
   double static_memory_bytes = 0;  // weights, gradients, optimizer state, reserved
   int group_microbatches = 0;      // contrastive: this stage's microbatches per group (0: the program's)

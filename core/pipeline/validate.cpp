@@ -39,20 +39,24 @@ void validate(const Program& p) {
       if (!(w >= 0 && w < 1e9))
         throw Error(Status::invalid_argument, "stage '" + st.name + "': a work_scale is not a load");
     }
-    if (!(st.early_reduce_s >= 0 && st.early_reduce_s < 1e9))
-      throw Error(Status::invalid_argument, "stage '" + st.name + "': its early reduction takes no valid time");
+    if (!(st.early_reduce_s >= 0 && st.early_reduce_s < 1e9 && st.gather_s >= 0 && st.gather_s < 1e9))
+      throw Error(Status::invalid_argument, "stage '" + st.name + "': its DP collectives take no valid time");
     Op last_compute = Op::load_microbatch;  // what a TP-bubble task would fill
-    bool in_dp_wait = false, reduced = false;
+    bool in_dp_wait = false, reduced = false, llm_started = false;
     for (std::size_t pc = 0; pc < st.instructions.size(); ++pc) {
       const auto& i = st.instructions[pc];
       if (i.flags & kInDpWait) {
-        if (i.op != Op::encoder_task || !(i.flags & kBackwardTask))
-          fail(p, s, pc, "runs in the DP wait but is no encoder backward task");
-        if (reduced) fail(p, s, pc, "runs in the DP wait of a reduction already done");
-        in_dp_wait = true;
+        if (i.op != Op::encoder_task) fail(p, s, pc, "runs in a DP wait but is no encoder task");
+        if (!(i.flags & kBackwardTask) && llm_started)
+          fail(p, s, pc, "runs in the parameter all-gather's wait after the stage's first llm instruction");
+        if (i.flags & kBackwardTask) {
+          if (reduced) fail(p, s, pc, "runs in the DP wait of a reduction already done");
+          in_dp_wait = true;
+        }
       }
       if (in_dp_wait && (i.op == Op::forward || i.op == Op::backward))
         fail(p, s, pc, "follows a task in the DP wait, which the stage's last llm backward issues");
+      llm_started = llm_started || i.op == Op::forward || i.op == Op::backward;
       reduced = reduced || i.op == Op::reduce_grads;
       if (i.op == Op::encoder_task && (i.flags & kInTpBubble)) {
         if (last_compute != Op::forward && last_compute != Op::backward)

@@ -57,8 +57,9 @@ struct Rank {
   std::array<double, kCauseCount> direct{};  // tp, dp_shard: known when they happen
   std::vector<Idle> idle;                    // classified once the timeline is known
   double first_forward = -1, last_backward = 0;
-  double tp_slack = 0;    // TP-collective wait of the last forward/backward not yet filled by encoder tasks
-  double dp_issued = -1;  // when the llm's gradient reduction was issued early (kInDpWait tasks); -1: not
+  double tp_slack = 0;      // TP-collective wait of the last forward/backward not yet filled by encoder tasks
+  double dp_issued = -1;    // when the llm's gradient reduction was issued early (kInDpWait tasks); -1: not
+  double gather_slack = 0;  // the llm's parameter all-gather at the step's start not yet filled by tasks
   double live = 0, peak = 0;
   std::unordered_map<long long, double> stored;  // (microbatch, chunk) -> activation bytes
   bool waiting_recv = false;                     // woken by a message
@@ -110,7 +111,12 @@ class Simulation {
   }
 
   Result run() {
-    for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) runnable_.push_back(r);
+    for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) {
+      // A colocated stage's step starts with the llm's parameter all-gather.
+      Rank& k = ranks_[static_cast<std::size_t>(r)];
+      k.compute = k.gather_slack = stage_of(k).gather_s;
+      runnable_.push_back(r);
+    }
     while (!runnable_.empty()) {
       int r = runnable_.front();
       runnable_.pop_front();
@@ -200,7 +206,20 @@ class Simulation {
     if (slow_ && !slow_->empty()) busy *= (*slow_)[static_cast<std::size_t>(r)][k.pc];
     // The first task in the DP wait issues the llm's gradient reduction, whose gradients
     // were final when the stage's last llm backward ended.
-    if (i.op == Op::encoder_task && (i.flags & pipeline::kInDpWait) && k.dp_issued < 0) k.dp_issued = k.last_backward;
+    if (i.op == Op::encoder_task && (i.flags & pipeline::kInDpWait) && (i.flags & pipeline::kBackwardTask) &&
+        k.dp_issued < 0)
+      k.dp_issued = k.last_backward;
+    if (behind_gather(i)) {
+      // Runs while the llm's parameter all-gather is in flight: that wait turns into work.
+      const double absorbed = std::min(busy + tp, k.gather_slack);
+      record(r, 0, k.compute - k.gather_slack, busy + tp);
+      span(r, k.compute - k.gather_slack, busy);
+      k.gather_slack -= absorbed;
+      k.busy += busy;
+      k.direct[static_cast<int>(Cause::tp)] += tp;
+      k.compute += busy + tp - absorbed;
+      return;
+    }
     if (i.op == Op::encoder_task && (i.flags & pipeline::kInTpBubble)) {
       // Runs on the compute units while the previous forward/backward waits on its
       // TP collectives: that wait turns into work; only what does not fit delays.
@@ -221,6 +240,16 @@ class Simulation {
     k.direct[static_cast<int>(Cause::dp_shard)] += shard;
     k.compute += busy + tp + shard;
     k.tp_slack = (i.op == Op::forward || i.op == Op::backward) ? tp : 0;
+  }
+
+  static bool behind_gather(const Instruction& i) {
+    return i.op == Op::encoder_task && (i.flags & pipeline::kInDpWait) && !(i.flags & pipeline::kBackwardTask);
+  }
+
+  // What is left of the parameter all-gather's wait is idle (DP, before the first forward).
+  static void settle_gather(Rank& k) {
+    if (k.gather_slack > 0) k.idle.push_back({k.compute - k.gather_slack, k.compute, Wait::dp});
+    k.gather_slack = 0;
   }
 
   void span(int r, double start, double busy) {
@@ -318,6 +347,10 @@ class Simulation {
     while (k.pc < ins.size()) {
       const Instruction& i = ins[k.pc];
       ++events_;
+      // Only tasks behind the all-gather (and sends, which leave no earlier) fill its wait.
+      if (k.gather_slack > 0 && !behind_gather(i) && i.op != Op::send_activation && i.op != Op::send_grad &&
+          i.op != Op::load_microbatch)
+        settle_gather(k);
       switch (i.op) {
         case Op::load_microbatch:
           break;
@@ -349,6 +382,7 @@ class Simulation {
       }
       ++k.pc;
     }
+    settle_gather(k);
     k.done = true;
   }
 

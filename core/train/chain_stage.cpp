@@ -426,7 +426,7 @@ void ChainStage::install(Interpreter& in) {
   in.set(Op::reduce_grads, [this](const Instruction&) { return reduce(); });
   if (encoder_)
     in.set(Op::encoder_task, [this](const Instruction& i) {
-      if (i.flags & pipeline::kInDpWait) post_llm_reduce_early();
+      if ((i.flags & pipeline::kInDpWait) && (i.flags & pipeline::kBackwardTask)) post_llm_reduce_early();
       encoder_->run(i);
       return Pending{};
     });

@@ -120,7 +120,7 @@ class ChainStage : public StageWork {
   Pending receive(const pipeline::Instruction& i);
   void send(const pipeline::Instruction& i);
   Pending reduce();
-  // The first task in the DP wait (pipeline::kInDpWait) posts the llm's gradient all-reduce
+  // The first backward task in the DP wait (pipeline::kInDpWait) posts the llm's gradient all-reduce
   // once the stage's last llm backward has run; reduce() then waits for it. (On the host MPI
   // path only: ZeRO's and the device's reductions stay in reduce().)
   void post_llm_reduce_early();

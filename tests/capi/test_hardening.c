@@ -455,7 +455,8 @@ static void check_program(const braid_program* program, Facts* f) {
     const int32_t own = info.module >= 0 ? info.module : f->llm >= 0 ? f->llm : 0;
     const int64_t M = per_step(f, info.replicas, f->module[own].microbatch_size);
     int32_t last_work = -1; /* the opcode an IN_TP_BUBBLE task fills the waits of */
-    int in_dp_wait = 0;     /* an IN_DP_WAIT task ran: the stage's llm forwards and backwards are over */
+    int llm_started = 0;    /* a FORWARD or BACKWARD ran: no IN_DP_WAIT forward task from here */
+    int in_dp_wait = 0;     /* an IN_DP_WAIT backward task ran: the stage's llm forwards and backwards are over */
     for (size_t i = 0; i < info.instruction_count; ++i) {
       braid_instruction ins = BRAID_INSTRUCTION_INIT;
       if (api.program_instruction(program, s, i, &ins) != BRAID_OK) {
@@ -467,9 +468,15 @@ static void check_program(const braid_program* program, Facts* f) {
       ++seen.instructions;
       if (op < BRAID_OP_LOAD_MICROBATCH || op > BRAID_OP_ENCODER_TASK) violation(f, s, i, "opcode", op);
       if (ins.flags & ~BRAID_FLAG_ALL) violation(f, s, i, "flags", ins.flags);
-      in_dp_wait = in_dp_wait || (ins.flags & BRAID_FLAG_IN_DP_WAIT);
-      if (in_dp_wait && (op == BRAID_OP_FORWARD || op == BRAID_OP_BACKWARD))
-        violation(f, s, i, "FORWARD or BACKWARD after a task in the DP wait, opcode", op);
+      const int dp_wait = (ins.flags & BRAID_FLAG_IN_DP_WAIT) != 0;
+      const int backward_task = (ins.flags & BRAID_FLAG_BACKWARD_TASK) != 0;
+      in_dp_wait = in_dp_wait || (dp_wait && backward_task);
+      if (dp_wait && !backward_task && llm_started)
+        violation(f, s, i, "forward task in the DP wait after the stage's first FORWARD or BACKWARD", ins.flags);
+      if (op == BRAID_OP_FORWARD || op == BRAID_OP_BACKWARD) {
+        if (in_dp_wait) violation(f, s, i, "FORWARD or BACKWARD after a backward task in the DP wait, opcode", op);
+        llm_started = 1;
+      }
       const int p2p = op == BRAID_OP_SEND_ACTIVATION || op == BRAID_OP_RECV_ACTIVATION || op == BRAID_OP_SEND_GRAD ||
                       op == BRAID_OP_RECV_GRAD;
       const int sync_only = (ins.flags & BRAID_FLAG_SYNC_ONLY) != 0;
@@ -502,10 +509,7 @@ static void check_program(const braid_program* program, Facts* f) {
         const int32_t slot = (ins.unit - 1) % BRAID_ENCODER_UNITS, e = (ins.unit - 1) / BRAID_ENCODER_UNITS;
         ++seen.encoder_tasks;
         if (ins.flags & BRAID_FLAG_IN_TP_BUBBLE) ++seen.tp_bubble_tasks;
-        if (ins.flags & BRAID_FLAG_IN_DP_WAIT) {
-          ++seen.dp_wait_tasks;
-          if (!(ins.flags & BRAID_FLAG_BACKWARD_TASK)) violation(f, s, i, "forward task in the DP wait", ins.flags);
-        }
+        if (ins.flags & BRAID_FLAG_IN_DP_WAIT) ++seen.dp_wait_tasks;
         if (ins.unit < 1 || e >= f->encoders) {
           violation(f, s, i, "ENCODER_TASK unit", ins.unit);
           continue;

@@ -286,7 +286,7 @@ class SimulateTest(CliTestCase):
         self.assertTrue(gantt_rows[0].rstrip().endswith("|"), gantt_rows[0])
 
     def test_unsupported_schedule(self):
-        result = simulate(LLAVA, "--schedule", "zigzag")
+        result = simulate(LLAVA, "--strategy", "megatron", "--schedule", "zigzag")
         self.assertExit(result, 2)
         self.assertEqual(result.stdout, "")
         for fragment in ("zigzag", "1f1b", "gpipe"):
@@ -333,7 +333,8 @@ class SimulateBubbleTest(CliTestCase):
         self.assertAlmostEqual(doc["step_time_s"], t["fine"], delta=1e-9 * t["fine"])
         self.assertTrue(0 < r["recovered_fraction"]["coarse"] <= r["recovered_fraction"]["fine"] < 1)
         self.assertLess(sum(r["bubbles_after"].values()), sum(r["bubbles_before"].values()))
-        # The backwards after the llm's last backward run behind its gradient reduction.
+        # Forwards before the llm's first instruction run behind its parameter all-gather,
+        # backwards after its last backward behind its gradient reduction.
         self.assertGreater(r["dp_wait_tasks"], 0)
         self.assertIn("tp_bubble_tasks", r)
         self.assertGreater(r["encoder_tasks_per_device"], 0)
@@ -363,7 +364,7 @@ class SimulateBubbleTest(CliTestCase):
         self.assertExit(result, 0)
         self.assertIn("bubble scheduler (optimus)", result.stdout)
         self.assertIn("tasks inside TP waits", result.stdout)
-        self.assertIn("behind the llm's gradient reduction", result.stdout)
+        self.assertIn("in the llm's DP waits", result.stdout)
         result = simulate(VIT22B, "--plan", self.SHALLOW, "--schedule", "1f1b")
         self.assertExit(result, 2)
         self.assertIn("optimus-fine", result.stderr)

@@ -83,7 +83,7 @@ void print_bubble_report(const bubble::Report& b, const std::optional<bubble::Pu
             << fixed(100 * b.recovered_coarse, 1) << "% of the idle time recovered\n"
             << "  fine               " << seconds(b.fine_step_s) << "   " << gain(b.fine_step_s) << ", "
             << fixed(100 * b.recovered_fine, 1) << "% recovered, " << b.tp_bubble_tasks << " tasks inside TP waits, "
-            << b.dp_wait_tasks << " behind the llm's gradient reduction\n"
+            << b.dp_wait_tasks << " in the llm's DP waits\n"
             << "  idle before        " << bubbles_text(b.bubbles_before) << "\n"
             << "  idle after         " << bubbles_text(b.bubbles_after) << "\n"
             << "  against the llm alone (" << seconds(b.llm_step_s) << " step, " << seconds(b.llm_idle_s)

@@ -124,11 +124,13 @@ typedef enum braid_opcode {
  * instruction's TP collectives are in flight, or simply in order after it. Never set on
  * a communication task (transfer, shard traffic, the encoder's own TP collectives). */
 #define BRAID_FLAG_IN_TP_BUBBLE 16u
-/* ENCODER_TASK, backward ("optimus-coarse", "optimus-fine", "optimus-online"): placed after
- * the stage's last BACKWARD and before its REDUCE_GRADS, inside the wait of the llm's
- * gradient reduction. An executor may issue the reduction of the stage's own (llm)
- * gradients when its last BACKWARD ends and run these tasks while it is in flight, then
- * reduce the encoders' gradients at REDUCE_GRADS; or simply run everything in order. */
+/* ENCODER_TASK ("optimus-coarse", "optimus-fine", "optimus-online") inside a wait of the
+ * llm's data-parallel collectives. A backward task placed after the stage's last BACKWARD
+ * and before its REDUCE_GRADS: an executor may issue the reduction of the stage's own (llm)
+ * gradients when that BACKWARD ends and run the task while it is in flight, then reduce the
+ * encoders' gradients at REDUCE_GRADS. A forward task placed before the stage's first
+ * FORWARD or BACKWARD: it may run while the llm's parameter all-gather (ZeRO-1/2, issued
+ * after the previous step's optimizer step) is in flight. Or simply run everything in order. */
 #define BRAID_FLAG_IN_DP_WAIT 32u
 /* Every flag a program may carry. */
 #define BRAID_FLAG_ALL 63u

@@ -54,7 +54,7 @@ FLAG_RECOMPUTE = 2  # two-phase batch-sync: the forward re-run before its backwa
 FLAG_BACKWARD_TASK = 4  # ENCODER_TASK: a backward task
 FLAG_SYNC_ONLY = 8  # a send/receive that only orders work
 FLAG_IN_TP_BUBBLE = 16  # ENCODER_TASK placed inside the TP collective waits of the compute before it
-FLAG_IN_DP_WAIT = 32  # backward ENCODER_TASK after the last BACKWARD, inside the llm's gradient-reduction wait
+FLAG_IN_DP_WAIT = 32  # ENCODER_TASK in the llm's DP waits: gradient reduction (backward), parameter all-gather (forward)
 FLAG_ALL = 63  # every flag a program may carry
 
 # ENCODER_TASK units of a colocated stage (braid/pipeline.h, BRAID_ENCODER_*): unit =
