@@ -458,7 +458,6 @@ Schedules schedule(const cost::CostModel& cost, const plan::Plan& plan) {
     llm_only.ok = true;
   }
   Tried coarse = improve(c, Pass::coarse, {llm_only, plain}, plain, &rounds);
-
   Tried fine = improve(c, Pass::fine, {llm_only, coarse, plain}, coarse, &rounds);
 
   auto full = [&](const Placement& p) { return emit(c, p).program; };
