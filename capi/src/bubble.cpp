@@ -83,6 +83,7 @@ BRAID_API braid_status braid_bubble_scheduler_report(const braid_bubble_schedule
   v.placements = r.rounds;
   v.encoder_tasks = r.encoder_tasks;
   v.tp_bubble_tasks = r.tp_bubble_tasks;
+  v.dp_wait_tasks = r.dp_wait_tasks;
   v.llm_step_s = r.llm_step_s;
   v.llm_idle_s = r.llm_idle_s;
   v.encoder_s = r.encoder_s;

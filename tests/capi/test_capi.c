@@ -904,7 +904,7 @@ static void test_bubble_mllm(const char* source_dir) {
   CHECK(report.recovered_fine * before - (before - after) < 1e-9 * before &&
         (before - after) - report.recovered_fine * before < 1e-9 * before);
   CHECK(report.scheduler_time_s > 0 && report.placements >= 3);
-  CHECK(report.encoder_tasks > 0 && report.tp_bubble_tasks >= 0);
+  CHECK(report.encoder_tasks > 0 && report.tp_bubble_tasks >= 0 && report.dp_wait_tasks > 0);
   /* Against the llm alone: the shares follow from the step times and the encoder's seconds. */
   CHECK(report.llm_step_s > 0 && report.llm_step_s <= report.fine_step_s * (1 + 1e-12) && report.encoder_s > 0 &&
         report.llm_idle_s > 0);
@@ -925,6 +925,10 @@ static void test_bubble_mllm(const char* source_dir) {
   old.known.llm_step_s = -1;
   CHECK(api.bubble_scheduler_report(scheduler, &old.known) == BRAID_OK &&
         old.known.plain_step_s == report.plain_step_s && old.known.llm_step_s == -1 && old.guard == 7.0);
+  old.known.struct_size = offsetof(braid_bubble_report, dp_wait_tasks);
+  old.known.dp_wait_tasks = -1;
+  CHECK(api.bubble_scheduler_report(scheduler, &old.known) == BRAID_OK && old.known.encoder_s == report.encoder_s &&
+        old.known.dp_wait_tasks == -1 && old.guard == 7.0);
 
   /* Idempotent: a second run changes nothing. */
   braid_bubble_report again = BRAID_BUBBLE_REPORT_INIT;

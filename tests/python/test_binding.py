@@ -679,6 +679,7 @@ class BubbleSchedulerTest(unittest.TestCase):
         before, after = sum(r.bubbles_before_s), sum(r.bubbles_after_s)
         self.assertAlmostEqual(r.recovered_fine, (before - after) / before, delta=1e-9)
         self.assertGreater(r.encoder_tasks, 0)
+        self.assertGreater(r.dp_wait_tasks, 0)
         self.assertGreaterEqual(r.placements, 3)
         # Optimus' metric against the llm alone, per schedule (encoder-first, coarse, fine).
         self.assertGreater(r.llm_step_s, 0)

@@ -93,12 +93,13 @@ typedef struct braid_bubble_report {
    * in llm bubbles (H / encoder_s, what Optimus' published coarse/fine shares measure). */
   double bubble_filled[3];
   double encoder_hidden[3];
+  /* Added later: tasks of "optimus-fine" in the llm's DP waits (BRAID_FLAG_IN_DP_WAIT: forwards
+   * behind its parameter all-gather, backwards behind its gradient reduction), all stages. */
+  int64_t dp_wait_tasks;
 } braid_bubble_report;
 
-#define BRAID_BUBBLE_REPORT_INIT                                                          \
-  {                                                                                       \
-    sizeof(braid_bubble_report), 0, 0, 0, 0, 0, {0}, {0}, 0, 0, 0, 0, 0, 0, 0, {0}, { 0 } \
-  }
+#define BRAID_BUBBLE_REPORT_INIT \
+  { sizeof(braid_bubble_report), 0, 0, 0, 0, 0, {0}, {0}, 0, 0, 0, 0, 0, 0, 0, {0}, {0}, 0 }
 
 /* The report of the last successful run. BRAID_ERR_INVALID_ARGUMENT before
  * braid_bubble_scheduler_run has succeeded, or when report->struct_size is too small. */

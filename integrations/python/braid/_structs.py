@@ -411,6 +411,7 @@ class braid_bubble_report(ctypes.Structure):
         ("encoder_s", ctypes.c_double),
         ("bubble_filled", ctypes.c_double * 3),  # encoder-first, optimus-coarse, optimus-fine
         ("encoder_hidden", ctypes.c_double * 3),
+        ("dp_wait_tasks", ctypes.c_int64),
     ]
 
 

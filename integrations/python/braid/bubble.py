@@ -64,7 +64,8 @@ class BubbleScheduler(OwnedHandle):
         scheduler_time_s, placements, encoder_tasks (per step on the busiest device),
         tp_bubble_tasks, and Optimus' metric against the llm alone: llm_step_s, llm_idle_s,
         encoder_s and, per schedule (encoder-first, coarse, fine), bubble_filled and
-        encoder_hidden (docs/bubble-scheduler.md). Raises :class:`~braid.InvalidArgumentError` before :meth:`run`."""
+        encoder_hidden (docs/bubble-scheduler.md); dp_wait_tasks (optimus-fine's tasks in the
+        llm's DP waits). Raises :class:`~braid.InvalidArgumentError` before :meth:`run`."""
         lib = self._lib
         return BubbleReport.from_struct(read(lib, lib.braid_bubble_scheduler_report, S.braid_bubble_report,
                                              self._ptr()))
