@@ -458,8 +458,9 @@ TEST(Pipeline, TasksInTheDpWaitFollowTheLastBackward) {
                      {Op::backward, 0, 0, -1, -1, 0, 0},
                      {Op::encoder_task, 0, 0, -1, -1, 1, pipeline::kInDpWait},
                      {Op::reduce_grads, -1, 0, -1, -1, 0, 0}};
-  test::expect_error([&] { sim::simulate(prog); }, Status::invalid_argument,
-                     {"instruction 2 (EncoderTask): runs in the parameter all-gather's wait after the stage's first llm instruction"});
+  test::expect_error(
+      [&] { sim::simulate(prog); }, Status::invalid_argument,
+      {"instruction 2 (EncoderTask): runs in the parameter all-gather's wait after the stage's first llm instruction"});
   st.instructions = {{Op::forward, 0, 0, -1, -1, 0, 0},
                      {Op::backward, 0, 0, -1, -1, 0, 0},
                      {Op::reduce_grads, -1, 0, -1, -1, 0, 0},
