@@ -209,27 +209,13 @@ class Simulation {
     if (i.op == Op::encoder_task && (i.flags & pipeline::kInDpWait) && (i.flags & pipeline::kBackwardTask) &&
         k.dp_issued < 0)
       k.dp_issued = k.last_backward;
-    if (behind_gather(i)) {
-      // Runs while the llm's parameter all-gather is in flight: that wait turns into work.
-      const double absorbed = std::min(busy + tp, k.gather_slack);
-      record(r, 0, k.compute - k.gather_slack, busy + tp);
-      span(r, k.compute - k.gather_slack, busy);
-      k.gather_slack -= absorbed;
-      k.busy += busy;
+    if (behind_gather(i)) {  // the llm's parameter all-gather is in flight
+      fill_wait(r, k.gather_slack, busy, tp);
       k.direct[static_cast<int>(Cause::tp)] += tp;
-      k.compute += busy + tp - absorbed;
       return;
     }
-    if (i.op == Op::encoder_task && (i.flags & pipeline::kInTpBubble)) {
-      // Runs on the compute units while the previous forward/backward waits on its
-      // TP collectives: that wait turns into work; only what does not fit delays.
-      const double absorbed = std::min(busy + tp, k.tp_slack);
-      record(r, 0, k.compute - k.tp_slack, busy + tp);
-      span(r, k.compute - k.tp_slack, busy);
-      k.tp_slack -= absorbed;
-      k.busy += busy;
-      k.direct[static_cast<int>(Cause::tp)] += tp - absorbed;
-      k.compute += busy + tp - absorbed;
+    if (i.op == Op::encoder_task && (i.flags & pipeline::kInTpBubble)) {  // the previous instruction's TP collectives
+      k.direct[static_cast<int>(Cause::tp)] += tp - fill_wait(r, k.tp_slack, busy, tp);
       return;
     }
     if (i.op == Op::backward) k.last_backward = k.compute + busy + tp + shard;
@@ -240,6 +226,20 @@ class Simulation {
     k.direct[static_cast<int>(Cause::dp_shard)] += shard;
     k.compute += busy + tp + shard;
     k.tp_slack = (i.op == Op::forward || i.op == Op::backward) ? tp : 0;
+  }
+
+  // Runs a task of `busy` compute and `tp` collectives on the compute units inside a wait
+  // already charged, `slack` of which is left before the rank's clock: that wait turns into
+  // work; only what does not fit delays. Returns the seconds of the wait it filled.
+  double fill_wait(int r, double& slack, double busy, double tp) {
+    Rank& k = ranks_[static_cast<std::size_t>(r)];
+    const double absorbed = std::min(busy + tp, slack);
+    record(r, 0, k.compute - slack, busy + tp);
+    span(r, k.compute - slack, busy);
+    slack -= absorbed;
+    k.busy += busy;
+    k.compute += busy + tp - absorbed;
+    return absorbed;
   }
 
   static bool behind_gather(const Instruction& i) {
