@@ -42,8 +42,6 @@
 #include "core/nn/float4.hpp"
 #include "core/nn/parallel.hpp"
 
-extern "C" void openblas_set_num_threads(int);  // braid_nn_kernels links OpenBLAS
-
 // ---- heap accounting: every operator new/delete of this process --------------------
 namespace {
 std::atomic<long long> heap_now{0}, heap_peak{0};
@@ -343,7 +341,7 @@ int main(int argc, char** argv) {
   // RSS growth counts its own buffers, not pages an earlier run left resident.
   mallopt(M_MMAP_THRESHOLD, 1 << 20);
   try {
-    openblas_set_num_threads(o.threads);
+    nn::set_blas_threads(o.threads);
     const float s = static_cast<float>(1.0 / 0.07);  // CLIP's initial temperature
     const std::vector<int64_t> sizes =
         o.quick ? std::vector<int64_t>{512, 1024} : std::vector<int64_t>{2048, 4096, 8192};

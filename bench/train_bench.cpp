@@ -76,13 +76,13 @@
 #include "bench/timed_ops.hpp"
 #include "core/common/error.hpp"
 #include "core/cost/cost_model.hpp"
+#include "core/nn/blas.hpp"
 #include "core/nn/device_ops.hpp"
+#include "core/nn/flat_parameters.hpp"
 #include "core/nn/host_memory.hpp"
 #include "core/nn/host_ops.hpp"
 #include "core/nn/modules/model.hpp"
 #include "core/spec/run.hpp"
-
-extern "C" void openblas_set_num_threads(int);  // braid_nn links OpenBLAS
 
 #ifndef BRAID_BENCH_PYTHON3
 #define BRAID_BENCH_PYTHON3 ""
@@ -248,6 +248,7 @@ BraidDevice open_device(const std::string& device, int threads) {
 struct BraidTrainer {
   nn::Model model;
   std::vector<nn::AdamWState> states;
+  nn::FlatParameters flat;
   Tensor images;                                       // the workload's, where the ops keep tensors
   double forward_backward_s = 0.0, optimizer_s = 0.0;  // summed over steps, for --profile
 
@@ -259,22 +260,22 @@ struct BraidTrainer {
   void place(nn::Ops& ops, const Workload& w) {
     model.store.move_to(ops);
     if (!w.images.data.empty()) images = ops.from_host(w.images);
+    // As `braid train` steps them: laid out end to end, one zeroing and one AdamW per group.
+    std::vector<nn::FlatMember> members;
+    const auto& params = model.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (params[i]->trainable) members.push_back({&params[i]->value, &params[i]->grad, &states[i], params[i]->decay});
+    flat = nn::FlatParameters(ops, std::move(members));
   }
 
   float step(nn::Ops& ops, const Workload& w, const BraidDevice& device) {
     const auto t0 = Clock::now();
-    model.store.zero_grads(ops);
+    flat.zero_grads(ops);
     const Tensor* image_batch = images.data.empty() ? nullptr : &images;
     const float loss =
         model.clip ? model.clip->step(ops, images, w.text, true) : model.chain->step(ops, image_batch, w.text, 0, true);
     const auto t1 = Clock::now();
-    const auto& params = model.parameters();
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      if (!params[i]->trainable) continue;
-      nn::AdamWConfig config = kAdamW;
-      config.weight_decay = params[i]->decay ? kAdamW.weight_decay : 0.0;
-      ops.adamw_step(params[i]->value, params[i]->grad, states[i], config);
-    }
+    flat.adamw_step(ops, kAdamW);
     if (model.clip) model.clip->loss->clamp_after_step(ops);
     device.wait();
     forward_backward_s += std::chrono::duration<double>(t1 - t0).count();
@@ -469,7 +470,7 @@ int main(int argc, char** argv) {
     for (const std::string& name : o.models) {
       const Workload w = make_workload(name);
       for (int threads : thread_counts) {
-        openblas_set_num_threads(threads);
+        nn::set_blas_threads(threads);
         const BraidDevice device = open_device(o.device, threads);
         device_text = device.description;
         peak = peak_tflops(o, device);

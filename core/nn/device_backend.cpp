@@ -139,13 +139,20 @@ void DeviceBackend::zero(Tensor& t) {
 
 Tensor DeviceBackend::upload(const Tensor& host) {
   Tensor t = empty(host.shape);
+  upload_into(t, host);
+  return t;
+}
+
+void DeviceBackend::upload_into(Tensor& to, const Tensor& host) {
+  if (!(to.device() == device_) || to.numel() != host.numel())
+    throw Error(Status::invalid_argument, name_ + " backend: uploading " + shape_string(host.shape) + " into " +
+                                              shape_string(to.shape) + " on " + to.device().name());
   char error[kErrorSize] = "";
-  check(api().copy(t.ptr(), host.ptr(), host.data.size() * sizeof(float), BRAID_COPY_HOST_TO_DEVICE, stream_, error,
+  check(api().copy(to.ptr(), host.ptr(), host.data.size() * sizeof(float), BRAID_COPY_HOST_TO_DEVICE, stream_, error,
                    sizeof error),
         "copying to the device", error);
   // The host tensor may go once this returns: wait unless the copy is already done.
   if (!info_.host_memory) synchronize();
-  return t;
 }
 
 Tensor DeviceBackend::download(const Tensor& dev) {
@@ -159,11 +166,14 @@ Tensor DeviceBackend::download(const Tensor& dev) {
 }
 
 DeviceIds DeviceBackend::upload_ids(std::span<const int32_t> ids) {
+  // Bounded: a caller that never waits still lets them go now and then.
+  constexpr std::size_t kMostInFlight = 256;
+  if (ids_in_flight_.size() >= kMostInFlight) synchronize();
   DeviceIds out{allocate(ids.size_bytes()), static_cast<int64_t>(ids.size())};
+  const std::vector<int32_t>& kept = ids_in_flight_.emplace_back(ids.begin(), ids.end());
   char error[kErrorSize] = "";
-  check(api().copy(out.data(), ids.data(), ids.size_bytes(), BRAID_COPY_HOST_TO_DEVICE, stream_, error, sizeof error),
+  check(api().copy(out.data(), kept.data(), ids.size_bytes(), BRAID_COPY_HOST_TO_DEVICE, stream_, error, sizeof error),
         "copying ids to the device", error);
-  if (!info_.host_memory) synchronize();
   return out;
 }
 
@@ -183,6 +193,7 @@ void DeviceBackend::copy(Tensor& to, const Tensor& from) {
 void DeviceBackend::synchronize() {
   char error[kErrorSize] = "";
   check(api().stream_synchronize(stream_, error, sizeof error), "waiting for the stream", error);
+  ids_in_flight_.clear();
 }
 
 DeviceMemoryStats DeviceBackend::memory_stats() const {

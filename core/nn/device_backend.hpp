@@ -56,14 +56,17 @@ class DeviceBackend : public DeviceCopier, public std::enable_shared_from_this<D
   // Uninitialised, and zero-filled, device tensors of a shape.
   Tensor empty(const Shape& shape);
   Tensor zeros(const Shape& shape);
-  Tensor upload(const Tensor& host);   // a host tensor's copy on the device
-  Tensor download(const Tensor& dev);  // a device tensor's copy on the host (waits for the stream)
+  Tensor upload(const Tensor& host);                 // a host tensor's copy on the device
+  void upload_into(Tensor& to, const Tensor& host);  // into a device tensor of as many elements
+  Tensor download(const Tensor& dev);                // a device tensor's copy on the host (waits for the stream)
+  // Enqueues the copy without waiting: a copy of the ids stays here until the next
+  // synchronize(), as the interface asks of host memory given to a copy.
   DeviceIds upload_ids(std::span<const int32_t> ids);
   void zero(Tensor& t);                       // every element 0, on the stream
   void copy(Tensor& to, const Tensor& from);  // device to device, same element count
   // A new allocation holding `from`'s elements (what copying a tensor of this backend does).
   Storage duplicate(const Storage& from) const override;
-  void synchronize();  // waits for everything issued on the stream
+  void synchronize();  // waits for everything issued on the stream (and lets the ids' copies go)
   DeviceMemoryStats memory_stats() const;
 
  private:
@@ -80,6 +83,7 @@ class DeviceBackend : public DeviceCopier, public std::enable_shared_from_this<D
   int32_t index_ = 0;
   int device_count_ = 0;
   braid_device_stream_v2 stream_ = nullptr;
+  std::vector<std::vector<int32_t>> ids_in_flight_;  // host sides of copies the stream may not have run
 };
 
 }  // namespace braid::nn

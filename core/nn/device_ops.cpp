@@ -238,8 +238,8 @@ void DeviceOps::embedding_forward(const Tensor& table, std::span<const int32_t> 
   prepare(out, {static_cast<int64_t>(ids.size()), table.dim(1)});
   const DeviceIds on_device = backend_->upload_ids(ids);
   Desc t = describe(table), i = describe(on_device), d = describe(out);
+  // No wait: the ids' device copy goes back to the pool in stream order.
   check(o.embedding_forward(backend_->stream(), &t, &i, &d, error_, sizeof error_), "embedding_forward");
-  backend_->synchronize();  // the ids go when this returns
 }
 
 void DeviceOps::embedding_backward(std::span<const int32_t> ids, const Tensor& dout, Tensor& dtable) {
@@ -250,7 +250,6 @@ void DeviceOps::embedding_backward(std::span<const int32_t> ids, const Tensor& d
   const DeviceIds on_device = backend_->upload_ids(ids);
   Desc i = describe(on_device), g = describe(dout), t = describe(dtable);
   check(o.embedding_backward(backend_->stream(), &i, &g, &t, error_, sizeof error_), "embedding_backward");
-  backend_->synchronize();
 }
 
 void DeviceOps::patch_embedding_forward(const Tensor& image, int64_t patch, const Tensor& weight, const Tensor* bias,
@@ -396,6 +395,16 @@ Tensor DeviceOps::from_host(Tensor host) {
 }
 
 Tensor DeviceOps::to_host(const Tensor& t) { return t.device().is_host() ? t : backend_->download(t); }
+
+void DeviceOps::assign_from_host(Tensor& t, Tensor host) {
+  if (!(t.device() == backend_->device()) || !t.data.borrowed() || t.data.size() != host.data.size() ||
+      host.device() == backend_->device()) {
+    t = from_host(std::move(host));
+    return;
+  }
+  backend_->upload_into(t, host);
+  t.shape = host.shape;
+}
 
 void DeviceOps::zero(Tensor& t, const Shape& shape) {
   prepare(t, shape);

@@ -142,6 +142,9 @@ class Ops {
   // plain copy; a device's Ops copies through its backend.
   virtual Tensor from_host(Tensor host) { return host; }  // moved in where it stays host memory
   virtual Tensor to_host(const Tensor& t) { return t; }
+  // `host`'s elements into `t`, in its memory where it holds as many (a slice of a larger
+  // buffer stays one: flat_parameters.hpp), else as a new tensor.
+  virtual void assign_from_host(Tensor& t, Tensor host) { t = from_host(std::move(host)); }
   virtual void zero(Tensor& t, const Shape& shape) { reset(t, shape); }
 };
 

@@ -1,12 +1,24 @@
 #include "core/nn/staged_ops.hpp"
 
+#include <algorithm>
+
 namespace braid::nn {
 
 StagedOps::StagedOps(std::shared_ptr<DeviceBackend> backend) : device_(backend), backend_(std::move(backend)) {}
 
 Tensor StagedOps::up(const Tensor& host) const { return backend_->upload(host); }
 
-void StagedOps::down(const Tensor& device, Tensor& host) const { host = backend_->download(device); }
+void StagedOps::down(const Tensor& device, Tensor& host) const {
+  Tensor got = backend_->download(device);
+  // Outputs are overwritten where they are, as the other Ops do: a tensor that is a slice of
+  // a larger buffer (flat_parameters.hpp) stays one.
+  if (host.device().is_host() && host.data.borrowed() && host.numel() == got.numel()) {
+    std::copy(got.data.begin(), got.data.end(), host.data.begin());
+    host.shape = got.shape;
+    return;
+  }
+  host = std::move(got);
+}
 
 void StagedOps::linear_forward(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& y) {
   const Tensor b = bias ? up(*bias) : Tensor();

@@ -33,6 +33,13 @@ Storage Storage::borrow(float* data, std::size_t count, Device device, std::shar
   return s;
 }
 
+Storage Storage::slice(std::size_t offset, std::size_t count, std::shared_ptr<void> keeper) {
+  if (offset > size() || count > size() - offset)
+    throw Error(Status::invalid_argument, "tensor storage: a slice of " + std::to_string(count) + " elements at " +
+                                              std::to_string(offset) + " of " + std::to_string(size()));
+  return borrow(data() + offset, count, device_, std::move(keeper), copier_);
+}
+
 Storage::Storage(const Storage& other) : device_() {
   if (!other.device_.is_host() && other.copier_) {
     *this = other.copier_->duplicate(other);

@@ -84,6 +84,10 @@ class Storage {
   // Owned storage grows or shrinks; a view only accepts its own size.
   void resize(std::size_t count, float fill = 0.0f);
   bool operator==(const Storage& other) const;  // same elements (host)
+  // `count` elements from `offset` as a view of this storage's memory: it copies as this
+  // storage copies, and `keeper` keeps the memory alive (an owned vector has no keeper of
+  // its own, so the caller keeps it).
+  Storage slice(std::size_t offset, std::size_t count, std::shared_ptr<void> keeper);
   // The elements as a vector, leaving this storage empty: owned ones move out, borrowed
   // host memory is copied (and let go).
   std::vector<float> release();

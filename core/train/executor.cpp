@@ -79,9 +79,13 @@ StepResult Executor::step(std::int64_t step, double lr) {
   step_ = step;
   lr_ = lr;
   memory_.begin_step();  // before the step's samples and activations exist
-  for (auto& p : params_) {
-    nn::Tensor& g = p.param->grad;
-    if (!g.data.empty()) ops_.zero(g, g.shape);
+  if (nn::FlatParameters* flat = flat_parameters(true)) {
+    flat->zero_grads(ops_);
+  } else {
+    for (auto& p : params_) {
+      nn::Tensor& g = p.param->grad;
+      if (!g.data.empty()) ops_.zero(g, g.shape);
+    }
   }
   work_->begin_step(step, r);
   executed_ =
@@ -92,6 +96,23 @@ StepResult Executor::step(std::int64_t step, double lr) {
   work_->end_step();
   result_ = nullptr;
   return r;
+}
+
+nn::FlatParameters* Executor::flat_parameters(bool lay_out) {
+  // ZeRO steps shards, not whole tensors, and frees what a rank does not keep.
+  auto whole = [](const TrainedParameter& p) {
+    return !p.sharded() && p.param->trainable && !p.param->grad.data.empty();
+  };
+  if (!std::all_of(params_.begin(), params_.end(), whole)) return nullptr;
+  // Built at the start of the first step (the work has placed every tensor by then), and of
+  // a step when most members were given new tensors since (a checkpoint's moments, an
+  // evaluation's gathering); never in between, where it would gather half-made gradients.
+  if (lay_out && (!flat_ || flat_->slices() * 2 < flat_->size())) {
+    std::vector<nn::FlatMember> members;
+    for (TrainedParameter& p : params_) members.push_back({&p.param->value, &p.param->grad, &p.state, p.param->decay});
+    flat_.emplace(ops_, std::move(members));
+  }
+  return flat_ ? &*flat_ : nullptr;
 }
 
 Pending Executor::optimizer_step(double lr, StepResult& r) {
@@ -126,12 +147,18 @@ Pending Executor::optimizer_step(double lr, StepResult& r) {
       for (auto& p : params_)
         if (!grad_of(p).data.empty()) ops_.scale(grad_of(p), c);
   }
+  nn::AdamWConfig config;
+  config.lr = lr;
+  config.beta1 = t.beta1;
+  config.beta2 = t.beta2;
+  config.eps = t.eps;
+  config.weight_decay = t.weight_decay;
+  if (nn::FlatParameters* flat = flat_parameters(false)) {
+    flat->adamw_step(ops_, config);
+    work_->after_optimizer_step();
+    return blocked_for(waited);
+  }
   for (auto& p : params_) {
-    nn::AdamWConfig config;
-    config.lr = lr;
-    config.beta1 = t.beta1;
-    config.beta2 = t.beta2;
-    config.eps = t.eps;
     config.weight_decay = p.param->decay ? t.weight_decay : 0.0;
     if (!p.sharded()) {
       ops_.adamw_step(p.param->value, p.param->grad, p.state, config);

@@ -23,6 +23,7 @@
 
 #include "core/cost/cost_model.hpp"
 #include "core/data/shapes.hpp"
+#include "core/nn/flat_parameters.hpp"
 #include "core/nn/modules/model.hpp"
 #include "core/plan/plan.hpp"
 #include "core/runtime/groups.hpp"
@@ -91,6 +92,9 @@ class Executor {
 
  private:
   Pending optimizer_step(double lr, StepResult& r);
+  // The held parameters laid out end to end (nn::FlatParameters), laid out anew first when
+  // `lay_out` and most are no longer slices; null under ZeRO.
+  nn::FlatParameters* flat_parameters(bool lay_out);
   sim::Cause cause_of(int index) const;
 
   const spec::RunSpec& run_;
@@ -103,6 +107,7 @@ class Executor {
   Interpreter interpreter_;
   std::vector<TrainedParameter>& params_;  // the work's
   MemoryMeter memory_{params_};
+  std::optional<nn::FlatParameters> flat_;
   int first_forward_ = 0, last_backward_ = 0;  // in this rank's instruction list
   // Per step.
   std::vector<Executed> executed_;

@@ -15,7 +15,7 @@ void edit_on_host(nn::Ops& ops, nn::Tensor& t, const std::function<void(nn::Tens
   }
   nn::Tensor host = ops.to_host(t);
   edit(host);
-  t = ops.from_host(std::move(host));
+  ops.assign_from_host(t, std::move(host));
 }
 
 std::vector<float> release_to_host(nn::Ops& ops, nn::Tensor& t) {

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/common/error.hpp"
+#include "core/nn/blas.hpp"
 #include "core/nn/host_memory.hpp"
 #include "core/nn/host_ops.hpp"
 #include "core/nn/modules/model.hpp"
@@ -271,6 +272,9 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   int threads = o.threads > 0 ? o.threads : run.trainer.threads;
   if (threads <= 0)
     threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, world.local_size()));
+  // OpenBLAS too: by default each rank would start one thread per core, and a GEMM's bits
+  // can depend on the count, so --threads fixes both.
+  nn::set_blas_threads(threads);
   nn::keep_freed_host_memory();  // activations are reallocated every step
   TrainDevice device = open_train_device(o.device, threads, world.local_rank());
   nn::Ops& ops = *device.ops;

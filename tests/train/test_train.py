@@ -87,6 +87,8 @@ def setUpModule():
 
 
 def train(ranks, *args, timeout=600):
+    # One thread, braid's and OpenBLAS's, in every process: a GEMM's bits can depend on
+    # OpenBLAS's count, and runs of different process counts are compared bit for bit.
     cmd = [CLI, "train", "--threads", "1", *args]
     if ranks > 1:
         cmd = [*MPIEXEC, "-n", str(ranks), *cmd]
@@ -581,7 +583,8 @@ class Resharding(unittest.TestCase):
                       "to world 2 (strategy megatron; tp 1, pp 2, dp 1", r.stderr)
         self.expect_close(resumed, "tp 1 x pp 2")
         # A pipeline runs each microbatch's layers as one process does and accumulates the
-        # gradients and the loss in microbatch order: the same arithmetic from the same state.
+        # gradients and the loss in microbatch order: the same arithmetic from the same state
+        # (and OpenBLAS on one thread everywhere: train() passes --threads 1).
         alone, r = self.resume("one", 1)
         check(self, r)
         self.assertEqual(resumed, alone, "TP 1 x PP 2 and one process resumed from it agree bit for bit")

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -16,7 +17,9 @@
 
 #include "core/nn/contrastive_tiled.hpp"
 #include "core/nn/device_ops.hpp"
+#include "core/nn/flat_parameters.hpp"
 #include "core/nn/host_ops.hpp"
+#include "core/nn/staged_ops.hpp"
 #include "tests/unit/support.hpp"
 
 #ifndef BRAID_DEVICE_TEST_BACKENDS
@@ -344,6 +347,89 @@ TEST_P(DeviceOpsTest, AdamWThreeSteps) {
   expect_same(param_d, param, "param after 3 steps");
   expect_same(state_d.m, state.m, "first moment");
   expect_same(state_d.v, state.v, "second moment");
+}
+
+// nn::FlatParameters against one call per parameter, on `ops` (`up` puts a host tensor where
+// it keeps tensors, `down` brings one back): zeroing and AdamW are elementwise, so the bits
+// are the same, also for a member given a new gradient tensor after the layout (it is then
+// stepped on its own).
+void expect_flat_steps_as_each_alone(nn::Ops& ops, const std::function<Tensor(const Tensor&)>& up,
+                                     const std::function<Tensor(const Tensor&)>& down, std::mt19937& rng) {
+  const std::vector<std::pair<Shape, bool>> specs{
+      {{4, 5}, true}, {{5}, false}, {{3, 7}, true}, {{7}, false}, {{2, 2}, true}};
+  const std::size_t n = specs.size();
+  std::vector<Tensor> alone(n), flat_values(n), alone_grads(n), flat_grads(n);
+  std::vector<nn::AdamWState> alone_states(n), flat_states(n);
+  std::vector<nn::FlatMember> members;
+  for (std::size_t k = 0; k < n; ++k) {
+    const Tensor v = random_tensor(specs[k].first, rng);
+    alone[k] = up(v);
+    flat_values[k] = up(v);
+    ops.zero(alone_grads[k], v.shape);
+    ops.zero(flat_grads[k], v.shape);
+    members.push_back({&flat_values[k], &flat_grads[k], &flat_states[k], specs[k].second});
+  }
+  nn::FlatParameters flat(ops, members);
+  EXPECT_EQ(flat.slices(), n);
+  const nn::AdamWConfig config{1e-2, 0.9, 0.999, 1e-8, 0.1};
+  for (int step = 0; step < 3; ++step) {
+    if (step == 1) flat_grads[1] = up(Tensor(specs[1].first, 5.0f));  // no longer a slice; zeroed below
+    flat.zero_grads(ops);
+    for (std::size_t k = 0; k < n; ++k) {
+      ops.zero(alone_grads[k], specs[k].first);
+      const Tensor g = up(random_tensor(specs[k].first, rng));
+      ops.add(alone_grads[k], g);
+      ops.add(flat_grads[k], g);
+      nn::AdamWConfig c = config;
+      c.weight_decay = specs[k].second ? config.weight_decay : 0.0;
+      ops.adamw_step(alone[k], alone_grads[k], alone_states[k], c);
+    }
+    flat.adamw_step(ops, config);
+  }
+  EXPECT_EQ(flat.slices(), n - 1);
+  for (std::size_t k = 0; k < n; ++k) {
+    SCOPED_TRACE("member " + std::to_string(k));
+    EXPECT_EQ(flat_values[k].shape, specs[k].first);
+    EXPECT_EQ(down(flat_values[k]).data, down(alone[k]).data);
+    EXPECT_EQ(down(flat_states[k].m).data, down(alone_states[k].m).data);
+    EXPECT_EQ(down(flat_states[k].v).data, down(alone_states[k].v).data);
+    EXPECT_EQ(flat_states[k].step, 3);
+  }
+}
+
+TEST_P(DeviceOpsTest, FlatParametersStepAsEachParameterAlone) {
+  expect_flat_steps_as_each_alone(
+      *ops_, [&](const Tensor& t) { return up(t); }, [&](const Tensor& t) { return down(t); }, rng_);
+}
+
+TEST_P(DeviceOpsTest, FlatParametersThroughStagedOps) {
+  // StagedOps copies each op's outputs back: into the slices, not into new tensors.
+  nn::StagedOps staged(backend_);
+  auto same = [](const Tensor& t) { return t; };
+  expect_flat_steps_as_each_alone(staged, same, same, rng_);
+}
+
+TEST(FlatParameters, HostOpsStepAsEachParameterAlone) {
+  nn::HostOps ops;
+  std::mt19937 rng(3);
+  auto same = [](const Tensor& t) { return t; };
+  expect_flat_steps_as_each_alone(ops, same, same, rng);
+}
+
+TEST(FlatParameters, AMemberWithoutAGradientIsRefused) {
+  nn::HostOps ops;
+  Tensor value({3}), grad({2});
+  nn::AdamWState state;
+  test::expect_error(
+      [&] {
+        nn::FlatParameters(ops, {{&value, &grad, &state, true}});
+      },
+      Status::invalid_argument, {"member 0", "has 3 values but 2 gradients"});
+  test::expect_error(
+      [&] {
+        nn::FlatParameters(ops, {{&value, nullptr, &state, true}});
+      },
+      Status::invalid_argument, {"member 0", "lacks a value, a gradient"});
 }
 
 TEST_P(DeviceOpsTest, MemoryComesBackToThePool) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/nn/device_ops.hpp"
+#include "core/nn/flat_parameters.hpp"
 #include "core/nn/host_ops.hpp"
 #include "core/nn/modules/model.hpp"
 #include "core/spec/run.hpp"
@@ -59,15 +60,19 @@ std::vector<float> train(nn::Ops& ops, const std::string& run, int steps) {
   const Tensor images = ops.from_host(host.images);
   std::vector<nn::AdamWState> states(model.parameters().size());
   const nn::AdamWConfig config{1e-3, 0.9, 0.999, 1e-8, 0.1};
+  // Laid out end to end, as braid train steps them.
+  std::vector<nn::FlatMember> members;
+  for (std::size_t i = 0; i < model.parameters().size(); ++i) {
+    nn::Parameter& p = *model.parameters()[i];
+    if (p.trainable) members.push_back({&p.value, &p.grad, &states[i], p.decay});
+  }
+  nn::FlatParameters flat(ops, std::move(members));
   std::vector<float> losses;
   for (int s = 0; s < steps; ++s) {
-    model.store.zero_grads(ops);
+    flat.zero_grads(ops);
     losses.push_back(model.clip ? model.clip->step(ops, images, host.text, true)
                                 : model.chain->step(ops, &images, host.text, 0, true));
-    for (std::size_t i = 0; i < model.parameters().size(); ++i) {
-      nn::Parameter& p = *model.parameters()[i];
-      if (p.trainable) ops.adamw_step(p.value, p.grad, states[i], config);
-    }
+    flat.adamw_step(ops, config);
     if (model.clip) model.clip->loss->clamp_after_step(ops);
   }
   return losses;

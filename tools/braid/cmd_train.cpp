@@ -84,7 +84,8 @@ int run_train(const std::vector<std::string>& args) {
       "data-workers", po::value(&data_workers)->value_name("N"),
       "threads rendering the next steps' samples ahead of training (default 1; 0: render them in the training "
       "loop)")("threads", po::value(&threads)->value_name("N"),
-               "host threads per process (default: trainer.threads, else the node's cores / processes on it)")(
+               "host threads per process, braid's and OpenBLAS's (default: trainer.threads, else the node's cores / "
+               "processes on it)")(
       "device", po::value(&device)->value_name("D"),
       "what runs the ops: auto (default: braid's host ops, called directly), host (the host backend "
       "libbraid-host.so through the device interface: same results bit for bit), host-staged (the same, each op "

@@ -1,0 +1,154 @@
+#include "core/nn/flat_parameters.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "core/common/error.hpp"
+
+namespace braid::nn {
+namespace {
+
+// Copies `t` (anywhere) into `host` from `offset`.
+void gather(Ops& ops, const Tensor& t, Tensor& host, std::size_t offset) {
+  const Tensor here = ops.to_host(t);
+  std::copy(here.data.begin(), here.data.end(), host.data.begin() + static_cast<std::ptrdiff_t>(offset));
+}
+
+// An Ops that gave an output a new tensor instead of overwriting it would leave the buffer
+// as it was: every Ops writes in place (DeviceOps, HostOps and StagedOps do).
+void expect_in_place(const Ops& ops, const Tensor& t, const float* where, const char* op) {
+  if (t.ptr() != where)
+    throw Error(Status::internal, "flat parameters: " + ops.name() + "'s " + op +
+                                      " gave its output a new tensor instead of writing it in place");
+}
+
+}  // namespace
+
+FlatParameters::FlatParameters(Ops& ops, std::vector<FlatMember> members) {
+  std::stable_partition(members.begin(), members.end(), [](const FlatMember& m) { return m.decay; });
+  std::size_t total = 0;
+  for (std::size_t k = 0; k < members.size(); ++k) {
+    const FlatMember& m = members[k];
+    if (!m.value || !m.grad || !m.state)
+      throw Error(Status::invalid_argument,
+                  "flat parameters: member " + std::to_string(k) + " lacks a value, a gradient or an optimizer state");
+    const auto count = static_cast<std::size_t>(m.value->numel());
+    if (static_cast<std::size_t>(m.grad->numel()) != count)
+      throw Error(Status::invalid_argument, "flat parameters: member " + std::to_string(k) + " has " +
+                                                std::to_string(count) + " values but " +
+                                                std::to_string(m.grad->numel()) + " gradients");
+    placed_.push_back({m, total, count});
+    total += count;
+  }
+  if (total == 0) return;  // nothing to lay out: every member (if any) is stepped on its own
+  std::array<Tensor, kParts> host;
+  for (Tensor& t : host) t = Tensor({static_cast<int64_t>(total)});
+  for (const Placed& p : placed_) {
+    gather(ops, *p.member.value, host[kValue], p.offset);
+    gather(ops, *p.member.grad, host[kGrad], p.offset);
+    const AdamWState& s = *p.member.state;
+    if (!s.m.data.empty()) gather(ops, s.m, host[kM], p.offset);
+    if (!s.v.data.empty()) gather(ops, s.v, host[kV], p.offset);
+  }
+  buffers_ = std::make_shared<std::array<Tensor, kParts>>();
+  for (std::size_t part = 0; part < kParts; ++part) (*buffers_)[part] = ops.from_host(std::move(host[part]));
+  for (Placed& p : placed_) {
+    auto slice_as = [&](Part part, const Shape& shape) {
+      Tensor t = view(part, p.offset, p.count);
+      t.shape = shape;
+      return t;
+    };
+    const Shape shape = p.member.value->shape;
+    *p.member.value = slice_as(kValue, shape);
+    *p.member.grad = slice_as(kGrad, p.member.grad->shape);
+    p.member.state->m = slice_as(kM, shape);
+    p.member.state->v = slice_as(kV, shape);
+  }
+}
+
+Tensor FlatParameters::view(Part part, std::size_t offset, std::size_t count) const {
+  Tensor t;
+  t.shape = {static_cast<int64_t>(count)};
+  t.data = (*buffers_)[part].data.slice(offset, count, buffers_);
+  return t;
+}
+
+bool FlatParameters::is_slice(const Placed& p, Part part) const {
+  if (!buffers_) return false;
+  const Tensor* t = part == kValue  ? p.member.value
+                    : part == kGrad ? p.member.grad
+                    : part == kM    ? &p.member.state->m
+                                    : &p.member.state->v;
+  return t->ptr() == (*buffers_)[part].ptr() + p.offset && t->data.size() == p.count;
+}
+
+bool FlatParameters::all_slices(const Placed& p) const {
+  return is_slice(p, kValue) && is_slice(p, kGrad) && is_slice(p, kM) && is_slice(p, kV);
+}
+
+std::size_t FlatParameters::slices() const {
+  return static_cast<std::size_t>(
+      std::count_if(placed_.begin(), placed_.end(), [&](const Placed& p) { return all_slices(p); }));
+}
+
+template <class Same>
+std::vector<FlatParameters::Run> FlatParameters::runs(std::initializer_list<Part> parts, Same same) const {
+  auto fits = [&](const Placed& p) {
+    return std::all_of(parts.begin(), parts.end(), [&](Part part) { return is_slice(p, part); });
+  };
+  std::vector<Run> out;
+  for (std::size_t k = 0; k < placed_.size();) {
+    if (!fits(placed_[k])) {
+      out.push_back({k, k + 1, false});
+      ++k;
+      continue;
+    }
+    std::size_t end = k + 1;
+    while (end < placed_.size() && fits(placed_[end]) && same(placed_[k], placed_[end])) ++end;
+    out.push_back({k, end, true});
+    k = end;
+  }
+  return out;
+}
+
+void FlatParameters::zero_grads(Ops& ops) {
+  for (const Run& r : runs({kGrad}, [](const Placed&, const Placed&) { return true; })) {
+    if (!r.whole) {
+      Tensor& g = *placed_[r.first].member.grad;
+      ops.zero(g, g.shape);
+      continue;
+    }
+    const std::size_t begin = placed_[r.first].offset, end = placed_[r.last - 1].offset + placed_[r.last - 1].count;
+    Tensor g = view(kGrad, begin, end - begin);
+    const float* where = g.ptr();
+    ops.zero(g, g.shape);
+    expect_in_place(ops, g, where, "zero");
+  }
+}
+
+void FlatParameters::adamw_step(Ops& ops, const AdamWConfig& config) {
+  auto same = [](const Placed& a, const Placed& b) {
+    return a.member.decay == b.member.decay && a.member.state->step == b.member.state->step;
+  };
+  for (const Run& r : runs({kValue, kGrad, kM, kV}, same)) {
+    const FlatMember& first = placed_[r.first].member;
+    AdamWConfig c = config;
+    if (!first.decay) c.weight_decay = 0.0;
+    if (!r.whole) {
+      ops.adamw_step(*first.value, *first.grad, *first.state, c);
+      continue;
+    }
+    const std::size_t begin = placed_[r.first].offset, end = placed_[r.last - 1].offset + placed_[r.last - 1].count;
+    Tensor value = view(kValue, begin, end - begin);
+    const Tensor grad = view(kGrad, begin, end - begin);
+    AdamWState state{view(kM, begin, end - begin), view(kV, begin, end - begin), first.state->step};
+    const float *where = value.ptr(), *m = state.m.ptr(), *v = state.v.ptr();
+    ops.adamw_step(value, grad, state, c);
+    expect_in_place(ops, value, where, "adamw_step");
+    expect_in_place(ops, state.m, m, "adamw_step");
+    expect_in_place(ops, state.v, v, "adamw_step");
+    for (std::size_t k = r.first; k < r.last; ++k) placed_[k].member.state->step = state.step;
+  }
+}
+
+}  // namespace braid::nn

@@ -1,0 +1,72 @@
+// Trainable parameters laid out end to end: one buffer each for their values, gradients and
+// AdamW moments, where the ops keep tensors, and every parameter's tensors slices of them.
+// Zeroing the gradients is then one call, and AdamW one call per weight-decay group, where
+// it was one per parameter: on a GPU the tiny reference models are launch-bound, and those
+// calls were a fifth of their step. Both are elementwise, so the bits are those of the
+// per-parameter calls.
+//
+// Code elsewhere may still give a parameter a new tensor (a checkpoint's moments, a value
+// edited on the host, the CLIP scale's gradient). That member is then no longer a slice and
+// is zeroed and stepped on its own, so a result never depends on who holds the memory;
+// `slices()` says how many still are, and building anew brings the others back.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "core/nn/ops.hpp"
+
+namespace braid::nn {
+
+struct FlatMember {
+  Tensor* value = nullptr;
+  Tensor* grad = nullptr;  // value's element count
+  AdamWState* state = nullptr;
+  bool decay = true;  // AdamW's weight decay applies
+};
+
+class FlatParameters {
+ public:
+  FlatParameters() = default;
+  // Copies every member's value, gradient and moments (zero where it has none yet) into the
+  // buffers, decayed members first, and points the member's tensors at its slices. Throws
+  // Error(invalid_argument) for a member without a value, gradient or state, or whose
+  // gradient's element count is not its value's.
+  FlatParameters(Ops& ops, std::vector<FlatMember> members);
+
+  std::size_t size() const { return placed_.size(); }
+  // Members whose value, gradient and moments all still are their slices.
+  std::size_t slices() const;
+  // Zeroes every member's gradient.
+  void zero_grads(Ops& ops);
+  // One AdamW step of every member: `config`'s weight decay on decayed members, none on the
+  // others.
+  void adamw_step(Ops& ops, const AdamWConfig& config);
+
+ private:
+  enum Part : std::size_t { kValue, kGrad, kM, kV, kParts };
+  struct Placed {
+    FlatMember member;
+    std::size_t offset = 0, count = 0;
+  };
+  // Members [first, last) in layout order, one call for them all when `whole`, else the one
+  // member `first` on its own.
+  struct Run {
+    std::size_t first = 0, last = 0;
+    bool whole = false;
+  };
+
+  bool is_slice(const Placed& p, Part part) const;
+  bool all_slices(const Placed& p) const;
+  // Consecutive members that are slices in `parts` and that `same` keeps together.
+  template <class Same>
+  std::vector<Run> runs(std::initializer_list<Part> parts, Same same) const;
+  Tensor view(Part part, std::size_t offset, std::size_t count) const;
+
+  std::vector<Placed> placed_;
+  std::shared_ptr<std::array<Tensor, kParts>> buffers_;  // kept alive by every slice
+};
+
+}  // namespace braid::nn
