@@ -17,6 +17,7 @@
 #include "core/calibrate/cluster_file.hpp"
 #include "core/common/error.hpp"
 #include "core/common/file.hpp"
+#include "core/nn/blas.hpp"
 #include "core/nn/device_backend.hpp"
 #include "core/runtime/world.hpp"
 #include "core/train/device_collectives.hpp"
@@ -291,6 +292,7 @@ int run_calibrate(const std::vector<std::string>& args) {
       c.library = "cuBLAS";
       c.device_memory_bytes = backend->info().memory_bytes;
     }
+    nn::set_blas_threads(c.threads);  // as braid train: its GEMMs on as many OpenBLAS threads
     // Turns on this host's cores: as many processes at once as its cores hold; every process
     // takes part in as many turns as the most crowded host needs, so the barriers match.
     c.cores = gpus > 0 ? gpus : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
