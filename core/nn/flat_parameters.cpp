@@ -25,18 +25,25 @@ void expect_in_place(const Ops& ops, const Tensor& t, const float* where, const 
 }  // namespace
 
 FlatParameters::FlatParameters(Ops& ops, std::vector<FlatMember> members) {
+  for (std::size_t k = 0; k < members.size(); ++k) {  // numbered as given
+    const FlatMember& m = members[k];
+    const std::string which = "flat parameters: member " + std::to_string(k);
+    if (!m.value || !m.grad || !m.state)
+      throw Error(Status::invalid_argument, which + " lacks a value, a gradient or an optimizer state");
+    const int64_t count = m.value->numel();
+    auto expect_count = [&](const Tensor& t, const char* what) {
+      if (t.numel() != count)
+        throw Error(Status::invalid_argument,
+                    which + " has " + std::to_string(count) + " values but " + std::to_string(t.numel()) + " " + what);
+    };
+    expect_count(*m.grad, "gradients");
+    if (!m.state->m.data.empty()) expect_count(m.state->m, "first moments");
+    if (!m.state->v.data.empty()) expect_count(m.state->v, "second moments");
+  }
   std::stable_partition(members.begin(), members.end(), [](const FlatMember& m) { return m.decay; });
   std::size_t total = 0;
-  for (std::size_t k = 0; k < members.size(); ++k) {
-    const FlatMember& m = members[k];
-    if (!m.value || !m.grad || !m.state)
-      throw Error(Status::invalid_argument,
-                  "flat parameters: member " + std::to_string(k) + " lacks a value, a gradient or an optimizer state");
+  for (const FlatMember& m : members) {
     const auto count = static_cast<std::size_t>(m.value->numel());
-    if (static_cast<std::size_t>(m.grad->numel()) != count)
-      throw Error(Status::invalid_argument, "flat parameters: member " + std::to_string(k) + " has " +
-                                                std::to_string(count) + " values but " +
-                                                std::to_string(m.grad->numel()) + " gradients");
     placed_.push_back({m, total, count});
     total += count;
   }

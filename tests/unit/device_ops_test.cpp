@@ -420,16 +420,25 @@ TEST(FlatParameters, AMemberWithoutAGradientIsRefused) {
   nn::HostOps ops;
   Tensor value({3}), grad({2});
   nn::AdamWState state;
+  auto lay_out = [&](std::vector<nn::FlatMember> members) { nn::FlatParameters(ops, std::move(members)); };
   test::expect_error(
       [&] {
-        nn::FlatParameters(ops, {{&value, &grad, &state, true}});
+        lay_out({{&value, &grad, &state, true}});
       },
       Status::invalid_argument, {"member 0", "has 3 values but 2 gradients"});
   test::expect_error(
       [&] {
-        nn::FlatParameters(ops, {{&value, nullptr, &state, true}});
+        lay_out({{&value, nullptr, &state, true}});
       },
       Status::invalid_argument, {"member 0", "lacks a value, a gradient"});
+  // Numbered as given, though decayed members are laid out first.
+  Tensor bias({2}), bias_grad({2});
+  nn::AdamWState moments{Tensor({4}), Tensor({3}), 1};
+  test::expect_error(
+      [&] {
+        lay_out({{&bias, &bias_grad, &state, false}, {&value, &value, &moments, true}});
+      },
+      Status::invalid_argument, {"member 1", "has 3 values but 4 first moments"});
 }
 
 TEST_P(DeviceOpsTest, MemoryComesBackToThePool) {
