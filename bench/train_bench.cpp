@@ -261,11 +261,7 @@ struct BraidTrainer {
     model.store.move_to(ops);
     if (!w.images.data.empty()) images = ops.from_host(w.images);
     // As `braid train` steps them: laid out end to end, one zeroing and one AdamW per group.
-    std::vector<nn::FlatMember> members;
-    const auto& params = model.parameters();
-    for (std::size_t i = 0; i < params.size(); ++i)
-      if (params[i]->trainable) members.push_back({&params[i]->value, &params[i]->grad, &states[i], params[i]->decay});
-    flat = nn::FlatParameters(ops, std::move(members));
+    flat = nn::FlatParameters(ops, nn::trainable_members(model.parameters(), states));
   }
 
   float step(nn::Ops& ops, const Workload& w, const BraidDevice& device) {

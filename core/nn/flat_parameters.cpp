@@ -24,6 +24,16 @@ void expect_in_place(const Ops& ops, const Tensor& t, const float* where, const 
 
 }  // namespace
 
+std::vector<FlatMember> trainable_members(const std::vector<Parameter*>& params, std::vector<AdamWState>& states) {
+  if (states.size() != params.size())
+    throw Error(Status::invalid_argument, "flat parameters: " + std::to_string(params.size()) + " parameters but " +
+                                              std::to_string(states.size()) + " optimizer states");
+  std::vector<FlatMember> out;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (params[i]->trainable) out.push_back({&params[i]->value, &params[i]->grad, &states[i], params[i]->decay});
+  return out;
+}
+
 FlatParameters::FlatParameters(Ops& ops, std::vector<FlatMember> members) {
   for (std::size_t k = 0; k < members.size(); ++k) {  // numbered as given
     const FlatMember& m = members[k];
@@ -80,29 +90,31 @@ Tensor FlatParameters::view(Part part, std::size_t offset, std::size_t count) co
   return t;
 }
 
-bool FlatParameters::is_slice(const Placed& p, Part part) const {
-  if (!buffers_) return false;
-  const Tensor* t = part == kValue  ? p.member.value
-                    : part == kGrad ? p.member.grad
-                    : part == kM    ? &p.member.state->m
-                                    : &p.member.state->v;
-  return t->ptr() == (*buffers_)[part].ptr() + p.offset && t->data.size() == p.count;
+Tensor FlatParameters::view(Part part, const Run& run) const {
+  const Placed &first = placed_[run.first], &last = placed_[run.last - 1];
+  return view(part, first.offset, last.offset + last.count - first.offset);
 }
 
-bool FlatParameters::all_slices(const Placed& p) const {
-  return is_slice(p, kValue) && is_slice(p, kGrad) && is_slice(p, kM) && is_slice(p, kV);
+bool FlatParameters::is_slice(const Placed& p, std::initializer_list<Part> parts) const {
+  if (!buffers_) return false;
+  return std::all_of(parts.begin(), parts.end(), [&](Part part) {
+    const Tensor* t = part == kValue  ? p.member.value
+                      : part == kGrad ? p.member.grad
+                      : part == kM    ? &p.member.state->m
+                                      : &p.member.state->v;
+    return t->ptr() == (*buffers_)[part].ptr() + p.offset && t->data.size() == p.count;
+  });
 }
 
 std::size_t FlatParameters::slices() const {
-  return static_cast<std::size_t>(
-      std::count_if(placed_.begin(), placed_.end(), [&](const Placed& p) { return all_slices(p); }));
+  return static_cast<std::size_t>(std::count_if(placed_.begin(), placed_.end(), [&](const Placed& p) {
+    return is_slice(p, {kValue, kGrad, kM, kV});
+  }));
 }
 
 template <class Same>
 std::vector<FlatParameters::Run> FlatParameters::runs(std::initializer_list<Part> parts, Same same) const {
-  auto fits = [&](const Placed& p) {
-    return std::all_of(parts.begin(), parts.end(), [&](Part part) { return is_slice(p, part); });
-  };
+  auto fits = [&](const Placed& p) { return is_slice(p, parts); };
   std::vector<Run> out;
   for (std::size_t k = 0; k < placed_.size();) {
     if (!fits(placed_[k])) {
@@ -125,8 +137,7 @@ void FlatParameters::zero_grads(Ops& ops) {
       ops.zero(g, g.shape);
       continue;
     }
-    const std::size_t begin = placed_[r.first].offset, end = placed_[r.last - 1].offset + placed_[r.last - 1].count;
-    Tensor g = view(kGrad, begin, end - begin);
+    Tensor g = view(kGrad, r);
     const float* where = g.ptr();
     ops.zero(g, g.shape);
     expect_in_place(ops, g, where, "zero");
@@ -145,10 +156,9 @@ void FlatParameters::adamw_step(Ops& ops, const AdamWConfig& config) {
       ops.adamw_step(*first.value, *first.grad, *first.state, c);
       continue;
     }
-    const std::size_t begin = placed_[r.first].offset, end = placed_[r.last - 1].offset + placed_[r.last - 1].count;
-    Tensor value = view(kValue, begin, end - begin);
-    const Tensor grad = view(kGrad, begin, end - begin);
-    AdamWState state{view(kM, begin, end - begin), view(kV, begin, end - begin), first.state->step};
+    Tensor value = view(kValue, r);
+    const Tensor grad = view(kGrad, r);
+    AdamWState state{view(kM, r), view(kV, r), first.state->step};
     const float *where = value.ptr(), *m = state.m.ptr(), *v = state.v.ptr();
     ops.adamw_step(value, grad, state, c);
     expect_in_place(ops, value, where, "adamw_step");

@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/nn/modules/parameter.hpp"
 #include "core/nn/ops.hpp"
 
 namespace braid::nn {
@@ -27,13 +28,16 @@ struct FlatMember {
   bool decay = true;  // AdamW's weight decay applies
 };
 
+// The trainable ones of `params`, each with its state: states[i] is params[i]'s.
+std::vector<FlatMember> trainable_members(const std::vector<Parameter*>& params, std::vector<AdamWState>& states);
+
 class FlatParameters {
  public:
   FlatParameters() = default;
   // Copies every member's value, gradient and moments (zero where it has none yet) into the
   // buffers, decayed members first, and points the member's tensors at its slices. Throws
   // Error(invalid_argument) for a member without a value, gradient or state, or whose
-  // gradient's element count is not its value's.
+  // gradient's or moments' element count is not its value's.
   FlatParameters(Ops& ops, std::vector<FlatMember> members);
 
   std::size_t size() const { return placed_.size(); }
@@ -58,12 +62,13 @@ class FlatParameters {
     bool whole = false;
   };
 
-  bool is_slice(const Placed& p, Part part) const;
-  bool all_slices(const Placed& p) const;
+  // Whether every one of `parts` of the member still is its slice.
+  bool is_slice(const Placed& p, std::initializer_list<Part> parts) const;
   // Consecutive members that are slices in `parts` and that `same` keeps together.
   template <class Same>
   std::vector<Run> runs(std::initializer_list<Part> parts, Same same) const;
   Tensor view(Part part, std::size_t offset, std::size_t count) const;
+  Tensor view(Part part, const Run& run) const;  // the slices of a whole run, end to end
 
   std::vector<Placed> placed_;
   std::shared_ptr<std::array<Tensor, kParts>> buffers_;  // kept alive by every slice

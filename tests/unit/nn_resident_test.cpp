@@ -61,12 +61,7 @@ std::vector<float> train(nn::Ops& ops, const std::string& run, int steps) {
   std::vector<nn::AdamWState> states(model.parameters().size());
   const nn::AdamWConfig config{1e-3, 0.9, 0.999, 1e-8, 0.1};
   // Laid out end to end, as braid train steps them.
-  std::vector<nn::FlatMember> members;
-  for (std::size_t i = 0; i < model.parameters().size(); ++i) {
-    nn::Parameter& p = *model.parameters()[i];
-    if (p.trainable) members.push_back({&p.value, &p.grad, &states[i], p.decay});
-  }
-  nn::FlatParameters flat(ops, std::move(members));
+  nn::FlatParameters flat(ops, nn::trainable_members(model.parameters(), states));
   std::vector<float> losses;
   for (int s = 0; s < steps; ++s) {
     flat.zero_grads(ops);

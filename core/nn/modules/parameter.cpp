@@ -83,11 +83,6 @@ void ParameterStore::move_to(Ops& ops) {
   }
 }
 
-void ParameterStore::zero_grads(Ops& ops) {
-  for (Parameter* p : order_)
-    if (p->trainable) ops.zero(p->grad, p->value.shape);
-}
-
 int64_t Module::numel() const {
   int64_t n = 0;
   for (const Parameter* p : params_) n += p->value.numel();

@@ -74,7 +74,6 @@ class ParameterStore {
   // Every value and gradient where `ops` keeps tensors (a device's memory), and their
   // gradients zeroed there.
   void move_to(Ops& ops);
-  void zero_grads(Ops& ops);
 
  private:
   std::uint64_t seed_;
