@@ -4,8 +4,10 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/common/error.hpp"
@@ -73,39 +75,82 @@ DeviceCommunicator::~DeviceCommunicator() {
   if (comm_) plugin_->api().comm_free(comm_);  // a destructor cannot throw: best effort
 }
 
-double DeviceCommunicator::finish(braid_comm_request_v2* request, const std::string& what, double deadline_s) {
+DeviceRequest::DeviceRequest(DeviceRequest&& other) noexcept
+    : plugin_(other.plugin_),
+      handle_(std::exchange(other.handle_, nullptr)),
+      what_(std::move(other.what_)),
+      deadline_s_(other.deadline_s_) {}
+
+DeviceRequest& DeviceRequest::operator=(DeviceRequest&& other) noexcept {
+  // What this held is waited for when `other` goes.
+  std::swap(plugin_, other.plugin_);
+  std::swap(handle_, other.handle_);
+  std::swap(what_, other.what_);
+  std::swap(deadline_s_, other.deadline_s_);
+  return *this;
+}
+
+DeviceRequest::~DeviceRequest() {
+  if (!handle_) return;
+  if (plugin_->api().wait(std::exchange(handle_, nullptr), deadline_s_) != 0)
+    std::fprintf(stderr, "braid: %s, dropped before it completed, failed: %s\n", what_.c_str(),
+                 plugin_->api().last_error());
+}
+
+double DeviceRequest::wait() {
+  if (!handle_) return 0;
   const auto start = std::chrono::steady_clock::now();
-  plugin_->check(plugin_->api().wait(request, deadline_s), "waiting for " + what);
+  plugin_->check(plugin_->api().wait(std::exchange(handle_, nullptr), deadline_s_), "waiting for " + what_);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-double DeviceCommunicator::allreduce_sum(float* data, std::size_t count, void* stream, double deadline_s) {
+bool DeviceRequest::test() {
+  if (!handle_) return true;
+  std::int32_t done = 0;
+  const int code = plugin_->api().test(handle_, &done);
+  if (code != 0) handle_ = nullptr;  // a failed request is released (braid_comm_v2.h)
+  plugin_->check(code, "testing " + what_);
+  if (done) handle_ = nullptr;
+  return done != 0;
+}
+
+DeviceRequest DeviceCommunicator::posted(int code, braid_comm_request_v2* request, std::string what,
+                                         double deadline_s) const {
+  plugin_->check(code, what);
+  return DeviceRequest(*plugin_, request, std::move(what), deadline_s);
+}
+
+DeviceRequest DeviceCommunicator::post_allreduce_sum(float* data, std::size_t count, void* stream, double deadline_s) {
   braid_comm_request_v2* request = nullptr;
-  const std::string what = "an all-reduce of " + std::to_string(count) + " floats";
-  plugin_->check(
-      plugin_->api().iallreduce(comm_, data, data, count, BRAID_COMM_FLOAT32, BRAID_COMM_SUM, stream, &request), what);
-  return finish(request, what, deadline_s);
+  const int code =
+      plugin_->api().iallreduce(comm_, data, data, count, BRAID_COMM_FLOAT32, BRAID_COMM_SUM, stream, &request);
+  return posted(code, request, "an all-reduce of " + std::to_string(count) + " floats", deadline_s);
+}
+
+double DeviceCommunicator::allreduce_sum(float* data, std::size_t count, void* stream, double deadline_s) {
+  return post_allreduce_sum(data, count, stream, deadline_s).wait();
 }
 
 double DeviceCommunicator::send(const void* data, std::size_t bytes, int peer, void* stream, double deadline_s) {
   braid_comm_request_v2* request = nullptr;
-  const std::string what = "a send of " + std::to_string(bytes) + " bytes to rank " + std::to_string(peer);
-  plugin_->check(plugin_->api().isend(comm_, data, bytes, peer, 0, stream, &request), what);
-  return finish(request, what, deadline_s);
+  const int code = plugin_->api().isend(comm_, data, bytes, peer, 0, stream, &request);
+  return posted(code, request, "a send of " + std::to_string(bytes) + " bytes to rank " + std::to_string(peer),
+                deadline_s)
+      .wait();
 }
 
 double DeviceCommunicator::recv(void* data, std::size_t bytes, int peer, void* stream, double deadline_s) {
   braid_comm_request_v2* request = nullptr;
-  const std::string what = "a receive of " + std::to_string(bytes) + " bytes from rank " + std::to_string(peer);
-  plugin_->check(plugin_->api().irecv(comm_, data, bytes, peer, 0, stream, &request), what);
-  return finish(request, what, deadline_s);
+  const int code = plugin_->api().irecv(comm_, data, bytes, peer, 0, stream, &request);
+  return posted(code, request, "a receive of " + std::to_string(bytes) + " bytes from rank " + std::to_string(peer),
+                deadline_s)
+      .wait();
 }
 
 double DeviceCommunicator::allgather(const void* send, void* recv, std::size_t bytes, void* stream, double deadline_s) {
   braid_comm_request_v2* request = nullptr;
-  const std::string what = "an all-gather of " + std::to_string(bytes) + " bytes each";
-  plugin_->check(plugin_->api().iallgather(comm_, send, recv, bytes, stream, &request), what);
-  return finish(request, what, deadline_s);
+  const int code = plugin_->api().iallgather(comm_, send, recv, bytes, stream, &request);
+  return posted(code, request, "an all-gather of " + std::to_string(bytes) + " bytes each", deadline_s).wait();
 }
 
 WorldBootstrap::WorldBootstrap(const World& world) : world_(&world) {

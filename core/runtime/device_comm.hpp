@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/runtime/world.hpp"
@@ -41,6 +42,33 @@ class DeviceCommPlugin {
   bool initialised_ = false;
 };
 
+// An operation of a device plugin in flight. Dropped before wait(), it is waited for (the
+// plugin may still write its buffers), at most its deadline, and a failure is reported on
+// stderr: a destructor cannot throw.
+class DeviceRequest {
+ public:
+  DeviceRequest() = default;
+  DeviceRequest(const DeviceCommPlugin& plugin, braid_comm_request_v2* handle, std::string what, double deadline_s)
+      : plugin_(&plugin), handle_(handle), what_(std::move(what)), deadline_s_(deadline_s) {}
+  DeviceRequest(DeviceRequest&& other) noexcept;
+  DeviceRequest& operator=(DeviceRequest&& other) noexcept;
+  DeviceRequest(const DeviceRequest&) = delete;
+  DeviceRequest& operator=(const DeviceRequest&) = delete;
+  ~DeviceRequest();
+
+  // Blocks until the device ran it, at most the deadline (past it the plugin aborts the
+  // communicator and this throws its message); returns the seconds blocked. No-op once done.
+  double wait();
+  // True once the device ran it (never blocks); throws when it failed.
+  bool test();
+
+ private:
+  const DeviceCommPlugin* plugin_ = nullptr;
+  braid_comm_request_v2* handle_ = nullptr;
+  std::string what_;
+  double deadline_s_ = 0;
+};
+
 // A communicator of a device plugin over listed world ranks, made by exactly those ranks
 // (collective, in the same order on each, as World::group's) and freed with the object.
 class DeviceCommunicator {
@@ -56,6 +84,8 @@ class DeviceCommunicator {
   // `deadline_s` seconds (<= 0: none; past it the plugin aborts the communicator and this
   // throws its message). Returns the seconds blocked.
   double allreduce_sum(float* data, std::size_t count, void* stream, double deadline_s);
+  // The same, posted: the memory at `data` is the plugin's until the request completes.
+  DeviceRequest post_allreduce_sum(float* data, std::size_t count, void* stream, double deadline_s);
   // `bytes` at `data` to group rank `peer`, or from it (NCCL matches them by issue order);
   // every member's `bytes` at `send` into `recv` (size() * bytes, in group rank order). Each
   // blocks as allreduce_sum does and returns the seconds blocked.
@@ -64,7 +94,7 @@ class DeviceCommunicator {
   double allgather(const void* send, void* recv, std::size_t bytes, void* stream, double deadline_s);
 
  private:
-  double finish(braid_comm_request_v2* request, const std::string& what, double deadline_s);
+  DeviceRequest posted(int code, braid_comm_request_v2* request, std::string what, double deadline_s) const;
   const DeviceCommPlugin* plugin_;
   std::vector<int> world_ranks_;
   braid_comm_v2* comm_ = nullptr;

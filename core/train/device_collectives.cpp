@@ -1,40 +1,53 @@
 #include "core/train/device_collectives.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "core/common/error.hpp"
 
 namespace braid::train {
 
-double DeviceGroup::allreduce_gradients(const std::vector<nn::Parameter*>& params) {
+Pending DeviceGroup::post_allreduce_gradients(const std::vector<nn::Parameter*>& params) {
+  // The request goes before the buffer it writes: a member dropped unfinished waits first.
+  struct InFlight {
+    nn::Tensor flat;
+    runtime::DeviceRequest request;
+  };
   std::size_t total = 0;
   for (const nn::Parameter* p : params)
     if (p->trainable) total += p->grad.data.size();
-  nn::Tensor flat = backend_->empty({static_cast<std::int64_t>(total)});
-  // Each gradient's place in the flat buffer, as a view of it.
-  auto place_of = [&](std::size_t at, std::size_t n) {
-    nn::Tensor view;
-    view.shape = {static_cast<std::int64_t>(n)};
-    view.data = nn::Storage::borrow(flat.ptr() + at, n, flat.device());
-    return view;
+  auto in_flight = std::make_shared<InFlight>();
+  in_flight->flat = backend_->empty({static_cast<std::int64_t>(total)});
+  // Each trainable gradient's place in the flat buffer, as a view of it, in `params`' order.
+  auto each_place = [params, in_flight](const std::function<void(nn::Parameter&, nn::Tensor&)>& f) {
+    std::size_t at = 0;
+    for (nn::Parameter* p : params) {
+      if (!p->trainable) continue;
+      const std::size_t n = p->grad.data.size();
+      nn::Tensor place;
+      place.shape = {static_cast<std::int64_t>(n)};
+      place.data = nn::Storage::borrow(in_flight->flat.ptr() + at, n, in_flight->flat.device());
+      f(*p, place);
+      at += n;
+    }
   };
-  std::size_t at = 0;
-  for (const nn::Parameter* p : params) {
-    if (!p->trainable) continue;
-    nn::Tensor place = place_of(at, p->grad.data.size());
-    backend_->copy(place, p->grad);
-    at += p->grad.data.size();
-  }
+  each_place([&](nn::Parameter& p, nn::Tensor& place) { backend_->copy(place, p.grad); });
   backend_->synchronize();  // the plugin runs on its own stream
-  const double waited = comm_->allreduce_sum(flat.ptr(), total, nullptr, DeviceCollectives::kDeadlineSeconds);
-  at = 0;
-  for (nn::Parameter* p : params) {
-    if (!p->trainable) continue;
-    backend_->copy(p->grad, place_of(at, p->grad.data.size()));
-    at += p->grad.data.size();
-  }
-  return waited;
+  in_flight->request =
+      comm_->post_allreduce_sum(in_flight->flat.ptr(), total, nullptr, DeviceCollectives::kDeadlineSeconds);
+  Pending pending;
+  pending.test = [in_flight] { return in_flight->request.test(); };
+  pending.finish = [backend = backend_, in_flight, each_place] {
+    const double waited = in_flight->request.wait();
+    each_place([&](nn::Parameter& p, nn::Tensor& place) { backend->copy(p.grad, place); });
+    return waited;
+  };
+  return pending;
+}
+
+double DeviceGroup::allreduce_gradients(const std::vector<nn::Parameter*>& params) {
+  return post_allreduce_gradients(params).finish();
 }
 
 namespace {

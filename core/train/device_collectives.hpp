@@ -14,6 +14,7 @@
 #include "core/nn/modules/parameter.hpp"
 #include "core/runtime/device_comm.hpp"
 #include "core/runtime/world.hpp"
+#include "core/train/interpreter.hpp"
 
 namespace braid::train {
 
@@ -25,6 +26,9 @@ class DeviceGroup {
   // Sums the gradients of `params` (the trainable ones) over the group in one flat buffer on
   // the device, in the order allreduce_gradients uses on the host; returns the seconds blocked.
   double allreduce_gradients(const std::vector<nn::Parameter*>& params);
+  // The same, posted: the gradients are copied out now and back when it finishes. The params
+  // must outlive it.
+  Pending post_allreduce_gradients(const std::vector<nn::Parameter*>& params);
   // Sums `t` (on the backend's device) over the group in place; returns the seconds blocked.
   double allreduce_sum(nn::Tensor& t);
 

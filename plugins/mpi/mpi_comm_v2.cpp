@@ -200,7 +200,7 @@ int ireduce_scatter(braid_comm_v2* c, const void* send, void* recv, size_t recv_
 int test(braid_comm_request_v2* request, int32_t* done) {
   if (!request) return fail(kFailed, "test: request is NULL");
   const int rc = from_v1(v1.test(request->request, done));
-  if (*done) delete request;
+  if (rc != 0 || *done) delete request;  // v1 released its request either way
   return rc;
 }
 

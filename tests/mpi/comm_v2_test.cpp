@@ -2,7 +2,7 @@
 // processes, run by ctest under `mpiexec -n 2` and `-n 4`; argv[1] is the process count to
 // expect. It is the interface NCCL implements on GPUs, on host memory: every collective,
 // point to point (a rank to itself included), communicators of some ranks, the trainer's
-// DeviceCommunicator (all-reduce, a ping-pong, all-gather), and a deadline that aborts a
+// DeviceCommunicator (all-reduce, a ping-pong, all-gather, a posted all-reduce), and a deadline that aborts a
 // communicator with a message naming the operation and the ranks.
 #include <cstdint>
 #include <cstdio>
@@ -115,6 +115,34 @@ void groups_and_the_trainers_communicator(const Plugin& p, int n, int r, test::C
   check.passed("groups");
 }
 
+// A posted all-reduce (the trainer's early gradient reduction) does not block: the first rank
+// of each pair posts, finds it unfinished, and only then lets its peer join; a request dropped
+// unfinished is waited for, so its buffer holds the sum.
+void a_posted_all_reduce_completes_later(const Plugin& p, runtime::World& world, int n, int r, test::Checks& check) {
+  const std::vector<int> pair = {r - r % 2, r - r % 2 + 1};
+  const bool paired = pair[1] < n, first = r % 2 == 0;
+  std::optional<runtime::DeviceCommunicator> c;
+  if (paired) c.emplace(*p.plugin, pair);
+  std::vector<float> x(64, float(r + 1)), y(64, float(r + 1));
+  runtime::DeviceRequest posted;
+  if (paired && first) {
+    posted = c->post_allreduce_sum(x.data(), x.size(), nullptr, 60.0);
+    check(!posted.test(), "a posted all-reduce is unfinished while its peer has not joined");
+  }
+  world.communicator().barrier();  // a post that blocked would never get here
+  if (paired && !first) c->allreduce_sum(x.data(), x.size(), nullptr, 60.0);
+  if (paired && first) {
+    posted.wait();
+    check(posted.test(), "a finished request tests done");
+  }
+  if (paired) {
+    check(x[63] == float(pair[0] + pair[1] + 2), "the posted all-reduce's sum");
+    { runtime::DeviceRequest dropped = c->post_allreduce_sum(y.data(), y.size(), nullptr, 60.0); }
+    check(y[0] == float(pair[0] + pair[1] + 2), "a request dropped unfinished is waited for");
+  }
+  check.passed("posted");
+}
+
 // Rank 0 waits for an all-reduce rank 1 joins only after rank 0 has given up on it.
 void a_deadline_aborts_the_communicator(const Plugin& p, runtime::World& world, int r, test::Checks& check) {
   braid_comm_v2* c = nullptr;
@@ -162,6 +190,7 @@ int main(int argc, char** argv) {
     check(p.plugin->backend_version().find("MPI") != std::string::npos, "version " + p.plugin->backend_version());
     braid::collectives(p, n, r, check);
     braid::groups_and_the_trainers_communicator(p, n, r, check);
+    braid::a_posted_all_reduce_completes_later(p, *world, n, r, check);
     braid::a_deadline_aborts_the_communicator(p, *world, r, check);
     world->communicator().barrier();
   } catch (const std::exception& e) {

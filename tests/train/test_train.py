@@ -789,6 +789,13 @@ class Device(unittest.TestCase):
         self.assertIn("device collectives: mpi (", runs["emulated"])
         self.assertIn("device collectives: none (the tensors are host memory)", runs["host"])
 
+    def test_optimus_data_parallel_reduces_on_the_device(self):
+        # Colocated replicas post the llm's gradient all-reduce on the device at the first
+        # encoder backward in the DP wait (the bubble scheduler's flag) and finish it at
+        # ReduceGrads, as the host path does over MPI.
+        runs = self.assert_same_bits(MLLM, 2, "--strategy", "optimus", "--dp", "2", "--schedule", "optimus-fine")
+        self.assertIn("device collectives: mpi (", runs["emulated"])
+
     def test_zero_stages_on_the_device(self):
         with tempfile.TemporaryDirectory() as d:
             for stage in [1, 2, 3]:
