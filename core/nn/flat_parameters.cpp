@@ -130,18 +130,36 @@ std::vector<FlatParameters::Run> FlatParameters::runs(std::initializer_list<Part
   return out;
 }
 
-void FlatParameters::zero_grads(Ops& ops) {
+template <class F>
+void FlatParameters::each_grad_run(Ops& ops, const char* op, F f) {
   for (const Run& r : runs({kGrad}, [](const Placed&, const Placed&) { return true; })) {
     if (!r.whole) {
-      Tensor& g = *placed_[r.first].member.grad;
-      ops.zero(g, g.shape);
+      f(*placed_[r.first].member.grad);
       continue;
     }
     Tensor g = view(kGrad, r);
     const float* where = g.ptr();
-    ops.zero(g, g.shape);
-    expect_in_place(ops, g, where, "zero");
+    f(g);
+    expect_in_place(ops, g, where, op);
   }
+}
+
+void FlatParameters::zero_grads(Ops& ops) {
+  each_grad_run(ops, "zero", [&](Tensor& g) { ops.zero(g, g.shape); });
+}
+
+double FlatParameters::squared_grad_norm(Ops& ops) const {
+  double sum = 0.0;
+  auto same = [](const Placed& a, const Placed& b) { return a.member.in_norm == b.member.in_norm; };
+  for (const Run& r : runs({kGrad}, same)) {
+    if (!placed_[r.first].member.in_norm) continue;
+    sum += ops.squared_norm(r.whole ? view(kGrad, r) : *placed_[r.first].member.grad);
+  }
+  return sum;
+}
+
+void FlatParameters::scale_grads(Ops& ops, float factor) {
+  each_grad_run(ops, "scale", [&](Tensor& g) { ops.scale(g, factor); });
 }
 
 void FlatParameters::adamw_step(Ops& ops, const AdamWConfig& config) {

@@ -3,7 +3,7 @@
 // Zeroing the gradients is then one call, and AdamW one call per weight-decay group, where
 // it was one per parameter: on a GPU the tiny reference models are launch-bound, and those
 // calls were a fifth of their step. Both are elementwise, so the bits are those of the
-// per-parameter calls.
+// per-parameter calls. The gradients' global norm is one call per run too.
 //
 // Code elsewhere may still give a parameter a new tensor (a checkpoint's moments, a value
 // edited on the host, the CLIP scale's gradient). That member is then no longer a slice and
@@ -25,7 +25,8 @@ struct FlatMember {
   Tensor* value = nullptr;
   Tensor* grad = nullptr;  // value's element count
   AdamWState* state = nullptr;
-  bool decay = true;  // AdamW's weight decay applies
+  bool decay = true;    // AdamW's weight decay applies
+  bool in_norm = true;  // its gradient counts in the global norm (a tensor held on several ranks: one of them)
 };
 
 // The trainable ones of `params`, each with its state: states[i] is params[i]'s.
@@ -45,6 +46,12 @@ class FlatParameters {
   std::size_t slices() const;
   // Zeroes every member's gradient.
   void zero_grads(Ops& ops);
+  // The sum of the squares of the gradients that count in the norm, one call per run of
+  // consecutive slices that do (on a GPU each call waits for its result), summed in layout
+  // order: the same sum on every run of the same layout, not the bits of per-member calls.
+  double squared_grad_norm(Ops& ops) const;
+  // Every member's gradient times `factor` (global-norm clipping): one call per run.
+  void scale_grads(Ops& ops, float factor);
   // One AdamW step of every member: `config`'s weight decay on decayed members, none on the
   // others.
   void adamw_step(Ops& ops, const AdamWConfig& config);
@@ -67,6 +74,10 @@ class FlatParameters {
   // Consecutive members that are slices in `parts` and that `same` keeps together.
   template <class Same>
   std::vector<Run> runs(std::initializer_list<Part> parts, Same same) const;
+  // `f` on each gradient run as one tensor, and on each gradient that is no slice alone;
+  // `op` names what f does, for the in-place check.
+  template <class F>
+  void each_grad_run(Ops& ops, const char* op, F f);
   Tensor view(Part part, std::size_t offset, std::size_t count) const;
   Tensor view(Part part, const Run& run) const;  // the slices of a whole run, end to end
 

@@ -109,7 +109,8 @@ nn::FlatParameters* Executor::flat_parameters(bool lay_out) {
   // evaluation's gathering); never in between, where it would gather half-made gradients.
   if (lay_out && (!flat_ || flat_->slices() * 2 < flat_->size())) {
     std::vector<nn::FlatMember> members;
-    for (TrainedParameter& p : params_) members.push_back({&p.param->value, &p.param->grad, &p.state, p.param->decay});
+    for (TrainedParameter& p : params_)
+      members.push_back({&p.param->value, &p.param->grad, &p.state, p.param->decay, p.counted});
     flat_.emplace(ops_, std::move(members));
   }
   return flat_ ? &*flat_ : nullptr;
@@ -135,17 +136,26 @@ Pending Executor::optimizer_step(double lr, StepResult& r) {
     if (!p.sharded()) return p.param->grad;
     return in_place[k].data.empty() ? p.grad_shard : in_place[k];
   };
-  // A shard without elements here (ZeRO) adds nothing and needs no scaling.
-  for (auto& p : params_)
-    if (p.counted && !grad_of(p).data.empty()) norm2[0] += ops_.squared_norm(grad_of(p));
+  // Laid out, a call per run of gradients (on a GPU each waits for its sum); else per
+  // tensor, where a shard without elements here (ZeRO) adds nothing and needs no scaling.
+  nn::FlatParameters* flat = flat_parameters(false);
+  if (flat) {
+    norm2[0] = flat->squared_grad_norm(ops_);
+  } else {
+    for (auto& p : params_)
+      if (p.counted && !grad_of(p).data.empty()) norm2[0] += ops_.squared_norm(grad_of(p));
+  }
   auto req = world_comm_->iallreduce(std::span<double>(norm2));
   const double waited = req.wait();
   r.grad_norm = std::sqrt(norm2[0]);
   if (t.grad_clip > 0) {
     const float c = nn::clip_coefficient(r.grad_norm, static_cast<float>(t.grad_clip));
-    if (c < 1.0f)
+    if (c < 1.0f && flat) {
+      flat->scale_grads(ops_, c);
+    } else if (c < 1.0f) {
       for (auto& p : params_)
         if (!grad_of(p).data.empty()) ops_.scale(grad_of(p), c);
+    }
   }
   nn::AdamWConfig config;
   config.lr = lr;
@@ -153,7 +163,7 @@ Pending Executor::optimizer_step(double lr, StepResult& r) {
   config.beta2 = t.beta2;
   config.eps = t.eps;
   config.weight_decay = t.weight_decay;
-  if (nn::FlatParameters* flat = flat_parameters(false)) {
+  if (flat) {
     flat->adamw_step(ops_, config);
     work_->after_optimizer_step();
     return blocked_for(waited);

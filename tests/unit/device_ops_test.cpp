@@ -367,7 +367,7 @@ void expect_flat_steps_as_each_alone(nn::Ops& ops, const std::function<Tensor(co
     flat_values[k] = up(v);
     ops.zero(alone_grads[k], v.shape);
     ops.zero(flat_grads[k], v.shape);
-    members.push_back({&flat_values[k], &flat_grads[k], &flat_states[k], specs[k].second});
+    members.push_back({&flat_values[k], &flat_grads[k], &flat_states[k], specs[k].second, k != 2});
   }
   nn::FlatParameters flat(ops, members);
   EXPECT_EQ(flat.slices(), n);
@@ -380,6 +380,16 @@ void expect_flat_steps_as_each_alone(nn::Ops& ops, const std::function<Tensor(co
       const Tensor g = up(random_tensor(specs[k].first, rng));
       ops.add(alone_grads[k], g);
       ops.add(flat_grads[k], g);
+    }
+    // Clipping: the norm of the members in it (not member 2), then every gradient scaled.
+    double alone_norm = 0;
+    for (std::size_t k = 0; k < n; ++k)
+      if (k != 2) alone_norm += ops.squared_norm(alone_grads[k]);
+    EXPECT_NEAR(flat.squared_grad_norm(ops), alone_norm, 1e-12 * alone_norm) << "step " << step;
+    const float factor = 0.5f + 0.25f * static_cast<float>(step);
+    flat.scale_grads(ops, factor);
+    for (std::size_t k = 0; k < n; ++k) {
+      ops.scale(alone_grads[k], factor);
       nn::AdamWConfig c = config;
       c.weight_decay = specs[k].second ? config.weight_decay : 0.0;
       ops.adamw_step(alone[k], alone_grads[k], alone_states[k], c);
