@@ -661,10 +661,12 @@ Pending ChainStage::reduce() {
 void ChainStage::post_llm_reduce_early() {
   // Every replica posts at the same point of its llm DP group's collectives: the group has
   // this one per step. Under online filling a task may come up before the last llm backward.
-  if (!early_llm_reduce_.empty() || llm_backwards_left_ > 0 || !llm_dp_ || llm_zero_) return;
+  // ZeRO-2 and 3 reduce-scattered as the backwards went: they post nothing.
+  if (!early_llm_reduce_.empty() || llm_backwards_left_ > 0 || !llm_dp_) return;
   const auto params = model_.chain->llm->part_parameters(part_);
-  early_llm_reduce_ = llm_dp_device_ ? llm_dp_device_->post_allreduce_gradients(params)
-                                     : post_allreduce_gradients(ops_, *llm_dp_, params);
+  early_llm_reduce_ = llm_zero_        ? llm_zero_->post_reduce()
+                      : llm_dp_device_ ? llm_dp_device_->post_allreduce_gradients(params)
+                                       : post_allreduce_gradients(ops_, *llm_dp_, params);
 }
 
 void ChainStage::gather_parameters() {

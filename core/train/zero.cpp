@@ -1,6 +1,7 @@
 #include "core/train/zero.hpp"
 
 #include <algorithm>
+#include <memory>
 #include <set>
 #include <span>
 #include <utility>
@@ -148,10 +149,22 @@ void ZeroModule::before_block(const nn::TransformerBlock& block, bool) { acquire
 void ZeroModule::after_block(const nn::TransformerBlock& block, bool) { release(unit_of(block)); }
 
 double ZeroModule::reduce() {
-  double waited = 0;
-  if (stage_ == 1)
-    for (auto& u : units_) waited += reduce_scatter(u);
-  return waited;
+  Pending posted = post_reduce();
+  return posted.empty() ? 0.0 : posted.finish();
+}
+
+Pending ZeroModule::post_reduce() {
+  if (stage_ != 1) return {};
+  auto units = std::make_shared<std::vector<Pending>>();
+  for (auto& u : units_) units->push_back(post_reduce_scatter(u));
+  Pending all;
+  all.test = [units] { return std::all_of(units->begin(), units->end(), [](Pending& p) { return p.test(); }); };
+  all.finish = [units] {
+    double waited = 0;
+    for (Pending& p : *units) waited += p.finish();  // in the order posted
+    return waited;
+  };
+  return all;
 }
 
 double ZeroModule::after_step() {
@@ -172,32 +185,35 @@ void ZeroModule::materialize(bool whole) {
   whole_ = whole;
 }
 
-double ZeroModule::reduce_scatter(Unit& u) {
-  if (u.params.empty()) return 0;
-  std::vector<float> flat(static_cast<std::size_t>(u.shard * dp_.size()), 0.0f);
+double ZeroModule::reduce_scatter(Unit& u) { return post_reduce_scatter(u).finish(); }
+
+Pending ZeroModule::post_reduce_scatter(Unit& u) {
+  if (u.params.empty()) return blocked_for(0);
+  auto flat = std::make_shared<std::vector<float>>(static_cast<std::size_t>(u.shard * dp_.size()), 0.0f);
   for (std::size_t i = 0; i < u.params.size(); ++i) {
     nn::Tensor scratch;
     const nn::Tensor& g = on_host(ops_, u.params[i]->param->grad, scratch);
-    std::copy(g.data.begin(), g.data.end(), flat.begin() + u.offsets[i]);
+    std::copy(g.data.begin(), g.data.end(), flat->begin() + u.offsets[i]);
   }
-  std::vector<float> mine(static_cast<std::size_t>(u.shard));
-  auto req = dp_.ireduce_scatter(std::span<const float>(flat), std::span<float>(mine));
-  const double waited = req.wait();
-  const std::int64_t lo = dp_.rank() * u.shard;
-  for (std::size_t i = 0; i < u.params.size(); ++i) {
-    TrainedParameter& t = *u.params[i];
-    if (t.end == t.begin) continue;  // none of it is this rank's
-    const float* from = mine.data() + (u.offsets[i] + t.begin - lo);
-    if (stage_ == 1) {  // once per step: the sum replaces this rank's range of the whole gradient
-      edit_on_host(ops_, t.param->grad,
-                   [&](nn::Tensor& g) { std::copy(from, from + (t.end - t.begin), g.data.begin() + t.begin); });
-      continue;
+  auto mine = std::make_shared<std::vector<float>>(static_cast<std::size_t>(u.shard));
+  std::vector<runtime::Request> requests;
+  requests.push_back(dp_.ireduce_scatter(std::span<const float>(*flat), std::span<float>(*mine)));
+  return pending_requests(std::move(requests), [this, &u, flat, mine] {
+    const std::int64_t lo = dp_.rank() * u.shard;
+    for (std::size_t i = 0; i < u.params.size(); ++i) {
+      TrainedParameter& t = *u.params[i];
+      if (t.end == t.begin) continue;  // none of it is this rank's
+      const float* from = mine->data() + (u.offsets[i] + t.begin - lo);
+      if (stage_ == 1) {  // once per step: the sum replaces this rank's range of the whole gradient
+        edit_on_host(ops_, t.param->grad,
+                     [&](nn::Tensor& g) { std::copy(from, from + (t.end - t.begin), g.data.begin() + t.begin); });
+        continue;
+      }
+      edit_on_host(ops_, t.grad_shard, [&](nn::Tensor& g) {
+        for (std::int64_t k = 0; k < t.end - t.begin; ++k) g.data[static_cast<std::size_t>(k)] += from[k];
+      });
     }
-    edit_on_host(ops_, t.grad_shard, [&](nn::Tensor& g) {
-      for (std::int64_t k = 0; k < t.end - t.begin; ++k) g.data[static_cast<std::size_t>(k)] += from[k];
-    });
-  }
-  return waited;
+  });
 }
 
 double ZeroModule::all_gather(Unit& u) {

@@ -76,6 +76,9 @@ class ZeroModule : public nn::BlockHooks {
   // reduce_grads: stage 1 reduce-scatters every unit's gradient into the shards (2 and 3 did
   // as they went). Returns the seconds blocked.
   double reduce();
+  // The same, posted (stage 1; empty at 2 and 3, which have nothing left to reduce): the
+  // gradients are copied out now and the sums into them when it finishes.
+  Pending post_reduce();
   // After the optimizer stepped the shards: stages 1 and 2 all-gather the updated weights.
   // Returns the seconds blocked.
   double after_step();
@@ -103,6 +106,7 @@ class ZeroModule : public nn::BlockHooks {
   void acquire(Unit& u);
   void release(Unit& u);
   double reduce_scatter(Unit& u);
+  Pending post_reduce_scatter(Unit& u);
   double all_gather(Unit& u);  // owned shards -> every parameter's value
   void free_weights(Unit& u);
   Unit& unit_of(const nn::TransformerBlock& block);
