@@ -9,7 +9,8 @@
 namespace braid::train {
 
 Pending DeviceGroup::post_allreduce_gradients(const std::vector<nn::Parameter*>& params) {
-  // The request goes before the buffer it writes: a member dropped unfinished waits first.
+  // Declared after the buffer it writes, the request is destroyed first: dropped unfinished,
+  // it waits before the buffer goes.
   struct InFlight {
     nn::Tensor flat;
     runtime::DeviceRequest request;
