@@ -156,21 +156,49 @@ void DeviceBackend::upload_into(Tensor& to, const Tensor& host) {
 }
 
 Tensor DeviceBackend::download(const Tensor& dev) {
-  Tensor host(dev.shape);
+  const Tensor* one[1] = {&dev};
+  return std::move(download_all(one).front());
+}
+
+std::vector<Tensor> DeviceBackend::download_all(std::span<const Tensor* const> devs) {
+  std::vector<Tensor> out;
+  out.reserve(devs.size());  // the copies write where each host tensor is now
+  for (const Tensor* dev : devs) {
+    Tensor& host = out.emplace_back(dev->shape);
+    char error[kErrorSize] = "";
+    check(api().copy(host.ptr(), dev->ptr(), host.data.size() * sizeof(float), BRAID_COPY_DEVICE_TO_HOST, stream_,
+                     error, sizeof error),
+          "copying to the host", error);
+  }
+  if (!devs.empty()) synchronize();
+  return out;
+}
+
+template <class T>
+const T& DeviceBackend::keep_for_copy(T host_side, std::size_t bytes) {
+  // Bounded: a caller that never waits still lets them go now and then.
+  constexpr std::size_t kMostKept = 256, kMostKeptBytes = std::size_t{256} << 20;
+  if (kept_for_copies_.size() >= kMostKept || kept_bytes_ + bytes > kMostKeptBytes) synchronize();
+  auto kept = std::make_shared<const T>(std::move(host_side));
+  kept_for_copies_.push_back(kept);
+  kept_bytes_ += bytes;
+  return *kept;
+}
+
+Tensor DeviceBackend::upload_owned(Tensor host) {
+  if (host.data.borrowed() || info_.host_memory) return upload(host);
+  Tensor t = empty(host.shape);
+  const std::size_t bytes = host.data.size() * sizeof(float);
+  const std::vector<float>& kept = keep_for_copy(host.data.release(), bytes);
   char error[kErrorSize] = "";
-  check(api().copy(host.ptr(), dev.ptr(), host.data.size() * sizeof(float), BRAID_COPY_DEVICE_TO_HOST, stream_, error,
-                   sizeof error),
-        "copying to the host", error);
-  synchronize();
-  return host;
+  check(api().copy(t.ptr(), kept.data(), bytes, BRAID_COPY_HOST_TO_DEVICE, stream_, error, sizeof error),
+        "copying to the device", error);
+  return t;
 }
 
 DeviceIds DeviceBackend::upload_ids(std::span<const int32_t> ids) {
-  // Bounded: a caller that never waits still lets them go now and then.
-  constexpr std::size_t kMostInFlight = 256;
-  if (ids_in_flight_.size() >= kMostInFlight) synchronize();
   DeviceIds out{allocate(ids.size_bytes()), static_cast<int64_t>(ids.size())};
-  const std::vector<int32_t>& kept = ids_in_flight_.emplace_back(ids.begin(), ids.end());
+  const auto& kept = keep_for_copy(std::vector<int32_t>(ids.begin(), ids.end()), ids.size_bytes());
   char error[kErrorSize] = "";
   check(api().copy(out.data(), kept.data(), ids.size_bytes(), BRAID_COPY_HOST_TO_DEVICE, stream_, error, sizeof error),
         "copying ids to the device", error);
@@ -193,7 +221,9 @@ void DeviceBackend::copy(Tensor& to, const Tensor& from) {
 void DeviceBackend::synchronize() {
   char error[kErrorSize] = "";
   check(api().stream_synchronize(stream_, error, sizeof error), "waiting for the stream", error);
-  ids_in_flight_.clear();
+  ++host_waits_;
+  kept_for_copies_.clear();
+  kept_bytes_ = 0;
 }
 
 DeviceMemoryStats DeviceBackend::memory_stats() const {

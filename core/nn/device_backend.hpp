@@ -56,9 +56,13 @@ class DeviceBackend : public DeviceCopier, public std::enable_shared_from_this<D
   // Uninitialised, and zero-filled, device tensors of a shape.
   Tensor empty(const Shape& shape);
   Tensor zeros(const Shape& shape);
-  Tensor upload(const Tensor& host);                 // a host tensor's copy on the device
+  Tensor upload(const Tensor& host);  // a host tensor's copy on the device
+  // The same without waiting for the copy: `host`'s elements stay here until the next
+  // synchronize(). Borrowed host memory, which its owner may change, is uploaded as above.
+  Tensor upload_owned(Tensor host);
   void upload_into(Tensor& to, const Tensor& host);  // into a device tensor of as many elements
   Tensor download(const Tensor& dev);                // a device tensor's copy on the host (waits for the stream)
+  std::vector<Tensor> download_all(std::span<const Tensor* const> devs);  // the same, one wait for them all
   // Enqueues the copy without waiting: a copy of the ids stays here until the next
   // synchronize(), as the interface asks of host memory given to a copy.
   DeviceIds upload_ids(std::span<const int32_t> ids);
@@ -66,8 +70,13 @@ class DeviceBackend : public DeviceCopier, public std::enable_shared_from_this<D
   void copy(Tensor& to, const Tensor& from);  // device to device, same element count
   // A new allocation holding `from`'s elements (what copying a tensor of this backend does).
   Storage duplicate(const Storage& from) const override;
-  void synchronize();  // waits for everything issued on the stream (and lets the ids' copies go)
+  void synchronize();  // waits for everything issued on the stream (and lets the kept host sides go)
   DeviceMemoryStats memory_stats() const;
+  // How often the host has waited for the stream: each synchronize() (a download, an upload
+  // of a tensor) and each op whose result comes back to the host (a loss, a norm), which
+  // DeviceOps counts. A GPU pays a round trip for each: a launch-bound step wants few.
+  uint64_t host_waits() const { return host_waits_; }
+  void count_host_wait() { ++host_waits_; }
 
  private:
   DeviceBackend() = default;
@@ -83,7 +92,13 @@ class DeviceBackend : public DeviceCopier, public std::enable_shared_from_this<D
   int32_t index_ = 0;
   int device_count_ = 0;
   braid_device_stream_v2 stream_ = nullptr;
-  std::vector<std::vector<int32_t>> ids_in_flight_;  // host sides of copies the stream may not have run
+  uint64_t host_waits_ = 0;
+  // Keeps the host side of a copy until the stream has run it; waits first when too much is kept.
+  template <class T>
+  const T& keep_for_copy(T host_side, std::size_t bytes);
+  // Host sides of copies the stream may not have run, and their size.
+  std::vector<std::shared_ptr<const void>> kept_for_copies_;
+  std::size_t kept_bytes_ = 0;
 };
 
 }  // namespace braid::nn

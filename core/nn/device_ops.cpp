@@ -300,6 +300,7 @@ float DeviceOps::cross_entropy(const Tensor& logits, std::span<const int32_t> ta
   float loss = 0.0f;
   check(o.cross_entropy(backend_->stream(), &l, &t, normalizer, g.get(), &loss, error_, sizeof error_),
         "cross_entropy");
+  backend_->count_host_wait();  // the result came back to the host
   return loss;
 }
 
@@ -345,6 +346,7 @@ float DeviceOps::contrastive_loss(const Tensor& local_image, const Tensor& local
     check(o.contrastive_forward(backend_->stream(), &li, &lt, &ai, &at, offset, scale, tile, &st, &sum, error_,
                                 sizeof error_),
           "contrastive_loss");
+    backend_->count_host_wait();  // the result came back to the host
     return static_cast<float>(sum * share);
   }
   Desc gli = describe(grads->local_image), glt = describe(grads->local_text), gai = describe(grads->all_image),
@@ -353,6 +355,7 @@ float DeviceOps::contrastive_loss(const Tensor& local_image, const Tensor& local
   check(o.contrastive_loss(backend_->stream(), &li, &lt, &ai, &at, offset, scale, tile, &st, share, &sum, &gli, &glt,
                            &gai, &gat, &d_scale, error_, sizeof error_),
         "contrastive_loss");
+  backend_->count_host_wait();  // the result came back to the host
   if (!capped) grads->logit_scale_param = static_cast<float>(d_scale * scale);
   return static_cast<float>(sum * share);
 }
@@ -379,6 +382,7 @@ double DeviceOps::squared_norm(const Tensor& t) {
   Desc d = describe(t);
   double result = 0.0;
   check(o.squared_norm(backend_->stream(), &d, &result, error_, sizeof error_), "squared_norm");
+  backend_->count_host_wait();  // the result came back to the host
   return result;
 }
 
@@ -391,10 +395,21 @@ void DeviceOps::scale(Tensor& t, float factor) {
 
 Tensor DeviceOps::from_host(Tensor host) {
   if (host.device() == backend_->device()) return host;  // moved, not copied
-  return backend_->upload(host);
+  return backend_->upload_owned(std::move(host));
 }
 
 Tensor DeviceOps::to_host(const Tensor& t) { return t.device().is_host() ? t : backend_->download(t); }
+
+std::vector<Tensor> DeviceOps::to_host_all(std::span<const Tensor* const> ts) {
+  std::vector<const Tensor*> on_device;
+  for (const Tensor* t : ts)
+    if (!t->device().is_host()) on_device.push_back(t);
+  std::vector<Tensor> downloaded = backend_->download_all(on_device);
+  std::vector<Tensor> out;
+  std::size_t next = 0;
+  for (const Tensor* t : ts) out.push_back(t->device().is_host() ? *t : std::move(downloaded[next++]));
+  return out;
+}
 
 void DeviceOps::assign_from_host(Tensor& t, Tensor host) {
   if (!(t.device() == backend_->device()) || !t.data.borrowed() || t.data.size() != host.data.size() ||

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "core/nn/tensor.hpp"
 
@@ -142,6 +143,12 @@ class Ops {
   // plain copy; a device's Ops copies through its backend.
   virtual Tensor from_host(Tensor host) { return host; }  // moved in where it stays host memory
   virtual Tensor to_host(const Tensor& t) { return t; }
+  // Each of `ts` on the host, in order: a device waits once for them all, not once each.
+  virtual std::vector<Tensor> to_host_all(std::span<const Tensor* const> ts) {
+    std::vector<Tensor> out;
+    for (const Tensor* t : ts) out.push_back(to_host(*t));
+    return out;
+  }
   // `host`'s elements into `t`, in its memory where it holds as many (a slice of a larger
   // buffer stays one: flat_parameters.hpp), else as a new tensor.
   virtual void assign_from_host(Tensor& t, Tensor host) { t = from_host(std::move(host)); }

@@ -341,22 +341,29 @@ void ChainStage::encode(int i, const std::vector<std::size_t>& positions) {
   const int calls = static_cast<int>(groups.size());
   Calls vision_calls(vision_zero_.get(), calls, false);
   Calls projector_calls(projector_on_encoder_ ? projector_zero_.get() : nullptr, calls, false);
-  for (auto& g : groups) {
+  std::vector<nn::Tensor> tokens(groups.size());
+  for (std::size_t k = 0; k < groups.size(); ++k) {
     EncodedGroup& eg = e.groups.emplace_back();
-    eg.members = g.members;
-    eg.side = g.side;
-    nn::Tensor tokens = within(vision_zero_.get(), [&] {
-      return chain.vision->forward(ops_, ops_.from_host(std::move(g.images)), eg.vision).tokens;
+    eg.members = groups[k].members;
+    eg.side = groups[k].side;
+    tokens[k] = within(vision_zero_.get(), [&] {
+      return chain.vision->forward(ops_, ops_.from_host(std::move(groups[k].images)), eg.vision).tokens;
     });
     if (projector_on_encoder_)
-      tokens = within(projector_zero_.get(), [&] { return chain.projector->forward(ops_, tokens, eg.projector); });
-    nn::Tensor scratch;
-    const nn::Tensor& rows = on_host(ops_, tokens, scratch);
-    const std::size_t n = static_cast<std::size_t>(rows.numel() / rows.dim(0));
+      tokens[k] =
+          within(projector_zero_.get(), [&] { return chain.projector->forward(ops_, tokens[k], eg.projector); });
+  }
+  // Into the host store, every group's at once (a device waits once).
+  std::vector<const nn::Tensor*> each;
+  for (const nn::Tensor& t : tokens) each.push_back(&t);
+  const std::vector<nn::Tensor> rows = ops_.to_host_all(each);
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    const EncodedGroup& eg = e.groups[k];
+    const std::size_t n = static_cast<std::size_t>(rows[k].numel() / rows[k].dim(0));
     for (std::size_t m = 0; m < eg.members.size(); ++m)
       store_.tokens(i, positions[eg.members[m]])
-          .assign(rows.data.begin() + static_cast<std::ptrdiff_t>(m * n),
-                  rows.data.begin() + static_cast<std::ptrdiff_t>((m + 1) * n));
+          .assign(rows[k].data.begin() + static_cast<std::ptrdiff_t>(m * n),
+                  rows[k].data.begin() + static_cast<std::ptrdiff_t>((m + 1) * n));
   }
 }
 

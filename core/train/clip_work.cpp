@@ -102,21 +102,27 @@ void clip_image_forward(nn::Ops& ops, const nn::ClipModel& clip, const nn::Encod
   const std::size_t n_groups = mb.group_rows.size();
   mb.image_caches.assign(n_groups, {});
   mb.image_head_caches.assign(last ? n_groups : 0, {});
+  std::vector<nn::Tensor> heads(last ? n_groups : 0);
   for (std::size_t g = 0; g < n_groups; ++g) {
     const nn::EncoderOutput out = clip.image_encoder->forward_part(ops, part, first ? &groups[g].images : nullptr,
                                                                    first ? nullptr : &mb.hidden[g], mb.image_caches[g]);
-    if (!last) {
+    if (last)
+      heads[g] = clip.image_head->forward(ops, out.pooled, mb.image_head_caches[g]);
+    else
       mb.hidden[g] = out.tokens;
-      continue;
-    }
-    // The embeddings stay in host memory: the batch-sync sends them.
-    const nn::Tensor emb = host_tensor(ops, clip.image_head->forward(ops, out.pooled, mb.image_head_caches[g]));
-    const std::int64_t width = emb.dim(1);
+  }
+  if (!last) return;
+  // The embeddings go to host memory, every group's at once: the batch-sync sends them.
+  std::vector<const nn::Tensor*> each;
+  for (const nn::Tensor& h : heads) each.push_back(&h);
+  const std::vector<nn::Tensor> embs = ops.to_host_all(each);
+  for (std::size_t g = 0; g < n_groups; ++g) {
+    const std::int64_t width = embs[g].dim(1);
     if (g == 0) nn::reset(mb.embeddings, {static_cast<std::int64_t>(mb.ids.size()), width});
     for (std::size_t i = 0; i < mb.group_rows[g].size(); ++i)
-      copy_row(emb, i, mb.embeddings, mb.group_rows[g][i], width);
+      copy_row(embs[g], i, mb.embeddings, mb.group_rows[g][i], width);
   }
-  if (last) mb.hidden.clear();
+  mb.hidden.clear();
 }
 
 void clip_text_forward(nn::Ops& ops, const nn::ClipModel& clip, const nn::EncoderPart& part,

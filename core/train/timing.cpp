@@ -26,8 +26,11 @@ StepComparison compare_with_simulation(const MeasuredSteps& mine, const pipeline
   c.steps = mine.steps;
   const double per = mine.steps > 0 ? 1.0 / static_cast<double>(mine.steps) : 0;
   double slowest[1] = {mine.seconds * per};
+  double waits[1] = {mine.host_waits < 0 ? -1.0 : static_cast<double>(mine.host_waits) * per};
   world.allreduce(std::span<double>(slowest), runtime::ReduceOp::max);
+  world.allreduce(std::span<double>(waits), runtime::ReduceOp::max);
   c.measured_step_s = slowest[0];
+  c.host_waits_per_step = waits[0];
   std::array<double, sim::kCauseCount + 1> sums{};
   for (std::size_t k = 0; k < mine.idle.size(); ++k) sums[k] = mine.idle[k] * per;
   sums.back() = mine.data_seconds * per;
@@ -61,7 +64,10 @@ std::string format_comparison(const StepComparison& c) {
          spec::schedule_name(c.schedule) + "): measured/simulated " + fixed(c.ratio(), 2) + "\n" +
          "idle per rank and step, measured   " + idle_list(c.measured_idle_s) + "\n" +
          "idle per rank and step, simulated  " + idle_list(c.simulated_idle_s) + "\n" +
-         "waiting for data per rank and step " + seconds(c.data_wait_s) + "\n";
+         "waiting for data per rank and step " + seconds(c.data_wait_s) + "\n" +
+         (c.host_waits_per_step < 0
+              ? std::string()
+              : "host waits for the device per step " + fixed(c.host_waits_per_step, 1) + " (the most of any rank)\n");
 }
 
 std::string comparison_json(const StepComparison& c, std::int64_t step) {
@@ -80,6 +86,7 @@ std::string comparison_json(const StepComparison& c, std::int64_t step) {
                            {"data_wait_s", c.data_wait_s},
                            {"measured_idle_s", measured},
                            {"simulated_idle_s", simulated}};
+  if (c.host_waits_per_step >= 0) j["host_waits_per_step"] = c.host_waits_per_step;
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 

@@ -25,6 +25,8 @@ struct MeasuredSteps {
   double seconds = 0;
   double data_seconds = 0;
   std::array<double, sim::kCauseCount> idle{};
+  // Times the host waited for the device (DeviceBackend::host_waits); -1: no device.
+  std::int64_t host_waits = -1;
   void add(const StepResult& r);
 };
 
@@ -35,6 +37,7 @@ struct StepComparison {
   double simulated_step_s = 0;                                                 // the program's simulated step
   double data_wait_s = 0;                                                      // per step, mean over ranks
   std::array<double, sim::kCauseCount> measured_idle_s{}, simulated_idle_s{};  // per rank and step
+  double host_waits_per_step = -1;                                             // the most of any rank; -1: no device
   double ratio() const { return simulated_step_s > 0 ? measured_step_s / simulated_step_s : 0; }
 };
 

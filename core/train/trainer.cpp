@@ -368,6 +368,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   const std::vector<data::Sample> heldout = heldout_samples(dataset, run.trainer.eval_samples);
   ProgressMeter meter(total);
   MeasuredSteps measured;
+  if (device.backend) measured.host_waits = 0;
   bool live_line = false;  // rank 0's progress line on a terminal is open (no newline yet)
   // A live progress line stays as it stands when another line goes below it.
   const auto end_live_line = [&] {
@@ -378,10 +379,14 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   report.summary.total_steps = total;
   const std::int64_t eval_every = run.trainer.eval_every, ckpt_every = run.trainer.checkpoint_every;
   for (std::int64_t step = first; step <= total; ++step) {
+    const std::uint64_t waits_before = device.backend ? device.backend->host_waits() : 0;
     const StepResult r = executor.step(step, learning_rate(run.trainer, step, total));
     report.wait_seconds += r.wait_seconds;
     // The first step this process runs warms up allocators and caches: it is not timed, unless it is all there is.
-    if (step > first || total == first) measured.add(r);
+    if (step > first || total == first) {
+      measured.add(r);
+      if (device.backend) measured.host_waits += static_cast<std::int64_t>(device.backend->host_waits() - waits_before);
+    }
     const StepMetrics sm{step, r.loss, r.seconds > 0 ? static_cast<double>(r.samples) / r.seconds : 0};
     report.steps.push_back(sm);
     report.summary.last_step = step;

@@ -757,6 +757,15 @@ class Device(unittest.TestCase):
             self.assertTrue(evals["auto"])
             self.assertEqual(evals["auto"], evals["emulated"])  # the whole model on the device, once
             self.assertRegex(runs["emulated"], r"device: host backend .*, emulated:0, tensors resident")
+            # How often a step waited for the device (a GPU pays a round trip each time):
+            # printed and in the summary's JSON on a device, absent without one.
+            waits = float(re.search(r"host waits for the device per step ([\d.]+) \(the most of any rank\)",
+                                    runs["emulated"]).group(1))
+            summary = {dev: [m for m in metrics(f"{d}/{dev}.jsonl") if m.get("summary")][-1] for dev in runs}
+            self.assertAlmostEqual(summary["emulated"]["host_waits_per_step"], waits, delta=0.05)
+            self.assertGreater(waits, 0)
+            self.assertNotIn("host_waits_per_step", summary["auto"])
+            self.assertNotIn("host waits", runs["auto"])
             self.assertIn("device: host backend", runs["host"])
             self.assertRegex(runs["host-staged"], r"device: host backend .*, staged")
             self.assertRegex(runs["host"], r"device memory \(host backend\): peak [\d.]+ MiB in use, "
