@@ -14,6 +14,9 @@ rounding grows over a run). None of these has a throughput goal.
 
 Runs alternate (auto, host, auto, host, ...) so that the machine's drift hits both alike, and
 the figure is the median over the rounds of host / auto samples per second. Goal: >= 0.95.
+It also reports how often a step of the device path waited for the device (the host's waits
+for the stream: downloads, uploads of borrowed memory, losses and norms), which a GPU pays
+for in round trips.
 
   python3 bench/device_bench.py --braid build/tools/braid [--rounds 5] [--steps 200]
                                 [--device host|host-staged|emulated|cuda] [--quick] [--format table|json]
@@ -52,7 +55,9 @@ def train(braid, config, device, steps, metrics):
         lines = [json.loads(line) for line in f if line.strip()]
     losses = [m["loss"] for m in lines if "loss" in m and not m.get("eval") and not m.get("summary")
               and not m.get("memory")]
+    summary = [m for m in lines if m.get("summary")]
     return {"samples_per_s": float(rate.group(1)), "losses": losses,
+            "host_waits_per_step": summary[-1].get("host_waits_per_step") if summary else None,
             "pool": None if not pool else {"peak_mib": float(pool.group(1)), "reserved_mib": float(pool.group(2)),
                                            "allocations": int(pool.group(3))}}
 
@@ -72,7 +77,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         for config in RUNS:
             rates = {"auto": [], a.device: []}
-            pool, identical = None, True
+            pool, waits, identical = None, None, True
             largest, first_beyond = 0.0, None  # --device cuda: relative loss difference, 1-based step
             for r in range(rounds):
                 runs = {dev: train(a.braid, config, dev, steps, os.path.join(d, f"{dev}-{r}.jsonl"))
@@ -90,12 +95,13 @@ def main():
                 for dev in rates:
                     rates[dev].append(runs[dev]["samples_per_s"])
                 pool = runs[a.device]["pool"]
+                waits = runs[a.device]["host_waits_per_step"]
             ratios = [h / x for h, x in zip(rates[a.device], rates["auto"])]
             results.append({"run": os.path.basename(config), "steps": steps, "rounds": rounds,
                             "auto_samples_per_s": statistics.median(rates["auto"]),
                             "device_samples_per_s": statistics.median(rates[a.device]),
                             "ratio": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)],
-                            "identical_losses": identical, "pool": pool})
+                            "identical_losses": identical, "pool": pool, "host_waits_per_step": waits})
             if a.device == "cuda":
                 results[-1].update({"largest_relative_difference": largest, "first_step_beyond": first_beyond})
     if a.format == "json":
@@ -104,12 +110,14 @@ def main():
         print(f"--device {a.device} against --device auto (host ops), {rounds} round(s) of {steps} steps, "
               f"one process")
         print(f"{'run':<18}{'auto samples/s':>16}{a.device + ' samples/s':>24}{'ratio':>11}{'range':>16}"
-              f"{'same losses':>13}  pool (peak / reserved MiB, allocations)")
+              f"{'same losses':>13}{'waits/step':>12}  pool (peak / reserved MiB, allocations)")
         for r in results:
             pool = r["pool"]
             print(f"{r['run']:<18}{r['auto_samples_per_s']:>16.1f}{r['device_samples_per_s']:>24.1f}"
                   f"{r['ratio']:>11.3f}{r['ratio_range'][0]:>8.3f}-{r['ratio_range'][1]:.3f}"
-                  f"{'yes' if r['identical_losses'] else 'NO':>13}  "
+                  f"{'yes' if r['identical_losses'] else 'NO':>13}"
+                  + (f"{r['host_waits_per_step']:>12.1f}" if r["host_waits_per_step"] is not None else f"{'-':>12}")
+                  + "  "
                   + (f"{pool['peak_mib']:.1f} / {pool['reserved_mib']:.1f}, {pool['allocations']}" if pool else "-"))
         for r in results:
             if "largest_relative_difference" in r:
