@@ -400,14 +400,14 @@ Tensor DeviceOps::from_host(Tensor host) {
 
 Tensor DeviceOps::to_host(const Tensor& t) { return t.device().is_host() ? t : backend_->download(t); }
 
-std::vector<Tensor> DeviceOps::to_host_all(std::span<const Tensor* const> ts) {
+std::vector<Tensor> DeviceOps::to_host_all(std::span<const Tensor> ts) {
   std::vector<const Tensor*> on_device;
-  for (const Tensor* t : ts)
-    if (!t->device().is_host()) on_device.push_back(t);
+  for (const Tensor& t : ts)
+    if (!t.device().is_host()) on_device.push_back(&t);
   std::vector<Tensor> downloaded = backend_->download_all(on_device);
   std::vector<Tensor> out;
   std::size_t next = 0;
-  for (const Tensor* t : ts) out.push_back(t->device().is_host() ? *t : std::move(downloaded[next++]));
+  for (const Tensor& t : ts) out.push_back(t.device().is_host() ? t : std::move(downloaded[next++]));
   return out;
 }
 

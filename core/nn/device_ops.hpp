@@ -50,7 +50,7 @@ class DeviceOps final : public Ops {
   void scale(Tensor& t, float factor) override;
   Tensor from_host(Tensor host) override;
   Tensor to_host(const Tensor& t) override;
-  std::vector<Tensor> to_host_all(std::span<const Tensor* const> ts) override;
+  std::vector<Tensor> to_host_all(std::span<const Tensor> ts) override;
   void assign_from_host(Tensor& t, Tensor host) override;
   void zero(Tensor& t, const Shape& shape) override;
 

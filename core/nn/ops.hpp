@@ -144,9 +144,9 @@ class Ops {
   virtual Tensor from_host(Tensor host) { return host; }  // moved in where it stays host memory
   virtual Tensor to_host(const Tensor& t) { return t; }
   // Each of `ts` on the host, in order: a device waits once for them all, not once each.
-  virtual std::vector<Tensor> to_host_all(std::span<const Tensor* const> ts) {
+  virtual std::vector<Tensor> to_host_all(std::span<const Tensor> ts) {
     std::vector<Tensor> out;
-    for (const Tensor* t : ts) out.push_back(to_host(*t));
+    for (const Tensor& t : ts) out.push_back(to_host(t));
     return out;
   }
   // `host`'s elements into `t`, in its memory where it holds as many (a slice of a larger

@@ -354,9 +354,7 @@ void ChainStage::encode(int i, const std::vector<std::size_t>& positions) {
           within(projector_zero_.get(), [&] { return chain.projector->forward(ops_, tokens[k], eg.projector); });
   }
   // Into the host store, every group's at once (a device waits once).
-  std::vector<const nn::Tensor*> each;
-  for (const nn::Tensor& t : tokens) each.push_back(&t);
-  const std::vector<nn::Tensor> rows = ops_.to_host_all(each);
+  const std::vector<nn::Tensor> rows = ops_.to_host_all(tokens);
   for (std::size_t k = 0; k < groups.size(); ++k) {
     const EncodedGroup& eg = e.groups[k];
     const std::size_t n = static_cast<std::size_t>(rows[k].numel() / rows[k].dim(0));

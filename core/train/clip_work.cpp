@@ -113,9 +113,7 @@ void clip_image_forward(nn::Ops& ops, const nn::ClipModel& clip, const nn::Encod
   }
   if (!last) return;
   // The embeddings go to host memory, every group's at once: the batch-sync sends them.
-  std::vector<const nn::Tensor*> each;
-  for (const nn::Tensor& h : heads) each.push_back(&h);
-  const std::vector<nn::Tensor> embs = ops.to_host_all(each);
+  const std::vector<nn::Tensor> embs = ops.to_host_all(heads);
   for (std::size_t g = 0; g < n_groups; ++g) {
     const std::int64_t width = embs[g].dim(1);
     if (g == 0) nn::reset(mb.embeddings, {static_cast<std::int64_t>(mb.ids.size()), width});

@@ -25,12 +25,11 @@ StepComparison compare_with_simulation(const MeasuredSteps& mine, const pipeline
   c.schedule = program.schedule;
   c.steps = mine.steps;
   const double per = mine.steps > 0 ? 1.0 / static_cast<double>(mine.steps) : 0;
-  double slowest[1] = {mine.seconds * per};
-  double waits[1] = {mine.host_waits < 0 ? -1.0 : static_cast<double>(mine.host_waits) * per};
-  world.allreduce(std::span<double>(slowest), runtime::ReduceOp::max);
-  world.allreduce(std::span<double>(waits), runtime::ReduceOp::max);
-  c.measured_step_s = slowest[0];
-  c.host_waits_per_step = waits[0];
+  // The slowest rank's step and the most waits of any rank, in one collective.
+  double most[2] = {mine.seconds * per, mine.host_waits < 0 ? -1.0 : static_cast<double>(mine.host_waits) * per};
+  world.allreduce(std::span<double>(most), runtime::ReduceOp::max);
+  c.measured_step_s = most[0];
+  c.host_waits_per_step = most[1];
   std::array<double, sim::kCauseCount + 1> sums{};
   for (std::size_t k = 0; k < mine.idle.size(); ++k) sums[k] = mine.idle[k] * per;
   sums.back() = mine.data_seconds * per;

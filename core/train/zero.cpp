@@ -155,16 +155,13 @@ double ZeroModule::reduce() {
 
 Pending ZeroModule::post_reduce() {
   if (stage_ != 1) return {};
-  auto units = std::make_shared<std::vector<Pending>>();
-  for (auto& u : units_) units->push_back(post_reduce_scatter(u));
-  Pending all;
-  all.test = [units] { return std::all_of(units->begin(), units->end(), [](Pending& p) { return p.test(); }); };
-  all.finish = [units] {
-    double waited = 0;
-    for (Pending& p : *units) waited += p.finish();  // in the order posted
-    return waited;
-  };
-  return all;
+  std::vector<runtime::Request> requests;
+  std::vector<std::function<void()>> copies;
+  for (auto& u : units_)
+    if (!u.params.empty()) copies.push_back(post_reduce_scatter(u, requests));
+  return pending_requests(std::move(requests), [copies = std::move(copies)] {
+    for (const auto& copy : copies) copy();
+  });
 }
 
 double ZeroModule::after_step() {
@@ -185,10 +182,14 @@ void ZeroModule::materialize(bool whole) {
   whole_ = whole;
 }
 
-double ZeroModule::reduce_scatter(Unit& u) { return post_reduce_scatter(u).finish(); }
+double ZeroModule::reduce_scatter(Unit& u) {
+  if (u.params.empty()) return 0;
+  std::vector<runtime::Request> requests;
+  std::function<void()> copy = post_reduce_scatter(u, requests);
+  return pending_requests(std::move(requests), std::move(copy)).finish();
+}
 
-Pending ZeroModule::post_reduce_scatter(Unit& u) {
-  if (u.params.empty()) return blocked_for(0);
+std::function<void()> ZeroModule::post_reduce_scatter(Unit& u, std::vector<runtime::Request>& requests) {
   auto flat = std::make_shared<std::vector<float>>(static_cast<std::size_t>(u.shard * dp_.size()), 0.0f);
   for (std::size_t i = 0; i < u.params.size(); ++i) {
     nn::Tensor scratch;
@@ -196,9 +197,8 @@ Pending ZeroModule::post_reduce_scatter(Unit& u) {
     std::copy(g.data.begin(), g.data.end(), flat->begin() + u.offsets[i]);
   }
   auto mine = std::make_shared<std::vector<float>>(static_cast<std::size_t>(u.shard));
-  std::vector<runtime::Request> requests;
   requests.push_back(dp_.ireduce_scatter(std::span<const float>(*flat), std::span<float>(*mine)));
-  return pending_requests(std::move(requests), [this, &u, flat, mine] {
+  return [this, &u, flat, mine] {
     const std::int64_t lo = dp_.rank() * u.shard;
     for (std::size_t i = 0; i < u.params.size(); ++i) {
       TrainedParameter& t = *u.params[i];
@@ -213,7 +213,7 @@ Pending ZeroModule::post_reduce_scatter(Unit& u) {
         for (std::int64_t k = 0; k < t.end - t.begin; ++k) g.data[static_cast<std::size_t>(k)] += from[k];
       });
     }
-  });
+  };
 }
 
 double ZeroModule::all_gather(Unit& u) {

@@ -106,7 +106,9 @@ class ZeroModule : public nn::BlockHooks {
   void acquire(Unit& u);
   void release(Unit& u);
   double reduce_scatter(Unit& u);
-  Pending post_reduce_scatter(Unit& u);
+  // Posts the reduce-scatter of `u` (which has parameters) into `requests`; returns what
+  // copies its sums into the gradients once that request has completed.
+  std::function<void()> post_reduce_scatter(Unit& u, std::vector<runtime::Request>& requests);
   double all_gather(Unit& u);  // owned shards -> every parameter's value
   void free_weights(Unit& u);
   Unit& unit_of(const nn::TransformerBlock& block);

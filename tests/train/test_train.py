@@ -801,7 +801,8 @@ class Device(unittest.TestCase):
     def test_optimus_data_parallel_reduces_on_the_device(self):
         # Colocated replicas post the llm's gradient all-reduce on the device at the first
         # encoder backward in the DP wait (the bubble scheduler's flag) and finish it at
-        # ReduceGrads, as the host path does over MPI.
+        # ReduceGrads, as the host path does over MPI: the same bits either way (that the post
+        # does not block is mpi.comm_v2's "posted" check).
         runs = self.assert_same_bits(MLLM, 2, "--strategy", "optimus", "--dp", "2", "--schedule", "optimus-fine")
         self.assertIn("device collectives: mpi (", runs["emulated"])
 

@@ -109,24 +109,24 @@ TEST(EmulatedDevice, TheHostWaitsOnlyWhereItMust) {
   const std::shared_ptr<nn::DeviceBackend> backend = open_separate("host");
   nn::DeviceOps ops(backend);
   const std::uint64_t start = backend->host_waits();
-  const Tensor handed = ops.from_host(Tensor({3}, {1.0f, 2.0f, 3.0f}));
+  std::vector<Tensor> uploaded;  // handed over, copied, borrowed
+  uploaded.push_back(ops.from_host(Tensor({3}, {1.0f, 2.0f, 3.0f})));
   EXPECT_EQ(backend->host_waits(), start) << "a tensor moved in is uploaded without waiting";
   std::vector<float> theirs = {4.0f, 5.0f};
   Tensor view;
   view.shape = {2};
   view.data = nn::Storage::borrow(theirs.data(), theirs.size(), nn::Device{});
-  const Tensor copied = ops.from_host(view);  // a copy of the view: its own memory, kept
+  uploaded.push_back(ops.from_host(view));  // a copy of the view: its own memory, kept
   EXPECT_EQ(backend->host_waits(), start);
-  const Tensor borrowed = ops.from_host(std::move(view));
+  uploaded.push_back(ops.from_host(std::move(view)));
   EXPECT_EQ(backend->host_waits(), start + 1) << "borrowed memory may change once the upload returns";
   theirs = {-1.0f, -1.0f};
-  const Tensor* three[3] = {&handed, &copied, &borrowed};
-  const std::vector<Tensor> back = ops.to_host_all(three);
+  const std::vector<Tensor> back = ops.to_host_all(uploaded);
   EXPECT_EQ(backend->host_waits(), start + 2) << "one wait for every download";
   EXPECT_EQ(back[0].data, nn::Storage({1.0f, 2.0f, 3.0f}));
   EXPECT_EQ(back[1].data, nn::Storage({4.0f, 5.0f}));
   EXPECT_EQ(back[2].data, nn::Storage({4.0f, 5.0f}));
-  EXPECT_EQ(ops.squared_norm(borrowed), 41.0);
+  EXPECT_EQ(ops.squared_norm(uploaded[2]), 41.0);
   EXPECT_EQ(backend->host_waits(), start + 3) << "a result that comes back to the host";
   // What is kept for copies is bounded: a caller that never waits still lets it go.
   std::vector<Tensor> many;
