@@ -344,6 +344,68 @@ __global__ void contrastive_tile_grad_k(float* raw, int64_t w, float scale, int6
   if (threadIdx.x == 0) d_scale_rows[r] = first ? ds : d_scale_rows[r] + ds;
 }
 
+// Shared layout (every row in the tile, so each column of R is a whole text -> image
+// softmax): a column's (max, sum of exponentials) over kColumnStatRows rows at a time, in
+// row order (threads of a warp take neighbouring columns), then the chunks merged in order.
+constexpr int64_t kColumnStatRows = 128;
+
+__global__ void contrastive_column_partials_k(const float* raw, int64_t rows, int64_t w, float scale, float* part_max,
+                                              double* part_sum) {
+  GRID_LOOP(i, contrastive_column_chunks(rows) * w) {
+    const int64_t chunk = i / w, c = i % w, end = min(rows, (chunk + 1) * kColumnStatRows);
+    float m = -INFINITY;
+    double sum = 0.0;
+    for (int64_t r = chunk * kColumnStatRows; r < end; ++r) {
+      const float v = scale * raw[r * w + c];
+      if (v > m) {  // a new maximum: rescale what was summed against the old one
+        sum = sum * exp(static_cast<double>(m - v)) + 1.0;
+        m = v;
+      } else {
+        sum += exp(static_cast<double>(v - m));
+      }
+    }
+    part_max[i] = m;
+    part_sum[i] = sum;
+  }
+}
+
+__global__ void contrastive_column_merge_k(const float* raw, const float* part_max, const double* part_sum,
+                                           int64_t chunks, int64_t w, float scale, int64_t col0, float* col_max,
+                                           double* col_sum, float* label_logit) {
+  GRID_LOOP(c, w) {
+    float m = -INFINITY;
+    double sum = 0.0;
+    for (int64_t k = 0; k < chunks; ++k) {
+      const float pm = part_max[k * w + c];
+      const float top = fmaxf(m, pm);
+      sum = sum * exp(static_cast<double>(m - top)) + part_sum[k * w + c] * exp(static_cast<double>(pm - top));
+      m = top;
+    }
+    col_max[c] = m;
+    col_sum[c] = sum;
+    label_logit[c] = scale * raw[(col0 + c) * w + c];  // the diagonal: text col0 + c's own image
+  }
+}
+
+// Shared layout: d logits = weight (exp(s R - row lse) + exp(s R - column lse) - 2 onehot).
+__global__ void contrastive_shared_tile_grad_k(float* raw, int64_t w, float scale, int64_t col0, const float* row_lse,
+                                               const float* col_lse, double weight, bool first, double* d_scale_rows) {
+  const int64_t r = blockIdx.x;
+  float* row = raw + r * w;
+  const int64_t label = r - col0;
+  const double a = row_lse[r];
+  double ds = 0.0;
+  for (int64_t j = threadIdx.x; j < w; j += blockDim.x) {
+    const double x = static_cast<double>(scale * row[j]);
+    const double p = exp(x - a) + exp(x - static_cast<double>(col_lse[j]));
+    const auto d = static_cast<float>(weight * (p - (j == label ? 2.0 : 0.0)));
+    ds += static_cast<double>(d) * row[j];
+    row[j] = d;
+  }
+  ds = block_sum(ds);
+  if (threadIdx.x == 0) d_scale_rows[r] = first ? ds : d_scale_rows[r] + ds;
+}
+
 int rows_grid(int64_t rows, const char* what) {
   if (rows > INT32_MAX) invalid(std::string(what) + ": too many rows for one launch");
   return static_cast<int>(rows);
@@ -487,6 +549,28 @@ void contrastive_tile_grad(cudaStream_t s, float* raw, int64_t rows, int64_t w, 
   contrastive_tile_grad_k<<<rows_grid(rows, "contrastive_backward"), kThreads, 0, s>>>(
       raw, w, scale, col0, label_offset, lse, weight, first, d_scale_rows);
   launched("contrastive_backward (tile)");
+}
+
+__host__ __device__ int64_t contrastive_column_chunks(int64_t rows) {
+  return rows > 0 ? (rows + kColumnStatRows - 1) / kColumnStatRows : 1;
+}
+void contrastive_column_stats(cudaStream_t s, const float* raw, int64_t rows, int64_t w, float scale, int64_t col0,
+                              float* part_max, double* part_sum, float* col_max, double* col_sum, float* label_logit) {
+  if (rows == 0 || w == 0) return;
+  const int64_t chunks = contrastive_column_chunks(rows);
+  contrastive_column_partials_k<<<blocks_for(chunks * w), kThreads, 0, s>>>(raw, rows, w, scale, part_max, part_sum);
+  launched("contrastive_forward (column pieces)");
+  contrastive_column_merge_k<<<blocks_for(w), kThreads, 0, s>>>(raw, part_max, part_sum, chunks, w, scale, col0,
+                                                                col_max, col_sum, label_logit);
+  launched("contrastive_forward (columns)");
+}
+void contrastive_shared_tile_grad(cudaStream_t s, float* raw, int64_t rows, int64_t w, float scale, int64_t col0,
+                                  const float* row_lse, const float* col_lse, double weight, bool first,
+                                  double* d_scale_rows) {
+  if (rows == 0 || w == 0) return;
+  contrastive_shared_tile_grad_k<<<rows_grid(rows, "contrastive_backward"), kThreads, 0, s>>>(
+      raw, w, scale, col0, row_lse, col_lse, weight, first, d_scale_rows);
+  launched("contrastive_backward (shared tile)");
 }
 
 }  // namespace braid_cuda

@@ -81,4 +81,18 @@ void contrastive_finish(cudaStream_t s, const float* row_max, const double* row_
 void contrastive_tile_grad(cudaStream_t s, float* raw, int64_t rows, int64_t w, float scale, int64_t col0,
                            int64_t label_offset, const float* lse, double weight, bool first, double* d_scale_rows);
 
+// The shared layout (one process: local and gathered rows the same, label_offset 0, every
+// row in the tile): R's columns are whole text -> image softmaxes.
+// column stats: column c's (max, sum) and its label logit (row col0 + c) into col_max[c],
+// col_sum[c], label_logit[c], complete in one tile; scratch: contrastive_column_chunks(rows)
+// x w of each part_*.
+__host__ __device__ int64_t contrastive_column_chunks(int64_t rows);
+void contrastive_column_stats(cudaStream_t s, const float* raw, int64_t rows, int64_t w, float scale, int64_t col0,
+                              float* part_max, double* part_sum, float* col_max, double* col_sum, float* label_logit);
+// shared grad: R becomes d logits = weight (exp(s R - row_lse) + exp(s R - col_lse) - 2
+// onehot) in place, both directions' gradient in one buffer; d_scale_rows as tile_grad.
+void contrastive_shared_tile_grad(cudaStream_t s, float* raw, int64_t rows, int64_t w, float scale, int64_t col0,
+                                  const float* row_lse, const float* col_lse, double weight, bool first,
+                                  double* d_scale_rows);
+
 }  // namespace braid_cuda

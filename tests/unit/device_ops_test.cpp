@@ -276,62 +276,85 @@ TEST_P(DeviceOpsTest, ContrastiveLoss) {
   }
 }
 
-// The C ABI's halves: forward, then backward from its stats, over several tiles.
+// The C ABI's halves: forward, then backward from its stats, over several tiles (the last
+// one partial): a rank's rows of a gathered batch (the general layout), and one process
+// passing the same memory as local and gathered rows (the shared layout, each tile serving
+// both directions; the whole gradient of each modality then goes to its local view). The
+// last case has more rows than the CUDA column statistics take in one piece (128).
 TEST_P(DeviceOpsTest, ContrastiveHalvesOverTiles) {
-  const int64_t n = 3, total = 8, e = 5, offset = 2, tile = 3;
-  Tensor all_image, all_text;
-  host_.l2_normalize_forward(random_tensor({total, e}, rng_), all_image);
-  host_.l2_normalize_forward(random_tensor({total, e}, rng_), all_text);
-  Tensor local_image(
-      {n, e}, std::vector<float>(all_image.data.begin() + offset * e, all_image.data.begin() + (offset + n) * e));
-  Tensor local_text({n, e},
-                    std::vector<float>(all_text.data.begin() + offset * e, all_text.data.begin() + (offset + n) * e));
-  const float scale = 7.5f;
-  const double weight = 0.3;
-  auto rows = [](const Tensor& t) { return nn::RowsView<const float>{t.ptr(), t.dim(0), t.dim(1), t.dim(1)}; };
-  auto rows_w = [](Tensor& t) { return nn::RowsView<float>{t.ptr(), t.dim(0), t.dim(1), t.dim(1)}; };
-  nn::ContrastiveProblem p{
-      rows(local_image), rows(local_text), rows(all_image), rows(all_text), offset, scale, tile, 1};
-  Tensor stats({2, n}), gli({n, e}), glt({n, e}), gai({total, e}), gat({total, e});
-  const double sum = nn::contrastive_tiled_forward(p, {stats.ptr(), stats.ptr() + n});
-  const double d_scale = nn::contrastive_tiled_backward(p, {stats.ptr(), stats.ptr() + n}, weight,
-                                                        {rows_w(gli), rows_w(glt), rows_w(gai), rows_w(gat)});
-
-  auto desc = [](const Tensor& t) {
-    braid_device_tensor_v2 d{};
-    d.data = const_cast<float*>(t.ptr());
-    d.dtype = BRAID_DEVICE_F32;
-    d.rank = t.rank();
-    std::copy(t.shape.begin(), t.shape.end(), d.shape);
-    return d;
+  struct Case {
+    int64_t total, e, tile;
+    bool one_process;
   };
-  const Tensor li = up(local_image), lt = up(local_text), ai = up(all_image), at = up(all_text);
-  Tensor stats_d = backend_->empty({2, n}), gli_d = backend_->empty({n, e}), glt_d = backend_->empty({n, e}),
-         gai_d = backend_->empty({total, e}), gat_d = backend_->empty({total, e});
-  braid_device_tensor_v2 a = desc(li), b = desc(lt), c = desc(ai), d = desc(at), s = desc(stats_d), g1 = desc(gli_d),
-                         g2 = desc(glt_d), g3 = desc(gai_d), g4 = desc(gat_d);
-  char error[512] = "";
-  double sum_d = 0, d_scale_d = 0;
-  const auto& ops = *backend_->api().ops;
-  ASSERT_EQ(
-      ops.contrastive_forward(backend_->stream(), &a, &b, &c, &d, offset, scale, tile, &s, &sum_d, error, sizeof error),
-      0)
-      << error;
-  ASSERT_EQ(ops.contrastive_backward(backend_->stream(), &a, &b, &c, &d, offset, scale, tile, &s, weight, &g1, &g2, &g3,
-                                     &g4, &d_scale_d, error, sizeof error),
-            0)
-      << error;
-  expect_same(sum_d, sum, "sum of cross-entropies");
-  expect_same(stats_d, stats, "log-sum-exps");
-  expect_same(d_scale_d, d_scale, "d / d scale");
-  expect_same(owned_gradient(down(gli_d), down(gai_d), offset), owned_gradient(gli, gai, offset), "d image");
-  expect_same(owned_gradient(down(glt_d), down(gat_d), offset), owned_gradient(glt, gat, offset), "d text");
-  // A wrong stats shape is the caller's mistake, named.
-  s.shape[1] = n + 1;
-  EXPECT_EQ(
-      ops.contrastive_forward(backend_->stream(), &a, &b, &c, &d, offset, scale, tile, &s, &sum_d, error, sizeof error),
-      BRAID_DEVICE_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(error).find("stats"), std::string::npos) << error;
+  for (const Case& k : {Case{8, 5, 3, false}, Case{8, 5, 3, true}, Case{300, 16, 128, true}}) {
+    const int64_t total = k.total, e = k.e, tile = k.tile;
+    const bool one_process = k.one_process;
+    SCOPED_TRACE((one_process ? "one process (shared layout), " : "rows 2-4 (general layout), ") +
+                 std::to_string(total) + " rows");
+    Tensor all_image, all_text;
+    host_.l2_normalize_forward(random_tensor({total, e}, rng_), all_image);
+    host_.l2_normalize_forward(random_tensor({total, e}, rng_), all_text);
+    const int64_t n = one_process ? total : 3, offset = one_process ? 0 : 2;
+    Tensor local_image(
+        {n, e}, std::vector<float>(all_image.data.begin() + offset * e, all_image.data.begin() + (offset + n) * e));
+    Tensor local_text({n, e},
+                      std::vector<float>(all_text.data.begin() + offset * e, all_text.data.begin() + (offset + n) * e));
+    const Tensor& li_host = one_process ? all_image : local_image;  // the same memory when one process
+    const Tensor& lt_host = one_process ? all_text : local_text;
+    const float scale = 7.5f;
+    const double weight = 0.3;
+    auto rows = [](const Tensor& t) { return nn::RowsView<const float>{t.ptr(), t.dim(0), t.dim(1), t.dim(1)}; };
+    auto rows_w = [](Tensor& t) { return nn::RowsView<float>{t.ptr(), t.dim(0), t.dim(1), t.dim(1)}; };
+    nn::ContrastiveProblem p{rows(li_host), rows(lt_host), rows(all_image), rows(all_text), offset, scale, tile, 1};
+    Tensor stats({2, n}), gli({n, e}), glt({n, e}), gai({total, e}), gat({total, e});
+    const double sum = nn::contrastive_tiled_forward(p, {stats.ptr(), stats.ptr() + n});
+    const double d_scale = nn::contrastive_tiled_backward(p, {stats.ptr(), stats.ptr() + n}, weight,
+                                                          {rows_w(gli), rows_w(glt), rows_w(gai), rows_w(gat)});
+
+    auto desc = [](const Tensor& t) {
+      braid_device_tensor_v2 d{};
+      d.data = const_cast<float*>(t.ptr());
+      d.dtype = BRAID_DEVICE_F32;
+      d.rank = t.rank();
+      std::copy(t.shape.begin(), t.shape.end(), d.shape);
+      return d;
+    };
+    const Tensor ai = up(all_image), at = up(all_text), li_own = up(local_image), lt_own = up(local_text);
+    const Tensor& li = one_process ? ai : li_own;  // one process: the same device memory
+    const Tensor& lt = one_process ? at : lt_own;
+    Tensor stats_d = backend_->empty({2, n}), gli_d = backend_->empty({n, e}), glt_d = backend_->empty({n, e}),
+           gai_d = backend_->empty({total, e}), gat_d = backend_->empty({total, e});
+    braid_device_tensor_v2 a = desc(li), b = desc(lt), c = desc(ai), d = desc(at), s = desc(stats_d), g1 = desc(gli_d),
+                           g2 = desc(glt_d), g3 = desc(gai_d), g4 = desc(gat_d);
+    char error[512] = "";
+    double sum_d = 0, d_scale_d = 0;
+    const auto& ops = *backend_->api().ops;
+    ASSERT_EQ(ops.contrastive_forward(backend_->stream(), &a, &b, &c, &d, offset, scale, tile, &s, &sum_d, error,
+                                      sizeof error),
+              0)
+        << error;
+    ASSERT_EQ(ops.contrastive_backward(backend_->stream(), &a, &b, &c, &d, offset, scale, tile, &s, weight, &g1, &g2,
+                                       &g3, &g4, &d_scale_d, error, sizeof error),
+              0)
+        << error;
+    expect_same(sum_d, sum, "sum of cross-entropies");
+    expect_same(stats_d, stats, "log-sum-exps");
+    expect_same(d_scale_d, d_scale, "d / d scale");
+    if (one_process) {  // the shared layout's split is defined too
+      expect_same(gli_d, gli, "d local image");
+      expect_same(glt_d, glt, "d local text");
+      expect_same(gai_d, gai, "d all image (zero)");
+      expect_same(gat_d, gat, "d all text (zero)");
+    }
+    expect_same(owned_gradient(down(gli_d), down(gai_d), offset), owned_gradient(gli, gai, offset), "d image");
+    expect_same(owned_gradient(down(glt_d), down(gat_d), offset), owned_gradient(glt, gat, offset), "d text");
+    // A wrong stats shape is the caller's mistake, named.
+    s.shape[1] = n + 1;
+    EXPECT_EQ(ops.contrastive_forward(backend_->stream(), &a, &b, &c, &d, offset, scale, tile, &s, &sum_d, error,
+                                      sizeof error),
+              BRAID_DEVICE_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(error).find("stats"), std::string::npos) << error;
+  }
 }
 
 TEST_P(DeviceOpsTest, AdamWThreeSteps) {
