@@ -16,7 +16,7 @@ computes, as open_clip does (open_clip/loss.py, ClipLoss):
 It writes loss, d loss/dt, d loss/d image and d loss/d text of each (float32) to
 DIR/single.bin and DIR/local.bin for the bench to compare with braid's, and prints one line:
   peer single_median_s=<s> local_median_s=<s> torch=<version> threads=<T> peak_mib=<single> <local>
-With --device cuda everything runs on the GPU (TF32 off, as braid's cuBLAS handles), each
+With --device cuda everything runs on the GPU (TF32 off unless --tf32, as braid's cuBLAS handles), each
 step ends with a synchronize, and peak_mib is torch.cuda.max_memory_allocated beyond the
 inputs; on the CPU it is 0.
 """
@@ -114,11 +114,12 @@ def main():
     p.add_argument("--reps", type=int, required=True)
     p.add_argument("--warmup", type=int, required=True)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--tf32", action="store_true", help="TF32 tensor-core matmuls (cuda), as braid's BRAID_CUDA_TF32=1")
     a = p.parse_args()
     global DEVICE
     DEVICE = torch.device(a.device)
     if DEVICE.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = False  # strict fp32, as braid's cuBLAS handles
+        torch.backends.cuda.matmul.allow_tf32 = a.tf32  # as braid's cuBLAS handles: strict fp32 unless --tf32
     if a.n % a.ranks != 0 or not 0 <= a.rank < a.ranks:
         sys.exit(f"contrastive_peer: rank {a.rank} of {a.ranks} does not split {a.n} rows")
     torch.set_num_threads(a.threads)

@@ -14,7 +14,8 @@
 //         Goals against eager PyTorch: tiny models >= 2x, a GPT-2-sized decoder >= 0.95x.
 //         --compile adds PyTorch under torch.compile. MFU: model FLOPs (the cost model's
 //         model_flops_per_sample) per second against the GPU's float32 peak (kPeaks, or
-//         --peak-tflops).
+//         --peak-tflops). --tf32: TF32 tensor-core GEMMs on both sides (BRAID_CUDA_TF32=1,
+//         allow_tf32), the losses then checked within 1e-2, MFU against the TF32 peak.
 //
 // The models (--model, default tiny-clip,tiny-mllm): configs/runs/NAME.yaml's model as
 // build_model makes it, with that run's global batch (printed); gpt2-small is the decoder
@@ -46,7 +47,7 @@
 // changes. --system-malloc runs both with the defaults.
 //
 // usage: train_bench [--quick] [--threads T] [--format table|json] [--profile] [--system-malloc]
-//                    [--device cpu|host|cuda] [--model NAME[,NAME...]] [--compile] [--peak-tflops X]
+//                    [--device cpu|host|cuda] [--model NAME[,NAME...]] [--compile] [--tf32] [--peak-tflops X]
 //   full: 100 steps after 10 warm-up; quick: 10 after 2 (what ctest runs: it asserts no
 //   wall-clock bound, only that both sides ran the same model).
 //   T: threads for braid's HostOps, OpenBLAS and PyTorch alike (default: 1, then 2; a
@@ -101,6 +102,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr double kGoal = 1.0;
 constexpr double kFirstLossTolerance = 1e-6, kSecondLossTolerance = 1e-5;
+constexpr double kTf32LossTolerance = 1e-2;  // either step, with TF32's 10-bit mantissas in the GEMMs
 constexpr std::uint64_t kSeed = 1;
 // The same malloc thresholds in this process (now, as braid train sets them) and the peer's
 // (its environment).
@@ -111,7 +113,7 @@ std::string keep_freed_memory() {
 const nn::AdamWConfig kAdamW{1e-3, 0.9, 0.999, 1e-8, 0.1};  // weight_decay for decay parameters
 
 struct Options {
-  bool quick = false, json = false, profile = false, system_malloc = false, compile = false;
+  bool quick = false, json = false, profile = false, system_malloc = false, compile = false, tf32 = false;
   std::vector<int> threads{1, 2};
   std::string device = "cpu";
   std::vector<std::string> models{"tiny-clip", "tiny-mllm"};
@@ -121,7 +123,8 @@ struct Options {
 [[noreturn]] void usage() {
   std::fprintf(stderr,
                "usage: train_bench [--quick] [--threads T] [--format table|json] [--profile] [--system-malloc]\n"
-               "                   [--device cpu|host|cuda] [--model NAME[,NAME...]] [--compile] [--peak-tflops X]\n");
+               "                   [--device cpu|host|cuda] [--model NAME[,NAME...]] [--compile] [--tf32] "
+               "[--peak-tflops X]\n");
   std::exit(2);
 }
 
@@ -154,6 +157,8 @@ Options parse(int argc, char** argv) {
       o.threads = {static_cast<int>(t)};
     } else if (arg == "--compile") {
       o.compile = true;
+    } else if (arg == "--tf32") {
+      o.tf32 = true;
     } else if (arg == "--device" && i + 1 < argc) {
       o.device = argv[++i];
       if (o.device != "cpu" && o.device != "host" && o.device != "cuda") usage();
@@ -172,6 +177,11 @@ Options parse(int argc, char** argv) {
       usage();
     }
   }
+  if (o.tf32 && o.device != "cuda") {
+    std::fprintf(stderr, "train_bench: --tf32 needs --device cuda (the host ops compute in fp32)\n");
+    std::exit(2);
+  }
+  if (o.tf32) ::setenv("BRAID_CUDA_TF32", "1", 1);  // read where the backend's stream takes its cuBLAS handle
   return o;
 }
 
@@ -361,11 +371,12 @@ void write_exchange(const std::filesystem::path& dir, const Workload& w, const n
 // PyTorch on the same device: the CPU for cpu and host, the GPU for cuda; eager, or under
 // torch.compile with `compiled`.
 SideResult run_peer(const std::string& python, const std::filesystem::path& dir, int threads,
-                    const std::string& malloc_env, const std::string& device, bool compiled) {
+                    const std::string& malloc_env, const std::string& device, bool compiled, bool tf32) {
   const std::string t = std::to_string(threads);
   const std::string cmd = malloc_env + "OMP_NUM_THREADS=" + t + " OPENBLAS_NUM_THREADS=" + t + " " + quoted(python) +
                           " bench/train_peer.py --dir " + quoted(dir.string()) + " --threads " + t + " --device " +
-                          (device == "cuda" ? "cuda" : "cpu") + (compiled ? " --compile" : "") + " 2>&1";
+                          (device == "cuda" ? "cuda" : "cpu") + (compiled ? " --compile" : "") +
+                          (tf32 ? " --tf32" : "") + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) throw std::runtime_error("cannot run " + cmd);
   std::string out;
@@ -392,19 +403,25 @@ double load_average() {
   return load;
 }
 
-// The GPUs' float32 peaks (TF32 off, as both sides run), dense, from NVIDIA's data sheets:
-// the MFU denominator when --peak-tflops does not give one. First match of the device name.
+// The GPUs' dense float32 and TF32 tensor-core peaks from NVIDIA's data sheets (TF32: half
+// the figure quoted "with sparsity"): the MFU denominator when --peak-tflops does not give
+// one, for the math both sides run. First match of the device name.
 struct Peak {
   const char* name_contains;
-  double tflops;
+  double fp32_tflops, tf32_tflops;
 };
-constexpr Peak kPeaks[] = {{"H100 PCIe", 51.2}, {"H100", 66.9}, {"H200", 66.9}, {"A100", 19.5}, {"L40S", 91.6}};
+constexpr Peak kPeaks[] = {{"H100 PCIe", 51.2, 378.0},
+                           {"H100", 66.9, 494.5},
+                           {"H200", 66.9, 494.5},
+                           {"A100", 19.5, 156.0},
+                           {"L40S", 91.6, 183.0}};
 
 double peak_tflops(const Options& o, const BraidDevice& device) {
   if (o.peak_tflops > 0 || !device.backend || device.backend->device().type != nn::DeviceType::cuda)
     return o.peak_tflops;
   for (const Peak& p : kPeaks)
-    if (device.backend->info().name.find(p.name_contains) != std::string::npos) return p.tflops;
+    if (device.backend->info().name.find(p.name_contains) != std::string::npos)
+      return o.tf32 ? p.tf32_tflops : p.fp32_tflops;
   return 0.0;
 }
 
@@ -491,14 +508,16 @@ int main(int argc, char** argv) {
                           threads, which, tolerance, braid_loss, flavour, torch_loss);
             failure += text;
           };
-          check_loss("first-step", row.braid.first_loss, peer.first_loss, kFirstLossTolerance);
-          check_loss("second-step", row.braid.second_loss, peer.second_loss, kSecondLossTolerance);
+          check_loss("first-step", row.braid.first_loss, peer.first_loss,
+                     o.tf32 ? kTf32LossTolerance : kFirstLossTolerance);
+          check_loss("second-step", row.braid.second_loss, peer.second_loss,
+                     o.tf32 ? kTf32LossTolerance : kSecondLossTolerance);
         };
         if (python) {
-          row.peer = run_peer(*python, dir.path, threads, malloc_env, o.device, false);
+          row.peer = run_peer(*python, dir.path, threads, malloc_env, o.device, false, o.tf32);
           check_peer(*row.peer, "eager");
           if (o.compile) {
-            row.compiled = run_peer(*python, dir.path, threads, malloc_env, o.device, true);
+            row.compiled = run_peer(*python, dir.path, threads, malloc_env, o.device, true, o.tf32);
             check_peer(*row.compiled, "torch.compile");
           }
         }
@@ -568,16 +587,16 @@ int main(int argc, char** argv) {
       std::printf("%s\n", out.dump(1).c_str());
     } else {
       std::printf(
-          "\nbraid training step (forward + backward + AdamW) vs PyTorch on the same device, float32 (no TF32);\n"
+          "\nbraid training step (forward + backward + AdamW) vs PyTorch on the same device, float32 (%s);\n"
           "braid: %s\nmedian of %d steps after %d warm-up; samples/s = batch / median step time; malloc on both "
           "sides: %s;\nload average %.2f before, %.2f after\n\n",
-          device_text.c_str(), steps, warmup,
+          o.tf32 ? "TF32 GEMMs on both sides" : "no TF32", device_text.c_str(), steps, warmup,
           o.system_malloc ? "glibc defaults" : "trim threshold 256 MiB, mmap threshold 32 MiB", load_before,
           load_average());
       if (python)
         std::printf(
             "check: same parameters (names, counts); losses of steps 1 and 2 within %.0e and %.0e of PyTorch's\n",
-            kFirstLossTolerance, kSecondLossTolerance);
+            o.tf32 ? kTf32LossTolerance : kFirstLossTolerance, o.tf32 ? kTf32LossTolerance : kSecondLossTolerance);
       else
         std::printf("check against PyTorch: skipped: no torch\n");
       std::printf("  %-10s %7s %5s %9s %10s %10s %11s %11s %8s  %s\n", "model", "threads", "batch", "params",

@@ -11,7 +11,7 @@ parameter names equal to braid's, checks that both have the same parameters with
 element counts, loads braid's values, and times training steps as train_bench times braid's:
   zero grads, forward, backward, AdamW on every parameter (weight decay on matrices only),
   and, for CLIP, open_clip's clamp of the temperature.
-It runs on --device (cpu, or cuda with TF32 off, as braid's CUDA backend), eager or with
+It runs on --device (cpu, or cuda with TF32 off unless --tf32, as braid's CUDA backend), eager or with
 --compile under torch.compile, and prints one line:
   peer params=<count> first_loss=<loss of the first step> second_loss=<of the second>
        median_step_s=<s> torch=<version> threads=<T> device=<device>[ compiled]
@@ -281,12 +281,14 @@ def main():
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--compile", action="store_true", help="the model under torch.compile")
+    p.add_argument("--tf32", action="store_true", help="TF32 tensor-core matmuls (cuda), as braid's BRAID_CUDA_TF32=1")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    # Strict float32 on both sides: braid's CUDA backend runs cuBLAS without TF32.
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    # The same math on both sides: braid's CUDA backend runs cuBLAS in strict fp32 unless
+    # BRAID_CUDA_TF32=1 (--tf32).
+    torch.backends.cuda.matmul.allow_tf32 = a.tf32
+    torch.backends.cudnn.allow_tf32 = a.tf32
     device = torch.device(a.device)
 
     with open(f"{a.dir}/spec.json") as f:

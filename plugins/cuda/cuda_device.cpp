@@ -2,9 +2,16 @@
 // events, ops: ops.cpp) and v1 (devices and a self-test) for older braids. It links the
 // CUDA runtime statically, so it loads on machines without a driver and says so instead
 // of failing; cuBLAS comes from the toolkit's shared library.
+//
+// GEMMs run in strict fp32 (CUBLAS_PEDANTIC_MATH). BRAID_CUDA_TF32=1 asks for TF32
+// tensor-core GEMMs instead (10-bit mantissas in, fp32 accumulation: about 1e-3 relative
+// error, several times the fp32 throughput); the frozen interface has no option for it, so the
+// variable is read where a stream's cuBLAS handle is taken, and init refuses a value other
+// than 0 or 1. Every other kernel stays fp32.
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -22,7 +29,24 @@ int fail(cudaError_t err, const char* what, char* error, size_t size) {
   return static_cast<int>(err);
 }
 
+// BRAID_CUDA_TF32: unset, empty or 0: strict fp32; 1: TF32; anything else: null, and
+// `problem` says why.
+const char* kTf32Variable = "BRAID_CUDA_TF32";
+bool tf32_requested(std::string* problem) {
+  const char* v = std::getenv(kTf32Variable);
+  if (!v || !*v || std::strcmp(v, "0") == 0) return false;
+  if (std::strcmp(v, "1") == 0) return true;
+  if (problem)
+    *problem = std::string(kTf32Variable) + " is '" + v +
+               "'; set it to 1 (TF32 tensor-core GEMMs) or 0 (strict fp32, the default)";
+  return false;
+}
+
 int init(char* error, size_t size) {
+  if (std::string problem; !tf32_requested(&problem) && !problem.empty()) {
+    if (error && size) std::snprintf(error, size, "%s", problem.c_str());
+    return BRAID_DEVICE_INVALID_ARGUMENT;
+  }
   int driver = 0;
   cudaError_t err = cudaDriverGetVersion(&driver);
   if (err != cudaSuccess) return fail(err, "cudaDriverGetVersion", error, size);
@@ -51,7 +75,9 @@ int device_properties(int32_t index, braid_device_properties_v1* out, char* erro
   cudaDeviceProp p{};
   cudaError_t err = cudaGetDeviceProperties(&p, index);
   if (err != cudaSuccess) return fail(err, "cudaGetDeviceProperties", error, size);
-  std::snprintf(out->name, sizeof out->name, "%s", p.name);
+  // The name says how GEMMs run, so every report that names the device says it too.
+  const std::string name = std::string(p.name) + (tf32_requested(nullptr) ? " (TF32 GEMMs)" : "");
+  std::snprintf(out->name, sizeof out->name, "%.*s", static_cast<int>(sizeof out->name - 1), name.c_str());
   out->memory_bytes = p.totalGlobalMem;
   out->multiprocessors = p.multiProcessorCount;
   out->compute_major = p.major;
@@ -173,21 +199,24 @@ int memset_zero(void* dst, size_t bytes, braid_device_stream_v2 stream, char* er
 // back here instead, and the next one takes it.
 class Handles {
  public:
+  // A handle in the math mode BRAID_CUDA_TF32 asks for now (a pooled one may have served
+  // a stream taken under another setting).
   cublasHandle_t take(int32_t device) {
+    std::string problem;
+    const bool tf32 = tf32_requested(&problem);
+    if (!problem.empty()) braid_cuda::invalid(problem);
+    cublasHandle_t h = nullptr;
     {
       std::lock_guard lock(mutex_);
       auto& free = free_[device];
       if (!free.empty()) {
-        cublasHandle_t h = free.back();
+        h = free.back();
         free.pop_back();
-        return h;
       }
     }
-    cublasHandle_t h = nullptr;
-    braid_cuda::check(cublasCreate(&h), "cublasCreate");
-    // Strict fp32: no TF32 tensor-core math unless a later version asks for it.
-    const cublasStatus_t mode = cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH);
-    if (mode != CUBLAS_STATUS_SUCCESS) cublasDestroy(h);
+    if (!h) braid_cuda::check(cublasCreate(&h), "cublasCreate");
+    const cublasStatus_t mode = cublasSetMathMode(h, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH);
+    if (mode != CUBLAS_STATUS_SUCCESS) give_back(device, h);
     braid_cuda::check(mode, "cublasSetMathMode");
     return h;
   }

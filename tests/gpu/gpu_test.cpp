@@ -1,10 +1,77 @@
 // GPU tests: run where a GPU is present, skip with the reason where not.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <random>
+#include <string>
+
+#include "core/nn/device_backend.hpp"
+#include "core/nn/device_ops.hpp"
+#include "core/nn/host_ops.hpp"
 #include "core/runtime/plugin_loader.hpp"
 
 namespace braid {
 namespace {
+
+// BRAID_CUDA_TF32 set for a scope, then put back as it was.
+class Tf32Setting {
+ public:
+  explicit Tf32Setting(const char* value) {
+    if (const char* old = std::getenv("BRAID_CUDA_TF32")) old_ = old;
+    ::setenv("BRAID_CUDA_TF32", value, 1);
+  }
+  ~Tf32Setting() {
+    if (old_)
+      ::setenv("BRAID_CUDA_TF32", old_->c_str(), 1);
+    else
+      ::unsetenv("BRAID_CUDA_TF32");
+  }
+
+ private:
+  std::optional<std::string> old_;
+};
+
+// Needs no GPU: the variable is checked before the driver is.
+TEST(CudaTf32, ASettingOtherThan0Or1IsRefusedByName) {
+  const Tf32Setting setting("yes");
+  auto plugin = runtime::load_device_plugin("cuda");
+  EXPECT_NE(plugin->unavailable_reason().find("BRAID_CUDA_TF32 is 'yes'"), std::string::npos)
+      << plugin->unavailable_reason();
+}
+
+// The largest difference of a (256 x 1024) x (1024 x 256) linear layer on the GPU from the
+// host's, relative to the largest element, under a BRAID_CUDA_TF32 setting.
+double linear_difference(const char* setting) {
+  const Tf32Setting tf32(setting);
+  auto backend = nn::DeviceBackend::open("cuda");
+  nn::DeviceOps ops(backend);
+  nn::HostOps host;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  nn::Tensor x({256, 1024}), w({256, 1024}), y, y_d;
+  for (float& v : x.data) v = u(rng);
+  for (float& v : w.data) v = u(rng);
+  host.linear_forward(x, w, nullptr, y);
+  ops.linear_forward(backend->upload(x), backend->upload(w), nullptr, y_d);
+  const nn::Tensor got = backend->download(y_d);
+  double diff = 0, top = 0;
+  for (std::size_t i = 0; i < y.data.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(got.data[i]) - y.data[i]));
+    top = std::max(top, std::abs(static_cast<double>(y.data[i])));
+  }
+  return diff / top;
+}
+
+TEST(CudaTf32, GemmsRoundAsAsked) {
+  if (runtime::load_device_plugin("cuda")->devices().empty()) GTEST_SKIP() << "no GPU";
+  EXPECT_LE(linear_difference("0"), 1e-5) << "strict fp32 by default";
+  const double tf32 = linear_difference("1");
+  EXPECT_GT(tf32, 1e-5) << "BRAID_CUDA_TF32=1 should round the GEMM's inputs to TF32";
+  EXPECT_LE(tf32, 1e-2);
+}
 
 TEST(Gpu, EveryDeviceComputes) {
   auto plugin = runtime::load_device_plugin("cuda");
