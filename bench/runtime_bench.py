@@ -30,8 +30,12 @@ predicted; goals: the measured gain is at least 80% of the predicted gain, and o
 least as fast as fine. The schedules only reorder work: their losses must agree (relative
 1e-4) or the run fails.
 
+With --bind-crowded, a launch of more ranks than the host has cores (calibration and training
+alike) binds each rank to a core, round robin (Open MPI's --bind-to core:overload-allowed), so
+the ranks that share a core stay the same instead of migrating between them.
+
 usage: runtime_bench.py --braid build/tools/braid --mpiexec "mpiexec --oversubscribe" [--steps N] [--repeats R]
-                        [--quick] [--nominal] [--format table|json]
+                        [--quick] [--nominal] [--ranks N] [--bind-crowded] [--format table|json]
 """
 
 import argparse
@@ -67,10 +71,17 @@ modules:
 """
 
 
+def launch(args, ranks):
+    """The mpiexec command line that starts `ranks` processes."""
+    crowded = ranks > (os.cpu_count() or 1)
+    return [*shlex.split(args.mpiexec), *(["--bind-to", "core:overload-allowed"] if crowded and args.bind_crowded
+                                          else []), "-n", str(ranks)]
+
+
 def calibrate(args, ranks, directory):
     """Measures this machine under a launch of `ranks`; returns the cluster file's path."""
     path = os.path.join(directory, f"cluster-{ranks}.yaml")
-    cmd = [*shlex.split(args.mpiexec), "-n", str(ranks), args.braid, "calibrate", "--out", path, "--quiet",
+    cmd = [*launch(args, ranks), args.braid, "calibrate", "--out", path, "--quiet",
            *(["--quick"] if args.quick else [])]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=SOURCE_DIR)
     if r.returncode != 0:
@@ -95,7 +106,7 @@ def train(args, ranks, config, extra, directory, name):
     """Runs braid train (on the calibrated cluster file of `ranks`, if any); returns (its summary line, its losses)."""
     metrics = os.path.join(directory, name + ".jsonl")
     cluster = ["--cluster", args.clusters[ranks]] if ranks in args.clusters else []
-    cmd = [*shlex.split(args.mpiexec), "-n", str(ranks), args.braid, "train", "--config", config, "--steps",
+    cmd = [*launch(args, ranks), args.braid, "train", "--config", config, "--steps",
            str(args.steps), "--threads", "1", "--quiet", "--metrics", metrics, *cluster, *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=SOURCE_DIR)
     if r.returncode != 0:
@@ -171,12 +182,16 @@ def main():
     p.add_argument("--quick", action="store_true", help="4 steps of the 2-rank cases, once: checks they run and agree")
     p.add_argument("--nominal", action="store_true",
                    help="price the runs on their own cluster file (nominal figures) instead of calibrating")
+    p.add_argument("--ranks", type=int, choices=[2, 4], help="only the cases on this many ranks")
+    p.add_argument("--bind-crowded", action="store_true",
+                   help="bind each rank to a core, round robin, where there are more ranks than cores (Open MPI)")
     p.add_argument("--format", choices=["table", "json"], default="table")
     args = p.parse_args()
     if args.quick:
         args.steps, args.repeats = 4, 1
     result = {"steps": args.steps, "repeats": args.repeats, "cores": os.cpu_count(),
-              "cluster": "run's own (nominal)" if args.nominal else "calibrated", "cases": {}}
+              "cluster": "run's own (nominal)" if args.nominal else "calibrated",
+              "bind_crowded": args.bind_crowded, "cases": {}}
     with tempfile.TemporaryDirectory() as d:
         plans = {}
         for dp in [1, 2]:
@@ -185,7 +200,7 @@ def main():
                 f.write(clip_pp2(dp))
         clip_groups = clip_groups_run(d)
         cases = []
-        for ranks in [2] if args.quick else [2, 4]:
+        for ranks in [2] if args.quick else [args.ranks] if args.ranks else [2, 4]:
             optimus = ["--strategy", "optimus", "--pp", "2"] + (["--tp", "2"] if ranks == 4 else [])
             pipe = ["--strategy", "megatron", "--pp", "2", "--dp", str(ranks // 2)]
             cases += [(f"mllm-{ranks}", ranks, MLLM, optimus, OPTIMUS),
@@ -202,7 +217,7 @@ def main():
             print(f"runtime_bench: {name} ...", file=sys.stderr, flush=True)
             result["cases"][name] = schedules_case(args, d, name, ranks, config, base, schedules)
         data = {}
-        for workers in [0, 1]:
+        for workers in [0, 1] if any(c[1] == 2 for c in cases) else []:
             summary, _ = train(args, 2, CLIP, ["--data-workers", str(workers)], d, f"data-{workers}")
             data[workers] = {"data_wait_s": summary["data_wait_s"], "measured_step_s": summary["measured_step_s"]}
         result["data"] = data
@@ -214,8 +229,9 @@ def main():
           f"simulated, the same program, on the {result['cluster']} cluster file; {result['cores']} cores")
     for name, case in result["cases"].items():
         crowded = case["ranks"] > (result["cores"] or 1)
-        print(f"\n{name}: {case['ranks']} ranks" + (" (more ranks than cores: they take turns, as they did while "
-                                                      "calibrating)" if crowded else ""))
+        bound = ", each bound to a core" if result["bind_crowded"] else ""
+        print(f"\n{name}: {case['ranks']} ranks" + (f" (more ranks than cores: they take turns{bound}, as they did "
+                                                      "while calibrating)" if crowded else ""))
         print(f"  {'schedule':<16} {'measured':>10} {'simulated':>10} {'measured/sim':>13}")
         for s, r in case["schedules"].items():
             print(f"  {s:<16} {r['measured_step_s'] * 1e3:>8.2f}ms {r['simulated_step_s'] * 1e3:>8.2f}ms "
@@ -228,7 +244,8 @@ def main():
                   f"({v['share_of_predicted_gain'] * 100:.0f}% of the predicted gain)")
         for goal, met in case.get("goals", {}).items():
             print(f"  goal {goal.replace('_', ' ')}: {'met' if met else 'not met'}")
-    print("\nwaiting for data per rank and step, tiny-clip on 2 ranks")
+    if result["data"]:
+        print("\nwaiting for data per rank and step, tiny-clip on 2 ranks")
     for workers, v in result["data"].items():
         print(f"  {workers} prefetch workers: {v['data_wait_s'] * 1e6:8.1f} us of a {v['measured_step_s'] * 1e3:.2f} ms step")
 

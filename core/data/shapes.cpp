@@ -218,18 +218,23 @@ int ShapesDataset::side(std::int64_t index, Split split) const {
   return static_cast<int>(std::clamp<long long>(std::llround(patches), lo, hi)) * c.patch;
 }
 
-Sample ShapesDataset::get(std::int64_t index, Split split) const {
+Sample ShapesDataset::describe(std::int64_t index, Split split) const {
   Sample s;
   s.index = index;
   s.split = split;
   s.scene = scene(index, split);
   s.side = side(index, split);
+  s.caption = caption(s.scene);
+  s.tokens = CaptionTokenizer::encode(s.caption);
+  return s;
+}
+
+Sample ShapesDataset::get(std::int64_t index, Split split) const {
+  Sample s = describe(index, split);
   const std::uint64_t key = sample_key(config_.seed, split, index);
   Stream layout(finalise(key ^ kLayoutStream)), noise(finalise(key ^ kNoiseStream));
   s.placements = place(s.scene, s.side, layout);
   s.pixels = render(s.scene, s.placements, s.side, noise);
-  s.caption = caption(s.scene);
-  s.tokens = CaptionTokenizer::encode(s.caption);
   return s;
 }
 
@@ -251,20 +256,29 @@ TokenBatch pad_tokens(std::span<const Sample> batch, std::int64_t length) {
   return t;
 }
 
-std::vector<ImageGroup> group_by_side(std::span<const Sample> batch) {
+std::vector<ImageGroup> sides_of(std::span<const Sample> batch) {
   std::vector<ImageGroup> groups;
   std::vector<std::size_t> order(batch.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return batch[a].side < batch[b].side; });
   for (auto i : order) {
-    const auto& s = batch[i];
-    if (s.pixels.size() != 3 * static_cast<std::size_t>(s.side) * static_cast<std::size_t>(s.side))
-      throw Error(Status::invalid_argument, "group_by_side: sample " + std::to_string(s.index) + " has " +
-                                                std::to_string(s.pixels.size()) + " pixel values for side " +
-                                                std::to_string(s.side));
-    if (groups.empty() || groups.back().side != s.side) groups.push_back(ImageGroup{s.side, {}, {}});
+    if (groups.empty() || groups.back().side != batch[i].side) groups.push_back(ImageGroup{batch[i].side, {}, {}});
     groups.back().members.push_back(i);
-    groups.back().pixels.insert(groups.back().pixels.end(), s.pixels.begin(), s.pixels.end());
+  }
+  return groups;
+}
+
+std::vector<ImageGroup> group_by_side(std::span<const Sample> batch) {
+  std::vector<ImageGroup> groups = sides_of(batch);
+  for (auto& g : groups) {
+    for (std::size_t i : g.members) {
+      const auto& s = batch[i];
+      if (s.pixels.size() != 3 * static_cast<std::size_t>(s.side) * static_cast<std::size_t>(s.side))
+        throw Error(Status::invalid_argument, "group_by_side: sample " + std::to_string(s.index) + " has " +
+                                                  std::to_string(s.pixels.size()) + " pixel values for side " +
+                                                  std::to_string(s.side));
+      g.pixels.insert(g.pixels.end(), s.pixels.begin(), s.pixels.end());
+    }
   }
   return groups;
 }

@@ -72,6 +72,10 @@ class ShapesDataset {
 
   // Sample `index` (>= 0) of `split`, rendered.
   Sample get(std::int64_t index, Split split = Split::train) const;
+  // The same sample without its image (no placements, no pixels): its scene, side, caption
+  // and tokens, for a rank that needs the batch's sizes and captions but not its pixels
+  // (a text tower, a later pipeline stage).
+  Sample describe(std::int64_t index, Split split = Split::train) const;
   // Its scene and its image side, without rendering (cheap: for grouping or sorting a
   // batch by size before rendering it).
   Scene scene(std::int64_t index, Split split = Split::train) const;
@@ -106,6 +110,8 @@ struct ImageGroup {
 // One group per distinct side, by ascending side: an encoder runs each group as one
 // dense batch, since patch sequences of different lengths do not stack.
 std::vector<ImageGroup> group_by_side(std::span<const Sample> batch);
+// The same groups' sides and members without their pixels (described samples will do).
+std::vector<ImageGroup> sides_of(std::span<const Sample> batch);
 
 // A text thumbnail of a sample's image, `columns` characters wide (and as many rows): per
 // cell the initial of the colour most of its pixels are closest to (r g b y p c w), or '.'

@@ -222,17 +222,25 @@ std::map<const nn::Parameter*, nn::Tensor> ClipStage::gather_sharded(const std::
 
 int ClipStage::tower_calls(int tower, const std::vector<data::Sample>& samples) {
   // The image tower runs its encoder once per image side (clip_work.hpp), the text tower once.
-  return tower == 0 ? static_cast<int>(side_groups(samples).size()) : 1;
+  return tower == 0 ? static_cast<int>(data::sides_of(samples).size()) : 1;
 }
 
 void ClipStage::begin_step(std::int64_t step, StepResult& r) {
   result_ = &r;
   loss_ = logit_grad_ = 0;
-  for (auto& t : towers_) {
+  for (int tower = 0; tower < 2; ++tower) {
+    Tower& t = towers_[tower];
     if (!t.here) continue;
     if (t.zero) t.zero->begin_step();
-    if (!t.prefetch)
-      t.prefetch = std::make_unique<Prefetcher>(*t.loader, t.role->replica, step, data_.last_step, data_.prefetch);
+    if (!t.prefetch) {
+      // Only the image tower's first stage reads pixels: the others get the samples described
+      // (sides, captions, tokens), so no rank renders an image it does not encode.
+      Prefetcher::Render render;
+      if (tower != 0 || t.part.first != 0)
+        render = [&dataset = t.loader->dataset()](std::int64_t i) { return dataset.describe(i); };
+      t.prefetch = std::make_unique<Prefetcher>(*t.loader, t.role->replica, step, data_.last_step, data_.prefetch,
+                                                std::move(render));
+    }
     t.samples = t.prefetch->take(step, &r.data_seconds);
     t.mbs.assign(t.samples.size() / static_cast<std::size_t>(t.microbatch), {});
     t.kept.assign(t.mbs.size(), {});

@@ -67,7 +67,7 @@ std::vector<nn::Shape> clip_image_hidden_shapes(const nn::ClipModel& clip, const
   mb.group_sides.clear();
   std::vector<nn::Shape> shapes;
   const auto& shape = clip.image_encoder->shape();
-  for (auto& g : data::group_by_side(samples)) {
+  for (auto& g : data::sides_of(samples)) {  // a later stage's samples have no pixels
     const std::int64_t grid = g.side / shape.patch;
     shapes.push_back({static_cast<std::int64_t>(g.members.size()), grid * grid, shape.transformer.hidden});
     mb.group_sides.push_back(g.side);

@@ -371,6 +371,36 @@ TEST(Shapes, BatchesPadTokensAndGroupBySide) {
     members += groups[g].members.size();
   }
   EXPECT_EQ(members, batch.size());
+
+  // Described samples (no pixels) group the same way; rendered ones without pixels do not.
+  std::vector<Sample> described;
+  for (int i = 0; i < 24; ++i) described.push_back(ds.describe(i));
+  const auto sides = data::sides_of(described);
+  ASSERT_EQ(sides.size(), groups.size());
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    EXPECT_EQ(sides[g].side, groups[g].side);
+    EXPECT_EQ(sides[g].members, groups[g].members);
+    EXPECT_TRUE(sides[g].pixels.empty());
+  }
+  test::expect_error([&] { data::group_by_side(described); }, Status::invalid_argument, {"pixel values for side"});
+}
+
+TEST(Shapes, DescribedSamplesAreTheRenderedOnesWithoutTheImage) {
+  const ShapesDataset ds(mllm_config());
+  for (const auto split : {data::Split::train, data::Split::heldout}) {
+    for (std::int64_t i : {0, 1, 17, 4095}) {
+      const Sample rendered = ds.get(i, split), described = ds.describe(i, split);
+      EXPECT_EQ(described.index, rendered.index);
+      EXPECT_EQ(described.split, rendered.split);
+      EXPECT_EQ(data::scene_id(described.scene), data::scene_id(rendered.scene));
+      EXPECT_EQ(described.side, rendered.side);
+      EXPECT_EQ(described.caption, rendered.caption);
+      EXPECT_EQ(described.tokens, rendered.tokens);
+      EXPECT_TRUE(described.pixels.empty());
+      EXPECT_TRUE(described.placements.empty());
+      EXPECT_EQ(rendered.pixels.size(), std::size_t(3 * rendered.side * rendered.side));
+    }
+  }
 }
 
 TEST(Shapes, RejectsBadConfigurations) {
