@@ -288,8 +288,14 @@ void ChainStage::begin_step(std::int64_t step, StepResult& r) {
   for (ZeroModule* z : {llm_zero_.get(), vision_zero_.get(), projector_zero_.get()})
     if (z) z->begin_step();
   encoded_.clear();
-  if (!prefetch_)
-    prefetch_ = std::make_unique<Prefetcher>(*loader_, llm_replica_, step, data_.last_step, data_.prefetch);
+  if (!prefetch_) {
+    // A rank that runs no encoder reads the samples' sides and tokens, not their pixels.
+    Prefetcher::Render render;
+    if (!encodes_in_forward_ && !encoder_stage_ && !encoder_)
+      render = [&dataset = loader_->dataset()](std::int64_t i) { return dataset.describe(i); };
+    prefetch_ =
+        std::make_unique<Prefetcher>(*loader_, llm_replica_, step, data_.last_step, data_.prefetch, std::move(render));
+  }
   samples_ = prefetch_->take(step, &r.data_seconds);
   // The loss is a mean over the step's counted tokens: one count per llm replica.
   std::int64_t count[1] = {llm_.held && llm_.stage == 0 && llm_.tp_rank == 0 ? counted_tokens(samples_) : 0};
@@ -311,7 +317,7 @@ ChainStage::Microbatch& ChainStage::prepare(int i) {
   if (!fresh) return mb;
   mb.samples = microbatch_samples(i);
   if (model_.chain->vision) {
-    for (auto& sg : side_groups(mb.samples)) {
+    for (auto& sg : data::sides_of(mb.samples)) {  // the sides only: this stage may have no pixels
       auto& g = mb.groups.emplace_back();
       g.members = sg.members;
       g.side = sg.side;
