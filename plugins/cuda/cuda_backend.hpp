@@ -108,6 +108,18 @@ using Tensor = braid_device_tensor_v2;
 
 int64_t numel(const Tensor& t);
 std::string shape_string(const Tensor& t);
+
+// The backend's switches in the environment (the frozen interface has no options): unset,
+// empty or 0: off; 1: on; anything else: off, and `problem` (if given) names the variable,
+// its value and what 1 asks for. init refuses such a value.
+bool env_switch(const char* name, const char* meaning_of_1, std::string* problem);
+constexpr const char* kTf32Switch = "BRAID_CUDA_TF32";
+constexpr const char* kTf32Meaning = "TF32 tensor-core GEMMs";
+constexpr const char* kFusedAttentionSwitch = "BRAID_CUDA_FUSED_ATTENTION";
+constexpr const char* kFusedAttentionMeaning = "the fused attention kernels";
+// BRAID_CUDA_FUSED_ATTENTION as the process first read it: attention's saved shape, forward
+// and backward must agree for as long as the process runs.
+bool fused_attention_on();
 // A non-null float32 view, or invalid(): "<op>: <what> ...".
 const Tensor& f32(const Tensor* t, const char* op, const char* what);
 Tensor& f32(Tensor* t, const char* op, const char* what);

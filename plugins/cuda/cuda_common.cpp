@@ -1,4 +1,5 @@
 // The CUDA backend's shared helpers: view checks and row-major GEMMs on cuBLAS.
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -6,6 +7,19 @@
 #include "cuda_backend.hpp"
 
 namespace braid_cuda {
+
+bool env_switch(const char* name, const char* meaning_of_1, std::string* problem) {
+  const char* v = std::getenv(name);
+  if (!v || !*v || std::string(v) == "0") return false;
+  if (std::string(v) == "1") return true;
+  if (problem) *problem = std::string(name) + " is '" + v + "'; set it to 1 (" + meaning_of_1 + ") or 0 (the default)";
+  return false;
+}
+
+bool fused_attention_on() {
+  static const bool on = env_switch(kFusedAttentionSwitch, kFusedAttentionMeaning, nullptr);
+  return on;
+}
 
 int64_t numel(const Tensor& t) {
   int64_t n = 1;

@@ -15,6 +15,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "braid_device_v1.h"
@@ -29,23 +31,17 @@ int fail(cudaError_t err, const char* what, char* error, size_t size) {
   return static_cast<int>(err);
 }
 
-// BRAID_CUDA_TF32: unset, empty or 0: strict fp32; 1: TF32; anything else: null, and
-// `problem` says why.
-const char* kTf32Variable = "BRAID_CUDA_TF32";
 bool tf32_requested(std::string* problem) {
-  const char* v = std::getenv(kTf32Variable);
-  if (!v || !*v || std::strcmp(v, "0") == 0) return false;
-  if (std::strcmp(v, "1") == 0) return true;
-  if (problem)
-    *problem = std::string(kTf32Variable) + " is '" + v +
-               "'; set it to 1 (TF32 tensor-core GEMMs) or 0 (strict fp32, the default)";
-  return false;
+  return braid_cuda::env_switch(braid_cuda::kTf32Switch, braid_cuda::kTf32Meaning, problem);
 }
 
 int init(char* error, size_t size) {
-  if (std::string problem; !tf32_requested(&problem) && !problem.empty()) {
-    if (error && size) std::snprintf(error, size, "%s", problem.c_str());
-    return BRAID_DEVICE_INVALID_ARGUMENT;
+  for (auto [name, meaning] : {std::pair{braid_cuda::kTf32Switch, braid_cuda::kTf32Meaning},
+                               {braid_cuda::kFusedAttentionSwitch, braid_cuda::kFusedAttentionMeaning}}) {
+    if (std::string problem; !braid_cuda::env_switch(name, meaning, &problem) && !problem.empty()) {
+      if (error && size) std::snprintf(error, size, "%s", problem.c_str());
+      return BRAID_DEVICE_INVALID_ARGUMENT;
+    }
   }
   int driver = 0;
   cudaError_t err = cudaDriverGetVersion(&driver);

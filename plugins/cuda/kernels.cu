@@ -1,6 +1,8 @@
 // The CUDA backend's kernels: the host ops' formulas (core/nn/host_*.cpp), with sums in
 // double where the host sums in double, and every reduction in a fixed order (kernels.hpp).
+#include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "cuda_backend.hpp"
 #include "kernels.hpp"
@@ -406,6 +408,190 @@ __global__ void contrastive_shared_tile_grad_k(float* raw, int64_t w, float scal
   if (threadIdx.x == 0) d_scale_rows[r] = first ? ds : d_scale_rows[r] + ds;
 }
 
+// ---- fused attention: a thread per query (or key) row, keys (or queries) in shared tiles ----
+// Operands are (B, S, H * d) rows; head h of row i of sample b starts at (b S + i) W + h d.
+// Each thread keeps its row in registers (MaxD floats, zero past d) and walks the other side
+// in order, so its sums run in a fixed order: no atomics, the same bits each run.
+constexpr int kFusedRows = 64;  // threads (rows) per block
+constexpr int kFusedTile = 32;  // rows of the other side per shared tile
+
+__device__ inline int64_t head_at(int64_t b, int64_t s, int64_t i, int64_t width, int64_t h, int d) {
+  return (b * s + i) * width + h * d;
+}
+
+// Rows [first, first + n) of operands a (and c, if given) of head (b, h) into shared tiles.
+template <int MaxD>
+__device__ void load_tile(float (*ta)[MaxD], float (*tc)[MaxD], const float* a, const float* c, int64_t b, int64_t s,
+                          int64_t first, int n, int64_t width, int64_t h, int d) {
+  for (int e = threadIdx.x; e < kFusedTile * MaxD; e += blockDim.x) {
+    const int r = e / MaxD, col = e % MaxD;
+    const bool in = r < n && col < d;
+    const int64_t at = head_at(b, s, first + r, width, h, d) + col;
+    ta[r][col] = in ? a[at] : 0.0f;
+    if (tc) tc[r][col] = in ? c[at] : 0.0f;
+  }
+}
+
+template <int MaxD>
+__device__ void load_row(float (&row)[MaxD], const float* x, int64_t at, int d, bool active) {
+  for (int t = 0; t < MaxD; ++t) row[t] = active && t < d ? x[at + t] : 0.0f;
+}
+
+template <int MaxD>
+__device__ float dot_row(const float (&row)[MaxD], const float* tile_row) {
+  float sum = 0.0f;
+  for (int t = 0; t < MaxD; ++t) sum += row[t] * tile_row[t];
+  return sum;
+}
+
+// out = softmax(scale Q K^T) V per head, online over key tiles; saved row (b, h, i) holds the
+// output row (d floats) and the log-sum-exp of its scores.
+template <int MaxD>
+__global__ void fused_attention_forward_k(const float* q, const float* k, const float* v, float* out, float* saved,
+                                          int64_t heads, int64_t sq, int64_t sk, int64_t width, int d, float scale,
+                                          bool causal) {
+  __shared__ float ks[kFusedTile][MaxD];
+  __shared__ float vs[kFusedTile][MaxD];
+  const int64_t bh = blockIdx.y, b = bh / heads, h = bh % heads;
+  const int64_t i = int64_t(blockIdx.x) * kFusedRows + threadIdx.x;
+  const bool active = i < sq;
+  float qr[MaxD], acc[MaxD];
+  load_row(qr, q, head_at(b, sq, i, width, h, d), d, active);
+  for (int t = 0; t < MaxD; ++t) acc[t] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  // Causal: no row of this block sees a key past its last row.
+  const int64_t keys = causal ? min(sq, int64_t(blockIdx.x + 1) * kFusedRows) : sk;
+  for (int64_t k0 = 0; k0 < keys; k0 += kFusedTile) {
+    const int n = static_cast<int>(min(int64_t(kFusedTile), keys - k0));
+    __syncthreads();  // the previous tile is read
+    load_tile<MaxD>(ks, vs, k, v, b, sk, k0, n, width, h, d);
+    __syncthreads();
+    if (!active) continue;
+    float s[kFusedTile];
+    float top = m;
+    for (int j = 0; j < n; ++j) {
+      s[j] = causal && k0 + j > i ? -INFINITY : scale * dot_row(qr, ks[j]);
+      top = fmaxf(top, s[j]);
+    }
+    if (top == -INFINITY) continue;       // every key of the tile is masked for this row
+    const float rescale = expf(m - top);  // 0 on the first tile (m = -inf)
+    l *= rescale;
+    for (int t = 0; t < MaxD; ++t) acc[t] *= rescale;
+    for (int j = 0; j < n; ++j) {
+      const float p = expf(s[j] - top);  // masked keys: exp(-inf) = 0
+      l += p;
+      for (int t = 0; t < MaxD; ++t) acc[t] += p * vs[j][t];
+    }
+    m = top;
+  }
+  if (!active) return;
+  float* row_saved = saved + (bh * sq + i) * (d + 1);
+  for (int t = 0; t < d && t < MaxD; ++t) {
+    const float o = acc[t] / l;
+    out[head_at(b, sq, i, width, h, d) + t] = o;
+    row_saved[t] = o;
+  }
+  row_saved[d] = m + logf(l);
+}
+
+// delta[(b, h, i)] = dout row . out row (the saved output): the softmax backward's row term.
+__global__ void fused_attention_delta_k(const float* saved, const float* dout, float* delta, int64_t heads, int64_t sq,
+                                        int64_t width, int d, int64_t rows) {
+  GRID_LOOP(r, rows) {
+    const int64_t bh = r / sq, i = r % sq, b = bh / heads, h = bh % heads;
+    const float* o = saved + r * (d + 1);
+    const float* g = dout + head_at(b, sq, i, width, h, d);
+    float sum = 0.0f;
+    for (int t = 0; t < d; ++t) sum += g[t] * o[t];
+    delta[r] = sum;
+  }
+}
+
+// dq = scale sum_j P_ij (dP_ij - delta_i) k_j, P recomputed from the saved log-sum-exp.
+template <int MaxD>
+__global__ void fused_attention_dq_k(const float* q, const float* k, const float* v, const float* saved,
+                                     const float* dout, const float* delta, float* dq, int64_t heads, int64_t sq,
+                                     int64_t sk, int64_t width, int d, float scale, bool causal) {
+  __shared__ float ks[kFusedTile][MaxD];
+  __shared__ float vs[kFusedTile][MaxD];
+  const int64_t bh = blockIdx.y, b = bh / heads, h = bh % heads;
+  const int64_t i = int64_t(blockIdx.x) * kFusedRows + threadIdx.x;
+  const bool active = i < sq;
+  float qr[MaxD], gr[MaxD], acc[MaxD];
+  load_row(qr, q, head_at(b, sq, i, width, h, d), d, active);
+  load_row(gr, dout, head_at(b, sq, i, width, h, d), d, active);
+  for (int t = 0; t < MaxD; ++t) acc[t] = 0.0f;
+  const float lse = active ? saved[(bh * sq + i) * (d + 1) + d] : 0.0f;
+  const float di = active ? delta[bh * sq + i] : 0.0f;
+  const int64_t keys = causal ? min(sq, int64_t(blockIdx.x + 1) * kFusedRows) : sk;
+  for (int64_t k0 = 0; k0 < keys; k0 += kFusedTile) {
+    const int n = static_cast<int>(min(int64_t(kFusedTile), keys - k0));
+    __syncthreads();
+    load_tile<MaxD>(ks, vs, k, v, b, sk, k0, n, width, h, d);
+    __syncthreads();
+    if (!active) continue;
+    for (int j = 0; j < n; ++j) {
+      if (causal && k0 + j > i) break;  // keys only grow along the tile
+      const float p = expf(scale * dot_row(qr, ks[j]) - lse);
+      const float ds = p * (dot_row(gr, vs[j]) - di);
+      for (int t = 0; t < MaxD; ++t) acc[t] += ds * ks[j][t];
+    }
+  }
+  if (!active) return;
+  for (int t = 0; t < d && t < MaxD; ++t) dq[head_at(b, sq, i, width, h, d) + t] = scale * acc[t];
+}
+
+// A thread per key row j: dv = sum_i P_ij dout_i, dk = scale sum_i P_ij (dP_ij - delta_i) q_i.
+template <int MaxD>
+__global__ void fused_attention_dkv_k(const float* q, const float* k, const float* v, const float* saved,
+                                      const float* dout, const float* delta, float* dk, float* dv, int64_t heads,
+                                      int64_t sq, int64_t sk, int64_t width, int d, float scale, bool causal) {
+  __shared__ float qs[kFusedTile][MaxD];
+  __shared__ float gs[kFusedTile][MaxD];
+  __shared__ float lse_s[kFusedTile];
+  __shared__ float delta_s[kFusedTile];
+  const int64_t bh = blockIdx.y, b = bh / heads, h = bh % heads;
+  const int64_t j = int64_t(blockIdx.x) * kFusedRows + threadIdx.x;
+  const bool active = j < sk;
+  float kr[MaxD], vr[MaxD], dk_acc[MaxD], dv_acc[MaxD];
+  load_row(kr, k, head_at(b, sk, j, width, h, d), d, active);
+  load_row(vr, v, head_at(b, sk, j, width, h, d), d, active);
+  for (int t = 0; t < MaxD; ++t) dk_acc[t] = dv_acc[t] = 0.0f;
+  // Causal: no query before this block's first key sees any of its keys.
+  const int64_t first = causal ? int64_t(blockIdx.x) * kFusedRows : 0;
+  for (int64_t i0 = first; i0 < sq; i0 += kFusedTile) {
+    const int n = static_cast<int>(min(int64_t(kFusedTile), sq - i0));
+    __syncthreads();
+    load_tile<MaxD>(qs, gs, q, dout, b, sq, i0, n, width, h, d);
+    for (int r = threadIdx.x; r < kFusedTile; r += blockDim.x) {
+      lse_s[r] = r < n ? saved[(bh * sq + i0 + r) * (d + 1) + d] : 0.0f;
+      delta_s[r] = r < n ? delta[bh * sq + i0 + r] : 0.0f;
+    }
+    __syncthreads();
+    if (!active) continue;
+    for (int r = 0; r < n; ++r) {
+      if (causal && i0 + r < j) continue;
+      const float p = expf(scale * dot_row(kr, qs[r]) - lse_s[r]);
+      const float ds = p * (dot_row(vr, gs[r]) - delta_s[r]);
+      for (int t = 0; t < MaxD; ++t) {
+        dv_acc[t] += p * gs[r][t];
+        dk_acc[t] += ds * qs[r][t];
+      }
+    }
+  }
+  if (!active) return;
+  for (int t = 0; t < d && t < MaxD; ++t) {
+    dk[head_at(b, sk, j, width, h, d) + t] = scale * dk_acc[t];
+    dv[head_at(b, sk, j, width, h, d) + t] = dv_acc[t];
+  }
+}
+
+dim3 fused_grid(int64_t rows, int64_t batch_heads, const char* what) {
+  const int64_t blocks = (rows + kFusedRows - 1) / kFusedRows;
+  if (blocks > INT32_MAX || batch_heads > 65535) invalid(std::string(what) + ": too many rows or heads for one launch");
+  return dim3(static_cast<unsigned>(std::max<int64_t>(blocks, 1)), static_cast<unsigned>(batch_heads));
+}
+
 int rows_grid(int64_t rows, const char* what) {
   if (rows > INT32_MAX) invalid(std::string(what) + ": too many rows for one launch");
   return static_cast<int>(rows);
@@ -571,6 +757,61 @@ void contrastive_shared_tile_grad(cudaStream_t s, float* raw, int64_t rows, int6
   contrastive_shared_tile_grad_k<<<rows_grid(rows, "contrastive_backward"), kThreads, 0, s>>>(
       raw, w, scale, col0, row_lse, col_lse, weight, first, d_scale_rows);
   launched("contrastive_backward (shared tile)");
+}
+
+int fused_attention_width(int64_t head_dim) {
+  for (int w : {16, 32, 64, 128})
+    if (head_dim <= w) return w;
+  return 0;
+}
+
+// One instance per register width; `Launch` gets the kernel's width as a constant.
+template <class Launch>
+void with_width(int64_t head_dim, const char* what, Launch launch) {
+  switch (fused_attention_width(head_dim)) {
+    case 16:
+      return launch(std::integral_constant<int, 16>{});
+    case 32:
+      return launch(std::integral_constant<int, 32>{});
+    case 64:
+      return launch(std::integral_constant<int, 64>{});
+    case 128:
+      return launch(std::integral_constant<int, 128>{});
+    default:
+      invalid(std::string(what) + ": the fused kernels take heads of at most 128 features");
+  }
+}
+
+void fused_attention_forward(cudaStream_t s, const float* q, const float* k, const float* v, float* out, float* saved,
+                             int64_t batch, int64_t heads, int64_t sq, int64_t sk, int64_t head_dim, float scale,
+                             bool causal) {
+  if (batch == 0 || sq == 0) return;
+  const int d = static_cast<int>(head_dim);
+  with_width(head_dim, "attention_forward", [&](auto width) {
+    fused_attention_forward_k<decltype(width)::value>
+        <<<fused_grid(sq, batch * heads, "attention_forward"), kFusedRows, 0, s>>>(q, k, v, out, saved, heads, sq, sk,
+                                                                                   heads * head_dim, d, scale, causal);
+  });
+  launched("attention_forward (fused)");
+}
+
+void fused_attention_backward(cudaStream_t s, const float* q, const float* k, const float* v, const float* saved,
+                              const float* dout, float* dq, float* dk, float* dv, float* delta, int64_t batch,
+                              int64_t heads, int64_t sq, int64_t sk, int64_t head_dim, float scale, bool causal) {
+  if (batch == 0 || sk == 0) return;  // with no queries, the dk dv kernel writes zeros
+  const int d = static_cast<int>(head_dim);
+  const int64_t width = heads * head_dim, rows = batch * heads * sq;
+  fused_attention_delta_k<<<blocks_for(rows), kThreads, 0, s>>>(saved, dout, delta, heads, sq, width, d, rows);
+  launched("attention_backward (fused, delta)");
+  with_width(head_dim, "attention_backward", [&](auto w) {
+    fused_attention_dq_k<decltype(w)::value><<<fused_grid(sq, batch * heads, "attention_backward"), kFusedRows, 0, s>>>(
+        q, k, v, saved, dout, delta, dq, heads, sq, sk, width, d, scale, causal);
+    launched("attention_backward (fused, dq)");
+    fused_attention_dkv_k<decltype(w)::value>
+        <<<fused_grid(sk, batch * heads, "attention_backward"), kFusedRows, 0, s>>>(
+            q, k, v, saved, dout, delta, dk, dv, heads, sq, sk, width, d, scale, causal);
+    launched("attention_backward (fused, dk dv)");
+  });
 }
 
 }  // namespace braid_cuda

@@ -95,4 +95,16 @@ void contrastive_shared_tile_grad(cudaStream_t s, float* raw, int64_t rows, int6
                                   const float* row_lse, const float* col_lse, double weight, bool first,
                                   double* d_scale_rows);
 
+// Fused attention (BRAID_CUDA_FUSED_ATTENTION=1): no (Sq, Sk) scores in memory. Forward
+// writes out and saved (B, H, Sq, head_dim + 1): each query row's output and log-sum-exp.
+// Backward recomputes the probabilities from them; delta: B * H * Sq floats of scratch.
+// fused_attention_width: the kernels' register width for a head (16, 32, 64 or 128), 0 past 128.
+int fused_attention_width(int64_t head_dim);
+void fused_attention_forward(cudaStream_t s, const float* q, const float* k, const float* v, float* out, float* saved,
+                             int64_t batch, int64_t heads, int64_t sq, int64_t sk, int64_t head_dim, float scale,
+                             bool causal);
+void fused_attention_backward(cudaStream_t s, const float* q, const float* k, const float* v, const float* saved,
+                              const float* dout, float* dq, float* dk, float* dv, float* delta, int64_t batch,
+                              int64_t heads, int64_t sq, int64_t sk, int64_t head_dim, float scale, bool causal);
+
 }  // namespace braid_cuda

@@ -207,6 +207,13 @@ void gemm_per_head(Stream s, const Dims& d, bool trans_a, bool trans_b, int64_t 
                              ldb, stride(sb), beta, c + start(sc, i), ldc, stride(sc), batch);
 }
 
+// Whether attention of heads this wide runs fused (BRAID_CUDA_FUSED_ATTENTION=1 and a head of
+// at most 128 features); the saved shape follows: (B, H, Sq, d + 1) fused, else the
+// probabilities (B, H, Sq, Sk).
+bool fused(int64_t head_dim) {
+  return braid_cuda::fused_attention_on() && braid_cuda::fused_attention_width(head_dim) > 0;
+}
+
 // The strides of queries (and outputs), keys (and values) and the (B, H, Sq, Sk) scores.
 Strides query_strides(const Dims& d) { return {d.sq * d.width, d.head_dim}; }
 Strides key_strides(const Dims& d) { return {d.sk * d.width, d.head_dim}; }
@@ -218,8 +225,14 @@ int attention_forward(Stream s, const Tensor* q, const Tensor* k, const Tensor* 
     const char* op = "attention_forward";
     const Dims d = attention_dims(f32(q, op, "q"), f32(k, op, "k"), f32(v, op, "v"), heads, causal, op);
     expect_same_shape(f32(out, op, "out"), *q, op, "out");
-    expect_shape(f32(saved, op, "saved"), {d.batch, d.heads, d.sq, d.sk}, op, "saved");
     const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
+    if (fused(d.head_dim)) {
+      expect_shape(f32(saved, op, "saved"), {d.batch, d.heads, d.sq, d.head_dim + 1}, op, "saved");
+      braid_cuda::fused_attention_forward(s->stream, data(*q), data(*k), data(*v), data(*out), data(*saved), d.batch,
+                                          d.heads, d.sq, d.sk, d.head_dim, scale, causal != 0);
+      return;
+    }
+    expect_shape(f32(saved, op, "saved"), {d.batch, d.heads, d.sq, d.sk}, op, "saved");
     const Strides qs = query_strides(d), ks = key_strides(d), ps = score_strides(d);
     // S = scale Q K^T, P = softmax(S) in place, out = P V.
     gemm_per_head(s, d, false, true, d.sq, d.sk, d.head_dim, scale, data(*q), d.width, qs, data(*k), d.width, ks, 0.0f,
@@ -235,12 +248,20 @@ int attention_backward(Stream s, const Tensor* q, const Tensor* k, const Tensor*
   return on_stream(s, e, n, [&] {
     const char* op = "attention_backward";
     const Dims d = attention_dims(f32(q, op, "q"), f32(k, op, "k"), f32(v, op, "v"), heads, causal, op);
-    expect_shape(f32(saved, op, "saved"), {d.batch, d.heads, d.sq, d.sk}, op, "saved");
     expect_same_shape(f32(dout, op, "dout"), *q, op, "dout");
     expect_same_shape(f32(dq, op, "dq"), *q, op, "dq");
     expect_same_shape(f32(dk, op, "dk"), *k, op, "dk");
     expect_same_shape(f32(dv, op, "dv"), *v, op, "dv");
     const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
+    if (fused(d.head_dim)) {
+      expect_shape(f32(saved, op, "saved"), {d.batch, d.heads, d.sq, d.head_dim + 1}, op, "saved");
+      Scratch delta(s, static_cast<size_t>(std::max<int64_t>(d.batch * d.heads * d.sq, 1)) * sizeof(float));
+      braid_cuda::fused_attention_backward(s->stream, data(*q), data(*k), data(*v), data(*saved), data(*dout),
+                                           data(*dq), data(*dk), data(*dv), delta.f(), d.batch, d.heads, d.sq, d.sk,
+                                           d.head_dim, scale, causal != 0);
+      return;
+    }
+    expect_shape(f32(saved, op, "saved"), {d.batch, d.heads, d.sq, d.sk}, op, "saved");
     const Strides qs = query_strides(d), ks = key_strides(d), ps = score_strides(d);
     Scratch ds(s, static_cast<size_t>(d.batch * d.heads * d.sq * d.sk) * sizeof(float));  // dP, then dS
     // out = P V: dV = P^T dout, dP = dout V^T.
@@ -686,6 +707,6 @@ int braid_cuda_attention_saved_shape(const braid_device_tensor_v2* q, const brai
     saved->shape[0] = q->shape[0];
     saved->shape[1] = heads;
     saved->shape[2] = q->shape[1];
-    saved->shape[3] = k->shape[1];
+    saved->shape[3] = fused(q->shape[2] / heads) ? q->shape[2] / heads + 1 : k->shape[1];
   });
 }

@@ -16,36 +16,55 @@
 namespace braid {
 namespace {
 
-// BRAID_CUDA_TF32 set for a scope, then put back as it was.
-class Tf32Setting {
+// An environment variable set for a scope, then put back as it was.
+class EnvSetting {
  public:
-  explicit Tf32Setting(const char* value) {
-    if (const char* old = std::getenv("BRAID_CUDA_TF32")) old_ = old;
-    ::setenv("BRAID_CUDA_TF32", value, 1);
+  EnvSetting(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value, 1);
   }
-  ~Tf32Setting() {
+  ~EnvSetting() {
     if (old_)
-      ::setenv("BRAID_CUDA_TF32", old_->c_str(), 1);
+      ::setenv(name_, old_->c_str(), 1);
     else
-      ::unsetenv("BRAID_CUDA_TF32");
+      ::unsetenv(name_);
   }
 
  private:
+  const char* name_;
   std::optional<std::string> old_;
 };
 
-// Needs no GPU: the variable is checked before the driver is.
-TEST(CudaTf32, ASettingOtherThan0Or1IsRefusedByName) {
-  const Tf32Setting setting("yes");
-  auto plugin = runtime::load_device_plugin("cuda");
-  EXPECT_NE(plugin->unavailable_reason().find("BRAID_CUDA_TF32 is 'yes'"), std::string::npos)
-      << plugin->unavailable_reason();
+// Needs no GPU: the switches are checked before the driver is.
+TEST(CudaSwitches, ASettingOtherThan0Or1IsRefusedByName) {
+  for (const char* name : {"BRAID_CUDA_TF32", "BRAID_CUDA_FUSED_ATTENTION"}) {
+    const EnvSetting setting(name, "yes");
+    auto plugin = runtime::load_device_plugin("cuda");
+    EXPECT_NE(plugin->unavailable_reason().find(std::string(name) + " is 'yes'"), std::string::npos)
+        << plugin->unavailable_reason();
+  }
+}
+
+// Run by ctest's gpu.fused_attention, under BRAID_CUDA_FUSED_ATTENTION=1: attention keeps each
+// query row's output and log-sum-exp, (B, H, Sq, d + 1), not the (B, H, Sq, Sk) probabilities.
+TEST(CudaFusedAttention, SavesRowsNotScores) {
+  const char* on = std::getenv("BRAID_CUDA_FUSED_ATTENTION");
+  if (!on || std::string(on) != "1")
+    GTEST_SKIP() << "BRAID_CUDA_FUSED_ATTENTION is not 1 (ctest gpu.fused_attention sets it)";
+  if (runtime::load_device_plugin("cuda")->devices().empty()) GTEST_SKIP() << "no GPU";
+  auto backend = nn::DeviceBackend::open("cuda");
+  nn::DeviceOps ops(backend);
+  const nn::Tensor x = backend->upload(nn::Tensor({2, 300, 64}, std::vector<float>(2 * 300 * 64, 0.01f)));
+  nn::Tensor out;
+  nn::AttentionSaved saved;
+  ops.attention_forward(x, x, x, {4, true}, out, saved);
+  EXPECT_EQ(saved.probs.shape, (nn::Shape{2, 4, 300, 17}));
 }
 
 // The largest difference of a (256 x 1024) x (1024 x 256) linear layer on the GPU from the
 // host's, relative to the largest element, under a BRAID_CUDA_TF32 setting.
 double linear_difference(const char* setting) {
-  const Tf32Setting tf32(setting);
+  const EnvSetting tf32("BRAID_CUDA_TF32", setting);
   auto backend = nn::DeviceBackend::open("cuda");
   nn::DeviceOps ops(backend);
   nn::HostOps host;

@@ -181,13 +181,22 @@ TEST_P(DeviceOpsTest, PointwiseOps) {
   }
 }
 
+// Small shapes, and one of 100 queries and keys over 2 heads of 40 features: more rows than a
+// block of the CUDA fused kernels takes (64), more keys than a tile (32), a head narrower than
+// the kernel's register rows (64).
 TEST_P(DeviceOpsTest, Attention) {
-  for (const bool causal : {false, true}) {
-    SCOPED_TRACE(causal ? "causal" : "bidirectional");
-    const int64_t sq = 5, sk = causal ? 5 : 7;
-    const Tensor q = random_tensor({2, sq, 12}, rng_, -1.5f, 1.5f), k = random_tensor({2, sk, 12}, rng_, -1.5f, 1.5f),
-                 v = random_tensor({2, sk, 12}, rng_), dout = random_tensor({2, sq, 12}, rng_);
-    const nn::AttentionOptions options{3, causal};
+  struct Case {
+    int64_t sq, sk, width, heads;
+    bool causal;
+  };
+  for (const Case& c :
+       {Case{5, 7, 12, 3, false}, Case{5, 5, 12, 3, true}, Case{100, 100, 80, 2, false}, Case{100, 100, 80, 2, true}}) {
+    SCOPED_TRACE((c.causal ? "causal, " : "bidirectional, ") + std::to_string(c.sq) + " queries");
+    const int64_t sq = c.sq, sk = c.sk;
+    const Tensor q = random_tensor({2, sq, c.width}, rng_, -1.5f, 1.5f),
+                 k = random_tensor({2, sk, c.width}, rng_, -1.5f, 1.5f), v = random_tensor({2, sk, c.width}, rng_),
+                 dout = random_tensor({2, sq, c.width}, rng_);
+    const nn::AttentionOptions options{c.heads, c.causal};
     Tensor out, dq, dk, dv, out_d, dq_d, dk_d, dv_d;
     nn::AttentionSaved saved, saved_d;
     host_.attention_forward(q, k, v, options, out, saved);
