@@ -118,6 +118,9 @@ struct Options {
   std::string device = "cpu";
   std::vector<std::string> models{"tiny-clip", "tiny-mllm"};
   double peak_tflops = 0.0;  // 0: the GPU's from kPeaks, none on a host
+  // How far the first and second steps' losses may be from PyTorch's (relative).
+  double first_loss_tolerance() const { return tf32 ? kTf32LossTolerance : kFirstLossTolerance; }
+  double second_loss_tolerance() const { return tf32 ? kTf32LossTolerance : kSecondLossTolerance; }
 };
 
 [[noreturn]] void usage() {
@@ -181,7 +184,6 @@ Options parse(int argc, char** argv) {
     std::fprintf(stderr, "train_bench: --tf32 needs --device cuda (the host ops compute in fp32)\n");
     std::exit(2);
   }
-  if (o.tf32) ::setenv("BRAID_CUDA_TF32", "1", 1);  // read where the backend's stream takes its cuBLAS handle
   return o;
 }
 
@@ -469,6 +471,7 @@ void print_profile(const Workload& w, int threads, const BraidTrainer& trainer, 
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
+  if (o.tf32) ::setenv("BRAID_CUDA_TF32", "1", 1);  // read where the backend's stream takes its cuBLAS handle
   try {
     const int steps = o.quick ? 10 : 100, warmup = o.quick ? 2 : 10;
     const std::string malloc_env = o.system_malloc ? std::string() : keep_freed_memory();
@@ -508,10 +511,8 @@ int main(int argc, char** argv) {
                           threads, which, tolerance, braid_loss, flavour, torch_loss);
             failure += text;
           };
-          check_loss("first-step", row.braid.first_loss, peer.first_loss,
-                     o.tf32 ? kTf32LossTolerance : kFirstLossTolerance);
-          check_loss("second-step", row.braid.second_loss, peer.second_loss,
-                     o.tf32 ? kTf32LossTolerance : kSecondLossTolerance);
+          check_loss("first-step", row.braid.first_loss, peer.first_loss, o.first_loss_tolerance());
+          check_loss("second-step", row.braid.second_loss, peer.second_loss, o.second_loss_tolerance());
         };
         if (python) {
           row.peer = run_peer(*python, dir.path, threads, malloc_env, o.device, false, o.tf32);
@@ -596,7 +597,7 @@ int main(int argc, char** argv) {
       if (python)
         std::printf(
             "check: same parameters (names, counts); losses of steps 1 and 2 within %.0e and %.0e of PyTorch's\n",
-            o.tf32 ? kTf32LossTolerance : kFirstLossTolerance, o.tf32 ? kTf32LossTolerance : kSecondLossTolerance);
+            o.first_loss_tolerance(), o.second_loss_tolerance());
       else
         std::printf("check against PyTorch: skipped: no torch\n");
       std::printf("  %-10s %7s %5s %9s %10s %10s %11s %11s %8s  %s\n", "model", "threads", "batch", "params",

@@ -1,10 +1,10 @@
 #include "core/nn/device_backend.hpp"
 
 #include <cstdlib>
-#include <optional>
 #include <string>
 
 #include "core/common/error.hpp"
+#include "core/common/scoped_env.hpp"
 
 namespace braid::nn {
 namespace {
@@ -27,31 +27,6 @@ std::shared_ptr<DeviceBackend> DeviceBackend::open_for_process(const std::string
     return local_rank % count;
   });
 }
-
-namespace {
-
-// An environment variable set for a scope, then put back as it was.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      ::setenv(name_, old_->c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
-}  // namespace
 
 std::shared_ptr<DeviceBackend> DeviceBackend::open_picking(const std::string& plugin_name,
                                                            const std::function<int(int count)>& pick) {

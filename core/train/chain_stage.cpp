@@ -290,11 +290,9 @@ void ChainStage::begin_step(std::int64_t step, StepResult& r) {
   encoded_.clear();
   if (!prefetch_) {
     // A rank that runs no encoder reads the samples' sides and tokens, not their pixels.
-    Prefetcher::Render render;
-    if (!encodes_in_forward_ && !encoder_stage_ && !encoder_)
-      render = [&dataset = loader_->dataset()](std::int64_t i) { return dataset.describe(i); };
-    prefetch_ =
-        std::make_unique<Prefetcher>(*loader_, llm_replica_, step, data_.last_step, data_.prefetch, std::move(render));
+    PrefetchOptions options = data_.prefetch;
+    options.pixels = encodes_in_forward_ || encoder_stage_ || encoder_;
+    prefetch_ = std::make_unique<Prefetcher>(*loader_, llm_replica_, step, data_.last_step, options);
   }
   samples_ = prefetch_->take(step, &r.data_seconds);
   // The loss is a mean over the step's counted tokens: one count per llm replica.

@@ -235,11 +235,9 @@ void ClipStage::begin_step(std::int64_t step, StepResult& r) {
     if (!t.prefetch) {
       // Only the image tower's first stage reads pixels: the others get the samples described
       // (sides, captions, tokens), so no rank renders an image it does not encode.
-      Prefetcher::Render render;
-      if (tower != 0 || t.part.first != 0)
-        render = [&dataset = t.loader->dataset()](std::int64_t i) { return dataset.describe(i); };
-      t.prefetch = std::make_unique<Prefetcher>(*t.loader, t.role->replica, step, data_.last_step, data_.prefetch,
-                                                std::move(render));
+      PrefetchOptions options = data_.prefetch;
+      options.pixels = tower == 0 && t.part.first == 0;
+      t.prefetch = std::make_unique<Prefetcher>(*t.loader, t.role->replica, step, data_.last_step, options);
     }
     t.samples = t.prefetch->take(step, &r.data_seconds);
     t.mbs.assign(t.samples.size() / static_cast<std::size_t>(t.microbatch), {});

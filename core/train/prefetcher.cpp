@@ -16,7 +16,10 @@ Prefetcher::Prefetcher(const Loader& loader, int replica, std::int64_t first, st
       options_(options),
       render_(std::move(render)),
       next_make_(first) {
-  if (!render_) render_ = [this](std::int64_t i) { return loader_.dataset().get(i); };
+  if (!render_)
+    render_ = [this](std::int64_t i) {
+      return options_.pixels ? loader_.dataset().get(i) : loader_.dataset().describe(i);
+    };
   if (options_.depth < 1) options_.depth = 1;
   try {
     for (int w = 0; w < options_.workers; ++w) workers_.emplace_back([this] { work(); });

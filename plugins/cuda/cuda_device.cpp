@@ -38,7 +38,9 @@ bool tf32_requested(std::string* problem) {
 int init(char* error, size_t size) {
   for (auto [name, meaning] : {std::pair{braid_cuda::kTf32Switch, braid_cuda::kTf32Meaning},
                                {braid_cuda::kFusedAttentionSwitch, braid_cuda::kFusedAttentionMeaning}}) {
-    if (std::string problem; !braid_cuda::env_switch(name, meaning, &problem) && !problem.empty()) {
+    std::string problem;
+    braid_cuda::env_switch(name, meaning, &problem);
+    if (!problem.empty()) {
       if (error && size) std::snprintf(error, size, "%s", problem.c_str());
       return BRAID_DEVICE_INVALID_ARGUMENT;
     }

@@ -4,10 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <optional>
 #include <random>
 #include <string>
 
+#include "core/common/scoped_env.hpp"
 #include "core/nn/device_backend.hpp"
 #include "core/nn/device_ops.hpp"
 #include "core/nn/host_ops.hpp"
@@ -16,29 +16,10 @@
 namespace braid {
 namespace {
 
-// An environment variable set for a scope, then put back as it was.
-class EnvSetting {
- public:
-  EnvSetting(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~EnvSetting() {
-    if (old_)
-      ::setenv(name_, old_->c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
 // Needs no GPU: the switches are checked before the driver is.
 TEST(CudaSwitches, ASettingOtherThan0Or1IsRefusedByName) {
   for (const char* name : {"BRAID_CUDA_TF32", "BRAID_CUDA_FUSED_ATTENTION"}) {
-    const EnvSetting setting(name, "yes");
+    const ScopedEnv setting(name, "yes");
     auto plugin = runtime::load_device_plugin("cuda");
     EXPECT_NE(plugin->unavailable_reason().find(std::string(name) + " is 'yes'"), std::string::npos)
         << plugin->unavailable_reason();
@@ -64,7 +45,7 @@ TEST(CudaFusedAttention, SavesRowsNotScores) {
 // The largest difference of a (256 x 1024) x (1024 x 256) linear layer on the GPU from the
 // host's, relative to the largest element, under a BRAID_CUDA_TF32 setting.
 double linear_difference(const char* setting) {
-  const EnvSetting tf32("BRAID_CUDA_TF32", setting);
+  const ScopedEnv tf32("BRAID_CUDA_TF32", setting);
   auto backend = nn::DeviceBackend::open("cuda");
   nn::DeviceOps ops(backend);
   nn::HostOps host;

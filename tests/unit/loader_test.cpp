@@ -214,6 +214,24 @@ TEST(Prefetcher, WorkersGiveTheLoadersSamplesInOrder) {
   test::expect_error([&] { prefetch.take(2); }, Status::invalid_argument, {"step 2 asked, step 1 is next"});
 }
 
+TEST(Prefetcher, WithoutPixelsGivesTheSamplesDescribed) {
+  const data::ShapesDataset d = skewed_dataset(11);
+  const Loader loader(d, LoaderOptions{64, 4, true});
+  train::PrefetchOptions options{1, 2};
+  options.pixels = false;
+  train::Prefetcher prefetch(loader, 1, 1, 2, options);
+  const auto got = prefetch.take(1);
+  const auto want = loader.samples(1, 1);
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].index, want[i].index);
+    EXPECT_EQ(got[i].side, want[i].side);
+    EXPECT_EQ(got[i].tokens, want[i].tokens);
+    EXPECT_TRUE(got[i].pixels.empty());
+    EXPECT_FALSE(want[i].pixels.empty());
+  }
+}
+
 TEST(Prefetcher, AWorkersFailureNamesTheSampleAndNoThreadIsLeftBehind) {
   const data::ShapesDataset d = skewed_dataset(12);
   const Loader loader(d, LoaderOptions{16, 2, false});
