@@ -8,7 +8,8 @@ runs keep their own cluster (configs/clusters/cpu-host.yaml: nominal figures) in
 
 Cases (each schedule's step is the mean of the run's steps after the first, on the slowest rank,
 from the summary line `braid train` writes to its metrics file; the simulated step is the one
-the same run computes for its program):
+the same run computes for its program, replayed on the images the steps trained; "at the mean"
+is the same program with every microbatch at the mean of the trained images, as it was priced):
 
   mllm-2     tiny-mllm-4px, colocated (Optimus): the encoder on both ranks, the llm in 2 stages;
              encoder-first, optimus-coarse, optimus-fine, optimus-online
@@ -151,6 +152,7 @@ def schedules_case(args, directory, name, ranks, config, base, schedules):
     for s in schedules:
         summary, losses = sorted(runs[s], key=lambda run: run[0]["measured_step_s"])[len(runs[s]) // 2]
         rows[s] = {"measured_step_s": summary["measured_step_s"], "simulated_step_s": summary["simulated_step_s"],
+                   "priced_step_s": summary["priced_step_s"],
                    "measured_over_simulated": summary["measured_over_simulated"],
                    "measured_idle_s": summary["measured_idle_s"], "losses": losses}
     if len(rows) > 1:
@@ -232,10 +234,10 @@ def main():
         bound = ", each bound to a core" if result["bind_crowded"] else ""
         print(f"\n{name}: {case['ranks']} ranks" + (f" (more ranks than cores: they take turns{bound}, as they did "
                                                       "while calibrating)" if crowded else ""))
-        print(f"  {'schedule':<16} {'measured':>10} {'simulated':>10} {'measured/sim':>13}")
+        print(f"  {'schedule':<16} {'measured':>10} {'simulated':>10} {'measured/sim':>13} {'at the mean':>12}")
         for s, r in case["schedules"].items():
             print(f"  {s:<16} {r['measured_step_s'] * 1e3:>8.2f}ms {r['simulated_step_s'] * 1e3:>8.2f}ms "
-                  f"{r['measured_over_simulated']:>13.2f}")
+                  f"{r['measured_over_simulated']:>13.2f} {r['priced_step_s'] * 1e3:>10.2f}ms")
         if len(case["schedules"]) > 1:
             print(f"  ranking of the schedules agrees: {'yes' if case['ranking_agrees'] else 'no'}")
         print(f"  every schedule within {WITHIN:.0%}: {'yes' if case['within_15_percent'] else 'no'}")

@@ -300,6 +300,13 @@ void ChainStage::begin_step(std::int64_t step, StepResult& r) {
   auto req = comm_->iallreduce(std::span<std::int64_t>(count));
   r.idle[static_cast<std::size_t>(sim::Cause::dp_start)] += req.wait();
   normalizer_ = count[0];
+  r.microbatch_sides.clear();
+  const auto positions = encoder_stage_ ? fan_positions(encoder_part_) : all_positions();
+  for (int i = 0; i < microbatches_; ++i) {
+    // A chain's encoder replica encodes its share of each microbatch; every other rank all of it.
+    auto& sides = r.microbatch_sides.emplace_back();
+    for (std::size_t q : positions) sides.push_back(samples_[static_cast<std::size_t>(i * microbatch_) + q].side);
+  }
   if (!model_.chain->vision) return;
   std::vector<std::vector<std::int64_t>> floats(static_cast<std::size_t>(microbatches_));
   for (int i = 0; i < microbatches_; ++i)

@@ -37,6 +37,9 @@ struct StepResult {
   double data_seconds = 0;                      // waiting for the step's samples
   std::array<double, sim::kCauseCount> idle{};  // blocked seconds by cause, as the simulator counts them
   std::int64_t samples = 0;                     // the global batch
+  // Per microbatch of this rank's stage (the program's numbering), the image sides of the
+  // samples this rank ran in it: what the step's work depended on (trained_load.hpp).
+  std::vector<std::vector<int>> microbatch_sides;
 };
 
 // How a stage work gets its samples: which, and from how many workers ahead of training.

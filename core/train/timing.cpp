@@ -17,10 +17,57 @@ void MeasuredSteps::add(const StepResult& r) {
   seconds += r.seconds;
   data_seconds += r.data_seconds;
   for (std::size_t c = 0; c < idle.size(); ++c) idle[c] += r.idle[c];
+  microbatch_sides.push_back(r.microbatch_sides);
 }
 
-StepComparison compare_with_simulation(const MeasuredSteps& mine, const pipeline::Program& program,
-                                       runtime::Communicator& world) {
+namespace {
+
+// The timed steps the simulator replays: up to kReplayedSteps, evenly spread.
+std::vector<std::size_t> replayed(std::size_t steps) {
+  const std::size_t n = std::min<std::size_t>(steps, kReplayedSteps);
+  std::vector<std::size_t> out;
+  for (std::size_t k = 0; k < n; ++k) out.push_back(k * steps / n);
+  return out;
+}
+
+// Every rank's microbatch sides of the replayed steps: rank -> step -> microbatch -> sides.
+std::vector<StepSides> gather_sides(const MeasuredSteps& mine, const std::vector<std::size_t>& steps,
+                                    runtime::Communicator& world) {
+  std::vector<std::int32_t> flat;  // per step: microbatches, then per microbatch its count and sides
+  for (std::size_t s : steps) {
+    const auto& mbs = mine.microbatch_sides[s];
+    flat.push_back(static_cast<std::int32_t>(mbs.size()));
+    for (const auto& sides : mbs) {
+      flat.push_back(static_cast<std::int32_t>(sides.size()));
+      flat.insert(flat.end(), sides.begin(), sides.end());
+    }
+  }
+  std::int64_t width[1] = {static_cast<std::int64_t>(flat.size())};
+  world.allreduce(std::span<std::int64_t>(width), runtime::ReduceOp::max);
+  flat.resize(static_cast<std::size_t>(width[0]));
+  std::vector<std::int32_t> all(flat.size() * static_cast<std::size_t>(world.size()));
+  world.allgather(std::as_bytes(std::span<const std::int32_t>(flat)), std::as_writable_bytes(std::span(all)));
+  std::vector<StepSides> out(steps.size(), StepSides(static_cast<std::size_t>(world.size())));
+  for (std::size_t rank = 0; rank < out.front().size(); ++rank) {
+    const std::int32_t* at = all.data() + rank * flat.size();
+    for (auto& step : out) {
+      auto& mbs = step[rank];
+      mbs.resize(static_cast<std::size_t>(*at++));
+      for (auto& sides : mbs) {
+        const auto n = static_cast<std::size_t>(*at++);
+        sides.assign(at, at + n);
+        at += n;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+StepComparison compare_with_simulation(const MeasuredSteps& mine, const RankProgram& ran, runtime::Communicator& world,
+                                       TrainedLoad* load) {
+  const pipeline::Program& program = ran.program;
   StepComparison c;
   c.schedule = program.schedule;
   c.steps = mine.steps;
@@ -37,8 +84,29 @@ StepComparison compare_with_simulation(const MeasuredSteps& mine, const pipeline
   for (std::size_t k = 0; k < mine.idle.size(); ++k) c.measured_idle_s[k] = sums[k] / world.size();
   c.data_wait_s = sums.back() / world.size();
   const sim::Result r = sim::simulate(program);
-  c.simulated_step_s = r.step_time_s;
+  c.priced_step_s = c.simulated_step_s = r.step_time_s;
   c.simulated_idle_s = r.bubbles;
+  if (!load || mine.steps == 0) return c;
+
+  // Replayed on rank 0, the others told: the step and the idle time by cause, the mean of the steps.
+  const auto steps = replayed(static_cast<std::size_t>(mine.steps));
+  const std::vector<StepSides> sides = gather_sides(mine, steps, world);
+  std::array<double, sim::kCauseCount + 1> mean{};
+  if (world.rank() == 0) {
+    pipeline::Program scaled = program;
+    for (const auto& step : sides) {
+      const auto scales = load->work_scales(step);
+      for (std::size_t s = 0; s < scaled.stages.size(); ++s) scaled.stages[s].work_scale = scales[s];
+      const sim::Result replay = sim::simulate(scaled);
+      mean[0] += replay.step_time_s / static_cast<double>(sides.size());
+      for (std::size_t k = 0; k < replay.bubbles.size(); ++k)
+        mean[k + 1] += replay.bubbles[k] / static_cast<double>(sides.size());
+    }
+  }
+  world.broadcast(std::as_writable_bytes(std::span<double>(mean)), 0);
+  c.simulated_step_s = mean[0];
+  std::copy(mean.begin() + 1, mean.end(), c.simulated_idle_s.begin());
+  c.replayed_steps = static_cast<std::int64_t>(steps.size());
   return c;
 }
 
@@ -58,9 +126,15 @@ std::string idle_list(const std::array<double, sim::kCauseCount>& idle) {
 }  // namespace
 
 std::string format_comparison(const StepComparison& c) {
+  // The replay on the steps' own images (trained_load.hpp), when there was one.
+  const std::string replay = c.replayed_steps > 0
+                                 ? "simulated step replayed on the images of " + std::to_string(c.replayed_steps) +
+                                       " of those steps, microbatch by microbatch; " + seconds(c.priced_step_s) +
+                                       " with every microbatch at their mean\n"
+                                 : std::string();
   return "measured step " + seconds(c.measured_step_s) + " (mean of " + std::to_string(c.steps) +
          " steps, slowest rank), simulated " + seconds(c.simulated_step_s) + " for the same program (" +
-         spec::schedule_name(c.schedule) + "): measured/simulated " + fixed(c.ratio(), 2) + "\n" +
+         spec::schedule_name(c.schedule) + "): measured/simulated " + fixed(c.ratio(), 2) + "\n" + replay +
          "idle per rank and step, measured   " + idle_list(c.measured_idle_s) + "\n" +
          "idle per rank and step, simulated  " + idle_list(c.simulated_idle_s) + "\n" +
          "waiting for data per rank and step " + seconds(c.data_wait_s) + "\n" +
@@ -81,6 +155,8 @@ std::string comparison_json(const StepComparison& c, std::int64_t step) {
                            {"steps", c.steps},
                            {"measured_step_s", c.measured_step_s},
                            {"simulated_step_s", c.simulated_step_s},
+                           {"priced_step_s", c.priced_step_s},
+                           {"replayed_steps", c.replayed_steps},
                            {"measured_over_simulated", c.ratio()},
                            {"data_wait_s", c.data_wait_s},
                            {"measured_idle_s", measured},

@@ -16,6 +16,7 @@
 #include "core/train/interpreter.hpp"
 #include "core/train/rank_program.hpp"
 #include "core/train/stage_work.hpp"
+#include "core/train/trained_load.hpp"
 
 namespace braid::train {
 
@@ -27,23 +28,32 @@ struct MeasuredSteps {
   std::array<double, sim::kCauseCount> idle{};
   // Times the host waited for the device (DeviceBackend::host_waits); -1: no device.
   std::int64_t host_waits = -1;
+  std::vector<std::vector<std::vector<int>>> microbatch_sides;  // per step, StepResult::microbatch_sides
   void add(const StepResult& r);
 };
 
 struct StepComparison {
   spec::Schedule schedule = spec::Schedule::one_f_one_b;
   std::int64_t steps = 0;
-  double measured_step_s = 0;                                                  // the slowest rank's mean step
-  double simulated_step_s = 0;                                                 // the program's simulated step
+  double measured_step_s = 0;  // the slowest rank's mean step
+  // The program's simulated step on the batches the ranks trained (trained_load.hpp), the
+  // mean over up to kReplayedSteps of the timed steps; without them, as priced.
+  double simulated_step_s = 0;
+  double priced_step_s = 0;  // the program as priced: every microbatch at the trained images' mean
+  std::int64_t replayed_steps = 0;
   double data_wait_s = 0;                                                      // per step, mean over ranks
   std::array<double, sim::kCauseCount> measured_idle_s{}, simulated_idle_s{};  // per rank and step
   double host_waits_per_step = -1;                                             // the most of any rank; -1: no device
   double ratio() const { return simulated_step_s > 0 ? measured_step_s / simulated_step_s : 0; }
 };
 
-// Collective over `world`: every rank's steps against the simulation of `program`.
-StepComparison compare_with_simulation(const MeasuredSteps& mine, const pipeline::Program& program,
-                                       runtime::Communicator& world);
+// Timed steps at most that the simulator replays on their own batches, evenly spread.
+constexpr std::int64_t kReplayedSteps = 16;
+
+// Collective over `world`: every rank's steps against the simulation of `program`, replayed on
+// the batches each step trained when `load` is given (rank 0 prices them).
+StepComparison compare_with_simulation(const MeasuredSteps& mine, const RankProgram& program,
+                                       runtime::Communicator& world, TrainedLoad* load);
 // "measured step 12.34 ms ..., simulated ...: measured/simulated 0.53" and the idle lines.
 std::string format_comparison(const StepComparison& c);
 // The same as one JSON object for the metrics file: {"step": step, "summary": true, ...}.

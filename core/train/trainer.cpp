@@ -433,7 +433,8 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
     }
   }
   if (!o.trace_path.empty()) write_measured_trace(o.trace_path, executor.program(), executor.executed(), comm);
-  report.comparison = compare_with_simulation(measured, executor.program().program, comm);
+  TrainedLoad load(run, o.plan, executor.program());
+  report.comparison = compare_with_simulation(measured, executor.program(), comm, &load);
   const bool trained = total >= first;  // the same on every rank: a resumed run may have nothing left
   if (trained) report.memory = compare_with_prediction(executor.memory(), run, o.plan, comm);
   if (rank == 0) {

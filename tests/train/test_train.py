@@ -656,6 +656,9 @@ class Cli(unittest.TestCase):
             check(self, r)
             self.assertRegex(r.stdout, r"measured step [\d.]+ m?s \(mean of 2 steps, slowest rank\), simulated [\d.]+ m?s "
                                        r"for the same program \(optimus-online\): measured/simulated [\d.]+")
+            # Replayed on the images the two steps trained, next to the program as priced.
+            self.assertRegex(r.stdout, r"\nsimulated step replayed on the images of 2 of those steps, microbatch by microbatch; "
+                                       r"[\d.]+ m?s with every microbatch at their mean\n")
             self.assertRegex(r.stdout, r"idle per rank and step, measured   .*pp_")
             summary = [m for m in metrics(d + "/m.jsonl") if m.get("summary")]
             self.assertEqual(len(summary), 1)
@@ -666,6 +669,8 @@ class Cli(unittest.TestCase):
             self.assertEqual(printed, f"{s['measured_over_simulated']:.2f}")
             self.assertGreater(s["measured_step_s"], 0)
             self.assertGreater(s["simulated_step_s"], 0)
+            self.assertGreater(s["priced_step_s"], 0)
+            self.assertEqual(s["replayed_steps"], 2)
             # Two llm stages: some rank waits on its neighbour, and the waits are classified.
             self.assertGreater(sum(v for k, v in s["measured_idle_s"].items() if k.startswith("pp_")), 0)
             # The measured trace is laid out as braid simulate's: the same metadata, events and arguments.
