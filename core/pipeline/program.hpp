@@ -118,6 +118,10 @@ struct StageProgram {
   // the compute and TP time of a forward/backward of microbatch mb on replica r is
   // multiplied by work_scale[r * slots + mb], slots = work_scale.size() / replicas.
   std::vector<double> work_scale;
+  // The same for a colocated encoder's tasks (encoder_task, not its ZeRO shard traffic): the
+  // compute and TP time of a task of encoder microbatch mb on replica r is multiplied by
+  // task_scale[r * slots + mb], slots = task_scale.size() / replicas.
+  std::vector<double> task_scale;
   std::vector<Instruction> instructions;
   // Every module stage this stage runs: its own grid's (several on a monolithic stage),
   // a chain encoder's projector on its last stage, a colocated stage's encoder stages.

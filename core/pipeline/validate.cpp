@@ -30,14 +30,17 @@ void validate(const Program& p) {
     if (st.replicas < 1 || st.devices_per_replica < 1) {
       throw Error(Status::invalid_argument, "stage '" + st.name + "' needs at least one replica of one device");
     }
-    if (st.work_scale.size() % static_cast<std::size_t>(st.replicas) != 0) {
-      throw Error(Status::invalid_argument,
-                  "stage '" + st.name + "': work_scale holds " + std::to_string(st.work_scale.size()) +
-                      " loads, not a multiple of its " + std::to_string(st.replicas) + " replicas");
-    }
-    for (double w : st.work_scale) {
-      if (!(w >= 0 && w < 1e9))
-        throw Error(Status::invalid_argument, "stage '" + st.name + "': a work_scale is not a load");
+    for (const auto& [name, loads] :
+         {std::pair{"work_scale", &st.work_scale}, std::pair{"task_scale", &st.task_scale}}) {
+      if (loads->size() % static_cast<std::size_t>(st.replicas) != 0) {
+        throw Error(Status::invalid_argument, "stage '" + st.name + "': " + name + " holds " +
+                                                  std::to_string(loads->size()) + " loads, not a multiple of its " +
+                                                  std::to_string(st.replicas) + " replicas");
+      }
+      for (double w : *loads) {
+        if (!(w >= 0 && w < 1e9))
+          throw Error(Status::invalid_argument, "stage '" + st.name + "': a " + name + " is not a load");
+      }
     }
     if (!(st.early_reduce_s >= 0 && st.early_reduce_s < 1e9 && st.gather_s >= 0 && st.gather_s < 1e9))
       throw Error(Status::invalid_argument, "stage '" + st.name + "': its DP collectives take no valid time");

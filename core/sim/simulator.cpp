@@ -198,8 +198,11 @@ class Simulation {
         if (i.op == Op::forward && k.first_forward < 0) k.first_forward = k.compute;
       }
     }
-    if (i.op == Op::forward || i.op == Op::backward) {
-      const double scale = load_scale(k, st, i.microbatch);
+    if (i.op == Op::forward || i.op == Op::backward || i.op == Op::encoder_task) {
+      const auto& u = st.units[static_cast<std::size_t>(i.unit)];
+      const double scale = i.op != Op::encoder_task                      ? load_scale(k, st.work_scale, i.microbatch)
+                           : u.kind != pipeline::UnitKind::encoder_shard ? load_scale(k, st.task_scale, i.microbatch)
+                                                                         : 1.0;
       busy *= scale;
       tp *= scale;
     }
@@ -257,12 +260,13 @@ class Simulation {
     spans_[static_cast<std::size_t>(r)][ranks_[static_cast<std::size_t>(r)].pc] = {start, start + busy};
   }
 
-  // The data-dependent load of microbatch `mb` on this rank (1 without per-sample sizes).
-  static double load_scale(const Rank& k, const StageProgram& st, int mb) {
-    if (st.work_scale.empty() || mb < 0) return 1;
-    const std::size_t slots = st.work_scale.size() / static_cast<std::size_t>(st.replicas);
+  // The data-dependent load of microbatch `mb` on this rank in `loads` (a stage's work_scale
+  // or task_scale): 1 without per-sample sizes.
+  double load_scale(const Rank& k, const std::vector<double>& loads, int mb) const {
+    if (loads.empty() || mb < 0) return 1;
+    const std::size_t slots = loads.size() / static_cast<std::size_t>(stage_of(k).replicas);
     const std::size_t at = static_cast<std::size_t>(k.replica) * slots + static_cast<std::size_t>(mb);
-    return static_cast<std::size_t>(mb) < slots ? st.work_scale[at] : 1;
+    return static_cast<std::size_t>(mb) < slots ? loads[at] : 1;
   }
 
   void send(int r, const Instruction& i) {

@@ -301,6 +301,7 @@ void ChainStage::begin_step(std::int64_t step, StepResult& r) {
   r.idle[static_cast<std::size_t>(sim::Cause::dp_start)] += req.wait();
   normalizer_ = count[0];
   r.microbatch_sides.clear();
+  r.encoder_microbatch_sides.clear();
   const auto positions = encoder_stage_ ? fan_positions(encoder_part_) : all_positions();
   for (int i = 0; i < microbatches_; ++i) {
     // A chain's encoder replica encodes its share of each microbatch; every other rank all of it.
@@ -313,7 +314,10 @@ void ChainStage::begin_step(std::int64_t step, StepResult& r) {
     for (const auto& s : microbatch_samples(i))
       floats[static_cast<std::size_t>(i)].push_back(image_tokens(s.side) * token_width());
   store_.reset(std::move(floats));
-  if (encoder_) encoder_->begin_step(samples_, store_);
+  if (encoder_) {
+    encoder_->begin_step(samples_, store_);
+    r.encoder_microbatch_sides = encoder_->microbatch_sides();
+  }
 }
 
 ChainStage::Microbatch& ChainStage::prepare(int i) {

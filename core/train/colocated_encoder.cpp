@@ -43,6 +43,16 @@ ColocatedEncoder::ColocatedEncoder(const bubble::Colocated& layout, int stage, c
     if (program.units[static_cast<std::size_t>(t.unit)].kind == UnitKind::encoder_head) has_head_ = true;
 }
 
+std::vector<std::vector<int>> ColocatedEncoder::microbatch_sides() const {
+  std::vector<std::vector<int>> out;
+  for (const auto& mb : mbs_) {
+    auto& sides = out.emplace_back();
+    for (const auto& [i, q] : mb.entries)
+      sides.push_back(samples_[static_cast<std::size_t>(i * llm_microbatch_) + q].side);
+  }
+  return out;
+}
+
 void ColocatedEncoder::begin_step(const std::vector<data::Sample>& llm_samples, TokenStore& store) {
   store_ = &store;
   samples_ = llm_samples;

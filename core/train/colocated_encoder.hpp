@@ -38,6 +38,8 @@ class ColocatedEncoder {
 
   // The step's samples (the llm replica's, in microbatch order) and where outputs go.
   void begin_step(const std::vector<data::Sample>& llm_samples, TokenStore& store);
+  // The image sides of each of this step's encoder microbatches (an EncoderTask's microbatch).
+  std::vector<std::vector<int>> microbatch_sides() const;
   // One EncoderTask.
   void run(const pipeline::Instruction& task);
   // Whether a task's inputs are there (a backward needs its tokens' gradients in the store).

@@ -40,6 +40,7 @@ struct StepResult {
   // Per microbatch of this rank's stage (the program's numbering), the image sides of the
   // samples this rank ran in it: what the step's work depended on (trained_load.hpp).
   std::vector<std::vector<int>> microbatch_sides;
+  std::vector<std::vector<int>> encoder_microbatch_sides;  // the same of a colocated encoder's microbatches
 };
 
 // How a stage work gets its samples: which, and from how many workers ahead of training.

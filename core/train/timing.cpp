@@ -17,7 +17,7 @@ void MeasuredSteps::add(const StepResult& r) {
   seconds += r.seconds;
   data_seconds += r.data_seconds;
   for (std::size_t c = 0; c < idle.size(); ++c) idle[c] += r.idle[c];
-  microbatch_sides.push_back(r.microbatch_sides);
+  sides.push_back({r.microbatch_sides, r.encoder_microbatch_sides});
 }
 
 namespace {
@@ -30,17 +30,30 @@ std::vector<std::size_t> replayed(std::size_t steps) {
   return out;
 }
 
-// Every rank's microbatch sides of the replayed steps: rank -> step -> microbatch -> sides.
+// Appends `mbs` to `flat` (their count, then each one's count and sides), and reads it back.
+void put(const std::vector<std::vector<int>>& mbs, std::vector<std::int32_t>& flat) {
+  flat.push_back(static_cast<std::int32_t>(mbs.size()));
+  for (const auto& sides : mbs) {
+    flat.push_back(static_cast<std::int32_t>(sides.size()));
+    flat.insert(flat.end(), sides.begin(), sides.end());
+  }
+}
+void take(const std::int32_t*& at, std::vector<std::vector<int>>& mbs) {
+  mbs.resize(static_cast<std::size_t>(*at++));
+  for (auto& sides : mbs) {
+    const auto n = static_cast<std::size_t>(*at++);
+    sides.assign(at, at + n);
+    at += n;
+  }
+}
+
+// Every rank's images of the replayed steps: per step, per rank.
 std::vector<StepSides> gather_sides(const MeasuredSteps& mine, const std::vector<std::size_t>& steps,
                                     runtime::Communicator& world) {
-  std::vector<std::int32_t> flat;  // per step: microbatches, then per microbatch its count and sides
+  std::vector<std::int32_t> flat;
   for (std::size_t s : steps) {
-    const auto& mbs = mine.microbatch_sides[s];
-    flat.push_back(static_cast<std::int32_t>(mbs.size()));
-    for (const auto& sides : mbs) {
-      flat.push_back(static_cast<std::int32_t>(sides.size()));
-      flat.insert(flat.end(), sides.begin(), sides.end());
-    }
+    put(mine.sides[s].microbatches, flat);
+    put(mine.sides[s].encoder_microbatches, flat);
   }
   std::int64_t width[1] = {static_cast<std::int64_t>(flat.size())};
   world.allreduce(std::span<std::int64_t>(width), runtime::ReduceOp::max);
@@ -48,16 +61,11 @@ std::vector<StepSides> gather_sides(const MeasuredSteps& mine, const std::vector
   std::vector<std::int32_t> all(flat.size() * static_cast<std::size_t>(world.size()));
   world.allgather(std::as_bytes(std::span<const std::int32_t>(flat)), std::as_writable_bytes(std::span(all)));
   std::vector<StepSides> out(steps.size(), StepSides(static_cast<std::size_t>(world.size())));
-  for (std::size_t rank = 0; rank < out.front().size(); ++rank) {
+  for (std::size_t rank = 0; rank < static_cast<std::size_t>(world.size()); ++rank) {
     const std::int32_t* at = all.data() + rank * flat.size();
     for (auto& step : out) {
-      auto& mbs = step[rank];
-      mbs.resize(static_cast<std::size_t>(*at++));
-      for (auto& sides : mbs) {
-        const auto n = static_cast<std::size_t>(*at++);
-        sides.assign(at, at + n);
-        at += n;
-      }
+      take(at, step[rank].microbatches);
+      take(at, step[rank].encoder_microbatches);
     }
   }
   return out;
@@ -95,8 +103,7 @@ StepComparison compare_with_simulation(const MeasuredSteps& mine, const RankProg
   if (world.rank() == 0) {
     pipeline::Program scaled = program;
     for (const auto& step : sides) {
-      const auto scales = load->work_scales(step);
-      for (std::size_t s = 0; s < scaled.stages.size(); ++s) scaled.stages[s].work_scale = scales[s];
+      load->apply(step, scaled);
       const sim::Result replay = sim::simulate(scaled);
       mean[0] += replay.step_time_s / static_cast<double>(sides.size());
       for (std::size_t k = 0; k < replay.bubbles.size(); ++k)

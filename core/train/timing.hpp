@@ -28,7 +28,7 @@ struct MeasuredSteps {
   std::array<double, sim::kCauseCount> idle{};
   // Times the host waited for the device (DeviceBackend::host_waits); -1: no device.
   std::int64_t host_waits = -1;
-  std::vector<std::vector<std::vector<int>>> microbatch_sides;  // per step, StepResult::microbatch_sides
+  std::vector<RankSides> sides;  // per step: the images of its microbatches (StepResult)
   void add(const StepResult& r);
 };
 

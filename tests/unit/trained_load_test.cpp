@@ -10,6 +10,7 @@
 #include "core/plan/plan_io.hpp"
 #include "core/runtime/groups.hpp"
 #include "core/sim/simulator.hpp"
+#include "core/train/trainer.hpp"
 #include "tests/unit/support.hpp"
 
 namespace braid::train {
@@ -55,25 +56,31 @@ struct Clip4 {
     StepSides out(4);
     for (int rank = 0; rank < 4; ++rank) {
       const auto place = program.program.place_of(rank);
-      out[static_cast<std::size_t>(rank)].assign(16, place.replica == odd ? odd_sides : sides);
+      out[static_cast<std::size_t>(rank)].microbatches.assign(16, place.replica == odd ? odd_sides : sides);
     }
     return out;
+  }
+  // The program with `step`'s loads.
+  pipeline::Program scaled(TrainedLoad& load, const StepSides& step) const {
+    pipeline::Program p = program.program;
+    load.apply(step, p);
+    return p;
   }
 };
 
 TEST(TrainedLoad, MicrobatchesLikeTheMeanScaleByOne) {
   Clip4 c;
   TrainedLoad load(c.run, c.plan, c.program);
-  const auto scales = load.work_scales(c.step(Clip4::halves()));
-  ASSERT_EQ(scales.size(), c.program.program.stages.size());
-  for (const auto& stage : scales) {
-    ASSERT_EQ(stage.size(), 2u * 16u);  // replicas x microbatches
-    for (double s : stage) EXPECT_NEAR(s, 1.0, 1e-12);
+  const pipeline::Program p = c.scaled(load, c.step(Clip4::halves()));
+  for (const auto& stage : p.stages) {
+    ASSERT_EQ(stage.work_scale.size(), 2u * 16u);  // replicas x microbatches
+    for (double s : stage.work_scale) EXPECT_NEAR(s, 1.0, 1e-12);
+    EXPECT_TRUE(stage.task_scale.empty());  // no colocated encoder
   }
   EXPECT_EQ(load.priced(), 1u);  // one set of sides, priced once (the order within a microbatch does not count)
   const std::vector<int> halves = Clip4::halves();
   const std::vector<int> reversed(halves.rbegin(), halves.rend());
-  load.work_scales(c.step(reversed));
+  c.scaled(load, c.step(reversed));
   EXPECT_EQ(load.priced(), 1u);
 }
 
@@ -83,35 +90,78 @@ TEST(TrainedLoad, TheReplicaOnLargerImagesSetsThePace) {
   Clip4 c;
   TrainedLoad load(c.run, c.plan, c.program);
   const std::vector<int> large(8, 32), small(8, 16);
-  const auto scales = load.work_scales(c.step(small, 1, large));
+  const pipeline::Program skewed = c.scaled(load, c.step(small, 1, large));
   const cost::CostModel at_large(c.run, cost::TrainedImages{large});
-  const auto large_seconds = model_seconds(orchestrate::build_program(at_large, c.plan));
-  const auto mean_seconds = model_seconds(c.program.program);
-  for (std::size_t s = 0; s < scales.size(); ++s) {
-    EXPECT_LT(scales[s][0], 1.0);  // replica 0: small images
-    EXPECT_NEAR(scales[s][16], large_seconds[s] / mean_seconds[s], 1e-12);
-    EXPECT_GT(scales[s][16], 1.0);
+  const auto large_seconds = stage_seconds(orchestrate::build_program(at_large, c.plan));
+  const auto mean_seconds = stage_seconds(c.program.program);
+  for (std::size_t s = 0; s < skewed.stages.size(); ++s) {
+    const auto& scale = skewed.stages[s].work_scale;
+    EXPECT_LT(scale[0], 1.0);  // replica 0: small images
+    EXPECT_NEAR(scale[16], large_seconds[s].model / mean_seconds[s].model, 1e-12);
+    EXPECT_GT(scale[16], 1.0);
   }
-  pipeline::Program balanced = c.program.program, skewed = c.program.program;
-  const auto even = load.work_scales(c.step(large));
-  for (std::size_t s = 0; s < scales.size(); ++s) {
-    balanced.stages[s].work_scale = even[s];
-    skewed.stages[s].work_scale = scales[s];
-  }
+  const pipeline::Program balanced = c.scaled(load, c.step(large));
   // Half the images smaller on one replica save nothing: the batch-sync waits for the other.
   EXPECT_NEAR(sim::simulate(skewed).step_time_s, sim::simulate(balanced).step_time_s,
               1e-3 * sim::simulate(balanced).step_time_s);
   EXPECT_GT(sim::simulate(skewed).step_time_s, sim::simulate(c.program.program).step_time_s);
 }
 
+// tiny-mllm-4px under Optimus on 2 ranks: the encoder on both, in the llm's pipeline bubbles.
+// The encoder's tasks scale by their own microbatches' images, apart from the llm's.
+TEST(TrainedLoad, AColocatedEncodersTasksScaleByTheirOwnImages) {
+  const spec::RunSpec run = fit_cluster_to_world(test::load("tiny-mllm-4px.yaml"), 2);
+  const cost::CostModel nominal(run);
+  const plan::Plan plan =
+      orchestrate::make_plan(nominal, plan::PlanRequest{plan::Strategy::optimus, {0, 2, 0, 1}, {}}).best;
+  ASSERT_EQ(plan.layout, plan::Layout::colocated);
+  std::vector<int> mean;  // llm microbatches of 4, encoder microbatches of 4 images
+  for (int k = 0; k < 64; ++k) mean.push_back(k % 2 ? 32 : 16);
+  const cost::CostModel cost(run, cost::TrainedImages{mean});
+  const RankProgram program =
+      rank_program(cost, plan, spec::Schedule::optimus_fine, runtime::build_groups(run.model, plan, 2), 0);
+  TrainedLoad load(run, plan, program);
+  const std::vector<int> even{16, 32, 16, 32}, large(4, 32);
+  StepSides step(2);
+  for (auto& rank : step) {
+    rank.microbatches.assign(4, even);
+    rank.encoder_microbatches.assign(2, even);
+  }
+  step[1].encoder_microbatches[0] = large;  // stage 1's first encoder microbatch: the largest images
+  pipeline::Program scaled = program.program;
+  load.apply(step, scaled);
+  const auto at_large =
+      stage_seconds(orchestrate::build_program(cost::CostModel(run, {large}), plan, spec::Schedule::optimus_fine));
+  const auto priced = stage_seconds(program.program);
+  for (std::size_t s = 0; s < 2; ++s) {
+    ASSERT_GT(priced[s].encoder, 0);
+    for (double w : scaled.stages[s].work_scale) EXPECT_NEAR(w, 1.0, 1e-12);
+    ASSERT_EQ(scaled.stages[s].task_scale.size(), 2u);
+  }
+  EXPECT_NEAR(scaled.stages[0].task_scale[1], 1.0, 1e-12);
+  EXPECT_NEAR(scaled.stages[1].task_scale[0], at_large[1].encoder / priced[1].encoder, 1e-12);
+  EXPECT_GT(scaled.stages[1].task_scale[0], 1.2);
+  EXPECT_GT(sim::simulate(scaled).step_time_s, sim::simulate(program.program).step_time_s);
+}
+
 TEST(TrainedLoad, StepsOfAnotherWorldOrRaggedReplicasAreRefused) {
   Clip4 c;
   TrainedLoad load(c.run, c.plan, c.program);
-  StepSides three(3, std::vector<std::vector<int>>(16, Clip4::halves()));
-  test::expect_error([&] { load.work_scales(three); }, Status::invalid_argument, {"3 ranks", "world of 4"});
+  StepSides three(3, RankSides{std::vector<std::vector<int>>(16, Clip4::halves()), {}});
+  test::expect_error([&] { c.scaled(load, three); }, Status::invalid_argument, {"3 ranks", "world of 4"});
   StepSides ragged = c.step(Clip4::halves());
-  ragged[static_cast<std::size_t>(c.program.rank_of(0, 1, 0))].pop_back();
-  test::expect_error([&] { load.work_scales(ragged); }, Status::invalid_argument, {"replicas ran 16 and 15"});
+  ragged[static_cast<std::size_t>(c.program.rank_of(0, 1, 0))].microbatches.pop_back();
+  test::expect_error([&] { c.scaled(load, ragged); }, Status::invalid_argument, {"replicas ran 16 and 15"});
+}
+
+TEST(TrainedLoad, TheSimulatorRefusesLoadsThatAreNone) {
+  Clip4 c;
+  pipeline::Program p = c.program.program;
+  p.stages[0].work_scale = {1, 1, 1};  // 2 replicas
+  test::expect_error([&] { sim::simulate(p); }, Status::invalid_argument, {"work_scale holds 3 loads", "2 replicas"});
+  p.stages[0].work_scale.clear();
+  p.stages[1].task_scale = {1, -1};
+  test::expect_error([&] { sim::simulate(p); }, Status::invalid_argument, {"a task_scale is not a load"});
 }
 
 }  // namespace
