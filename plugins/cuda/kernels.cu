@@ -452,15 +452,15 @@ __global__ void fused_attention_forward_k(const float* q, const float* k, const 
                                           bool causal) {
   __shared__ float ks[kFusedTile][MaxD];
   __shared__ float vs[kFusedTile][MaxD];
-  const int64_t bh = blockIdx.y, b = bh / heads, h = bh % heads;
-  const int64_t i = int64_t(blockIdx.x) * kFusedRows + threadIdx.x;
+  const int64_t bh = blockIdx.x, b = bh / heads, h = bh % heads;
+  const int64_t i = int64_t(blockIdx.y) * kFusedRows + threadIdx.x;
   const bool active = i < sq;
   float qr[MaxD], acc[MaxD];
   load_row(qr, q, head_at(b, sq, i, width, h, d), d, active);
   for (int t = 0; t < MaxD; ++t) acc[t] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   // Causal: no row of this block sees a key past its last row.
-  const int64_t keys = causal ? min(sq, int64_t(blockIdx.x + 1) * kFusedRows) : sk;
+  const int64_t keys = causal ? min(sq, int64_t(blockIdx.y + 1) * kFusedRows) : sk;
   for (int64_t k0 = 0; k0 < keys; k0 += kFusedTile) {
     const int n = static_cast<int>(min(int64_t(kFusedTile), keys - k0));
     __syncthreads();  // the previous tile is read
@@ -473,7 +473,9 @@ __global__ void fused_attention_forward_k(const float* q, const float* k, const 
       s[j] = causal && k0 + j > i ? -INFINITY : scale * dot_row(qr, ks[j]);
       top = fmaxf(top, s[j]);
     }
-    if (top == -INFINITY) continue;       // every key of the tile is masked for this row
+    // Every key of the tile masked for this row: decided by the mask, not by `top`, which
+    // fmaxf keeps at -inf over a tile of NaN scores (those must reach the output, as on the host).
+    if (causal && k0 > i) continue;
     const float rescale = expf(m - top);  // 0 on the first tile (m = -inf)
     l *= rescale;
     for (int t = 0; t < MaxD; ++t) acc[t] *= rescale;
@@ -514,8 +516,8 @@ __global__ void fused_attention_dq_k(const float* q, const float* k, const float
                                      int64_t sk, int64_t width, int d, float scale, bool causal) {
   __shared__ float ks[kFusedTile][MaxD];
   __shared__ float vs[kFusedTile][MaxD];
-  const int64_t bh = blockIdx.y, b = bh / heads, h = bh % heads;
-  const int64_t i = int64_t(blockIdx.x) * kFusedRows + threadIdx.x;
+  const int64_t bh = blockIdx.x, b = bh / heads, h = bh % heads;
+  const int64_t i = int64_t(blockIdx.y) * kFusedRows + threadIdx.x;
   const bool active = i < sq;
   float qr[MaxD], gr[MaxD], acc[MaxD];
   load_row(qr, q, head_at(b, sq, i, width, h, d), d, active);
@@ -523,7 +525,7 @@ __global__ void fused_attention_dq_k(const float* q, const float* k, const float
   for (int t = 0; t < MaxD; ++t) acc[t] = 0.0f;
   const float lse = active ? saved[(bh * sq + i) * (d + 1) + d] : 0.0f;
   const float di = active ? delta[bh * sq + i] : 0.0f;
-  const int64_t keys = causal ? min(sq, int64_t(blockIdx.x + 1) * kFusedRows) : sk;
+  const int64_t keys = causal ? min(sq, int64_t(blockIdx.y + 1) * kFusedRows) : sk;
   for (int64_t k0 = 0; k0 < keys; k0 += kFusedTile) {
     const int n = static_cast<int>(min(int64_t(kFusedTile), keys - k0));
     __syncthreads();
@@ -550,15 +552,15 @@ __global__ void fused_attention_dkv_k(const float* q, const float* k, const floa
   __shared__ float gs[kFusedTile][MaxD];
   __shared__ float lse_s[kFusedTile];
   __shared__ float delta_s[kFusedTile];
-  const int64_t bh = blockIdx.y, b = bh / heads, h = bh % heads;
-  const int64_t j = int64_t(blockIdx.x) * kFusedRows + threadIdx.x;
+  const int64_t bh = blockIdx.x, b = bh / heads, h = bh % heads;
+  const int64_t j = int64_t(blockIdx.y) * kFusedRows + threadIdx.x;
   const bool active = j < sk;
   float kr[MaxD], vr[MaxD], dk_acc[MaxD], dv_acc[MaxD];
   load_row(kr, k, head_at(b, sk, j, width, h, d), d, active);
   load_row(vr, v, head_at(b, sk, j, width, h, d), d, active);
   for (int t = 0; t < MaxD; ++t) dk_acc[t] = dv_acc[t] = 0.0f;
   // Causal: no query before this block's first key sees any of its keys.
-  const int64_t first = causal ? int64_t(blockIdx.x) * kFusedRows : 0;
+  const int64_t first = causal ? int64_t(blockIdx.y) * kFusedRows : 0;
   for (int64_t i0 = first; i0 < sq; i0 += kFusedTile) {
     const int n = static_cast<int>(min(int64_t(kFusedTile), sq - i0));
     __syncthreads();
@@ -586,10 +588,12 @@ __global__ void fused_attention_dkv_k(const float* q, const float* k, const floa
   }
 }
 
+// x: one (batch, head) per block column (up to 2^31 - 1, as many as the unfused path takes);
+// y: blocks of kFusedRows rows (up to 65535: 4.19M rows).
 dim3 fused_grid(int64_t rows, int64_t batch_heads, const char* what) {
   const int64_t blocks = (rows + kFusedRows - 1) / kFusedRows;
-  if (blocks > INT32_MAX || batch_heads > 65535) invalid(std::string(what) + ": too many rows or heads for one launch");
-  return dim3(static_cast<unsigned>(std::max<int64_t>(blocks, 1)), static_cast<unsigned>(batch_heads));
+  if (blocks > 65535 || batch_heads > INT32_MAX) invalid(std::string(what) + ": too many rows or heads for one launch");
+  return dim3(static_cast<unsigned>(batch_heads), static_cast<unsigned>(std::max<int64_t>(blocks, 1)));
 }
 
 int rows_grid(int64_t rows, const char* what) {

@@ -24,7 +24,8 @@
  * formulas:
  * - outputs and input gradients are overwritten; parameter gradients (dweight,
  *   dbias, dgamma, dbeta, dtable) are added to (+=) so microbatches sum up;
- * - a null gradient pointer skips that gradient;
+ * - a null gradient pointer skips that gradient, where nn::Ops takes it by pointer
+ *   (attention_backward's dq, dk and dv are references there: required here too);
  * - the caller allocates every output with its shape; the plugin checks shapes
  *   and fails with a message naming the op and the argument;
  * - results do not depend on timing: no atomics in reductions, so the same

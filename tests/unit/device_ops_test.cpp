@@ -189,8 +189,11 @@ TEST_P(DeviceOpsTest, Attention) {
     int64_t sq, sk, width, heads;
     bool causal;
   };
-  for (const Case& c :
-       {Case{5, 7, 12, 3, false}, Case{5, 5, 12, 3, true}, Case{100, 100, 80, 2, false}, Case{100, 100, 80, 2, true}}) {
+  // Several row blocks and key tiles; Sq != Sk across tile edges; heads of 17, 40, 96 and 128
+  // features (a fused kernel's widths 32, 64 and 128, padded and full).
+  for (const Case& c : {Case{5, 7, 12, 3, false}, Case{5, 5, 12, 3, true}, Case{100, 100, 80, 2, false},
+                        Case{100, 100, 80, 2, true}, Case{130, 37, 34, 2, false}, Case{37, 130, 34, 2, false},
+                        Case{40, 90, 192, 2, false}, Case{70, 70, 256, 2, true}}) {
     SCOPED_TRACE((c.causal ? "causal, " : "bidirectional, ") + std::to_string(c.sq) + " queries");
     const int64_t sq = c.sq, sk = c.sk;
     const Tensor q = random_tensor({2, sq, c.width}, rng_, -1.5f, 1.5f),
@@ -357,6 +360,15 @@ TEST_P(DeviceOpsTest, ContrastiveHalvesOverTiles) {
     }
     expect_same(owned_gradient(down(gli_d), down(gai_d), offset), owned_gradient(gli, gai, offset), "d image");
     expect_same(owned_gradient(down(glt_d), down(gat_d), offset), owned_gradient(glt, gat, offset), "d text");
+    if (one_process) {
+      // Without the local views (null), the whole gradient goes to the gathered ones.
+      ASSERT_EQ(ops.contrastive_backward(backend_->stream(), &a, &b, &c, &d, offset, scale, tile, &s, weight, nullptr,
+                                         nullptr, &g3, &g4, &d_scale_d, error, sizeof error),
+                0)
+          << error;
+      expect_same(gai_d, gli, "d all image, no local view");
+      expect_same(gat_d, glt, "d all text, no local view");
+    }
     // A wrong stats shape is the caller's mistake, named.
     s.shape[1] = n + 1;
     EXPECT_EQ(ops.contrastive_forward(backend_->stream(), &a, &b, &c, &d, offset, scale, tile, &s, &sum_d, error,
