@@ -17,18 +17,19 @@ void MeasuredSteps::add(const StepResult& r) {
   seconds += r.seconds;
   data_seconds += r.data_seconds;
   for (std::size_t c = 0; c < idle.size(); ++c) idle[c] += r.idle[c];
-  sides.push_back({r.microbatch_sides, r.encoder_microbatch_sides});
+  const auto keep = replayed_steps(planned);
+  if (planned <= 0 || std::binary_search(keep.begin(), keep.end(), steps - 1))
+    sides.push_back({r.microbatch_sides, r.encoder_microbatch_sides});
+}
+
+std::vector<std::int64_t> replayed_steps(std::int64_t steps) {
+  const std::int64_t n = std::min(std::max<std::int64_t>(steps, 0), kReplayedSteps);
+  std::vector<std::int64_t> out;
+  for (std::int64_t k = 0; k < n; ++k) out.push_back(k * steps / n);
+  return out;
 }
 
 namespace {
-
-// The timed steps the simulator replays: up to kReplayedSteps, evenly spread.
-std::vector<std::size_t> replayed(std::size_t steps) {
-  const std::size_t n = std::min<std::size_t>(steps, kReplayedSteps);
-  std::vector<std::size_t> out;
-  for (std::size_t k = 0; k < n; ++k) out.push_back(k * steps / n);
-  return out;
-}
 
 // Appends `mbs` to `flat` (their count, then each one's count and sides), and reads it back.
 void put(const std::vector<std::vector<int>>& mbs, std::vector<std::int32_t>& flat) {
@@ -48,12 +49,12 @@ void take(const std::int32_t*& at, std::vector<std::vector<int>>& mbs) {
 }
 
 // Every rank's images of the replayed steps: per step, per rank.
-std::vector<StepSides> gather_sides(const MeasuredSteps& mine, const std::vector<std::size_t>& steps,
+std::vector<StepSides> gather_sides(const MeasuredSteps& mine, const std::vector<std::int64_t>& steps,
                                     runtime::Communicator& world) {
   std::vector<std::int32_t> flat;
-  for (std::size_t s : steps) {
-    put(mine.sides[s].microbatches, flat);
-    put(mine.sides[s].encoder_microbatches, flat);
+  for (std::int64_t s : steps) {
+    put(mine.sides[static_cast<std::size_t>(s)].microbatches, flat);
+    put(mine.sides[static_cast<std::size_t>(s)].encoder_microbatches, flat);
   }
   std::int64_t width[1] = {static_cast<std::int64_t>(flat.size())};
   world.allreduce(std::span<std::int64_t>(width), runtime::ReduceOp::max);
@@ -96,23 +97,35 @@ StepComparison compare_with_simulation(const MeasuredSteps& mine, const RankProg
   c.simulated_idle_s = r.bubbles;
   if (!load || mine.steps == 0) return c;
 
-  // Replayed on rank 0, the others told: the step and the idle time by cause, the mean of the steps.
-  const auto steps = replayed(static_cast<std::size_t>(mine.steps));
+  // Replayed on rank 0, the others told: whether it was, the step and the idle time by cause,
+  // the mean of the steps. What was kept is what to replay when the trainer planned its steps.
+  std::vector<std::int64_t> steps;
+  if (mine.planned > 0)
+    for (std::size_t k = 0; k < mine.sides.size(); ++k) steps.push_back(static_cast<std::int64_t>(k));
+  else
+    steps = replayed_steps(mine.steps);
   const std::vector<StepSides> sides = gather_sides(mine, steps, world);
-  std::array<double, sim::kCauseCount + 1> mean{};
+  std::array<double, sim::kCauseCount + 2> mean{};  // [0]: 1 when replayed
   if (world.rank() == 0) {
-    pipeline::Program scaled = program;
-    for (const auto& step : sides) {
-      load->apply(step, scaled);
-      const sim::Result replay = sim::simulate(scaled);
-      mean[0] += replay.step_time_s / static_cast<double>(sides.size());
-      for (std::size_t k = 0; k < replay.bubbles.size(); ++k)
-        mean[k + 1] += replay.bubbles[k] / static_cast<double>(sides.size());
+    try {
+      pipeline::Program scaled = program;
+      for (const auto& step : sides) {
+        load->apply(step, scaled);
+        const sim::Result replay = sim::simulate(scaled);
+        mean[1] += replay.step_time_s / static_cast<double>(sides.size());
+        for (std::size_t k = 0; k < replay.bubbles.size(); ++k)
+          mean[k + 2] += replay.bubbles[k] / static_cast<double>(sides.size());
+      }
+      mean[0] = sides.empty() ? 0 : 1;
+    } catch (const std::exception& e) {  // the run trained: its summary stays, as priced
+      mean = {};
+      c.replay_problem = e.what();
     }
   }
   world.broadcast(std::as_writable_bytes(std::span<double>(mean)), 0);
-  c.simulated_step_s = mean[0];
-  std::copy(mean.begin() + 1, mean.end(), c.simulated_idle_s.begin());
+  if (mean[0] != 1) return c;
+  c.simulated_step_s = mean[1];
+  std::copy(mean.begin() + 2, mean.end(), c.simulated_idle_s.begin());
   c.replayed_steps = static_cast<std::int64_t>(steps.size());
   return c;
 }
@@ -134,11 +147,12 @@ std::string idle_list(const std::array<double, sim::kCauseCount>& idle) {
 
 std::string format_comparison(const StepComparison& c) {
   // The replay on the steps' own images (trained_load.hpp), when there was one.
-  const std::string replay = c.replayed_steps > 0
-                                 ? "simulated step replayed on the images of " + std::to_string(c.replayed_steps) +
-                                       " of those steps, microbatch by microbatch; " + seconds(c.priced_step_s) +
-                                       " with every microbatch at their mean\n"
-                                 : std::string();
+  const std::string replay =
+      c.replayed_steps > 0 ? "simulated step replayed on the images of " + std::to_string(c.replayed_steps) +
+                                 " of those steps, microbatch by microbatch; " + seconds(c.priced_step_s) +
+                                 " with every microbatch at their mean\n"
+      : c.replay_problem.empty() ? std::string()
+                                 : "not replayed on the trained images: " + c.replay_problem + "\n";
   return "measured step " + seconds(c.measured_step_s) + " (mean of " + std::to_string(c.steps) +
          " steps, slowest rank), simulated " + seconds(c.simulated_step_s) + " for the same program (" +
          spec::schedule_name(c.schedule) + "): measured/simulated " + fixed(c.ratio(), 2) + "\n" + replay +

@@ -28,9 +28,17 @@ struct MeasuredSteps {
   std::array<double, sim::kCauseCount> idle{};
   // Times the host waited for the device (DeviceBackend::host_waits); -1: no device.
   std::int64_t host_waits = -1;
-  std::vector<RankSides> sides;  // per step: the images of its microbatches (StepResult)
+  // The steps that will be timed, when known: only the images of those the simulator replays
+  // (replayed_steps(planned)) are kept. 0: every step's.
+  std::int64_t planned = 0;
+  std::vector<RankSides> sides;  // the kept steps' images of their microbatches (StepResult)
   void add(const StepResult& r);
 };
+
+// Timed steps at most that the simulator replays on their own images, evenly spread.
+constexpr std::int64_t kReplayedSteps = 16;
+// Which of `steps` timed steps (indices from 0, ascending).
+std::vector<std::int64_t> replayed_steps(std::int64_t steps);
 
 struct StepComparison {
   spec::Schedule schedule = spec::Schedule::one_f_one_b;
@@ -41,14 +49,12 @@ struct StepComparison {
   double simulated_step_s = 0;
   double priced_step_s = 0;  // the program as priced: every microbatch at the trained images' mean
   std::int64_t replayed_steps = 0;
-  double data_wait_s = 0;                                                      // per step, mean over ranks
+  std::string replay_problem;  // why there was no replay, when one was asked for and failed (rank 0)
+  double data_wait_s = 0;      // per step, mean over ranks
   std::array<double, sim::kCauseCount> measured_idle_s{}, simulated_idle_s{};  // per rank and step
   double host_waits_per_step = -1;                                             // the most of any rank; -1: no device
   double ratio() const { return simulated_step_s > 0 ? measured_step_s / simulated_step_s : 0; }
 };
-
-// Timed steps at most that the simulator replays on their own batches, evenly spread.
-constexpr std::int64_t kReplayedSteps = 16;
 
 // Collective over `world`: every rank's steps against the simulation of `program`, replayed on
 // the batches each step trained when `load` is given (rank 0 prices them).

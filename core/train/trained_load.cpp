@@ -2,32 +2,40 @@
 
 #include <algorithm>
 
+#include "core/bubble/encoder_tasks.hpp"
 #include "core/common/error.hpp"
 #include "core/cost/cost_model.hpp"
 #include "core/orchestrate/program.hpp"
 
 namespace braid::train {
 
-using pipeline::UnitKind;
+namespace {
 
-std::vector<StageSeconds> stage_seconds(const pipeline::Program& program) {
+std::vector<StageSeconds> model_seconds(const pipeline::Program& program) {
   std::vector<StageSeconds> out;
   for (const auto& st : program.stages) {
     StageSeconds s;
-    for (const auto& u : st.units) {
-      const double t = u.forward_s + u.forward_tp_s + u.backward_s + u.backward_tp_s;
-      if (u.kind == UnitKind::model)
-        s.model += t;
-      else if (u.kind != UnitKind::encoder_shard)
-        s.encoder += t;
-    }
+    for (const auto& u : st.units)
+      if (u.kind == pipeline::UnitKind::model) s.model += u.forward_s + u.forward_tp_s + u.backward_s + u.backward_tp_s;
     out.push_back(s);
   }
   return out;
 }
 
-TrainedLoad::TrainedLoad(const spec::RunSpec& run, const plan::Plan& plan, const RankProgram& program)
-    : run_(run), plan_(plan), program_(program), base_(stage_seconds(program.program)) {}
+}  // namespace
+
+std::vector<StageSeconds> stage_seconds(const cost::CostModel& cost, const plan::Plan& plan, spec::Schedule schedule) {
+  if (plan.layout != plan::Layout::colocated) return model_seconds(orchestrate::build_program(cost, plan, schedule));
+  // Not the bubble scheduler's placement search: its programs keep these units and tasks.
+  const bubble::Colocated c = bubble::decompose(cost, plan);
+  auto out = model_seconds(c.llm);
+  for (std::size_t s = 0; s < out.size(); ++s)
+    for (const bubble::Host& h : c.hosts[s]) out[s].encoder += h.forward_s + h.backward_s;
+  return out;
+}
+
+TrainedLoad::TrainedLoad(const cost::CostModel& cost, const plan::Plan& plan, const RankProgram& program)
+    : cost_(cost), plan_(plan), program_(program), base_(stage_seconds(cost, plan, program.program.schedule)) {}
 
 const std::vector<StageSeconds>& TrainedLoad::seconds_on(std::vector<int> sides) {
   std::sort(sides.begin(), sides.end());  // a microbatch runs one pass per side: order does not matter
@@ -36,9 +44,8 @@ const std::vector<StageSeconds>& TrainedLoad::seconds_on(std::vector<int> sides)
   // The microbatch as the whole of the trained images: each module that sees them is priced on
   // exactly these. (A module whose microbatches are of another size keeps its nominal price
   // here; it is not read for these sides: its ranks recorded their own microbatches.)
-  const cost::CostModel cost(run_, cost::TrainedImages{sides});
-  const pipeline::Program priced = orchestrate::build_program(cost, plan_, program_.program.schedule);
-  return seconds_.emplace(std::move(sides), stage_seconds(priced)).first->second;
+  const cost::CostModel cost(cost_.run(), cost::TrainedImages{sides});
+  return seconds_.emplace(std::move(sides), stage_seconds(cost, plan_, program_.program.schedule)).first->second;
 }
 
 std::vector<double> TrainedLoad::loads(int stage, double base, double StageSeconds::*part,
@@ -47,13 +54,19 @@ std::vector<double> TrainedLoad::loads(int stage, double base, double StageSecon
   std::vector<double> out;
   if (base <= 0) return out;  // no such work on the stage: nothing scales
   const std::size_t slots = (step[static_cast<std::size_t>(program_.rank_of(stage, 0, 0))].*ran).size();
+  out.assign(slots * static_cast<std::size_t>(st.replicas), 0.0);
   for (int r = 0; r < st.replicas; ++r) {
-    const auto& mbs = step[static_cast<std::size_t>(program_.rank_of(stage, r, 0))].*ran;
-    if (mbs.size() != slots)
-      throw Error(Status::invalid_argument, "stage '" + st.name + "': replicas ran " + std::to_string(slots) + " and " +
-                                                std::to_string(mbs.size()) + " microbatches");
-    for (const auto& sides : mbs)  // no images recorded: the program's price
-      out.push_back(sides.empty() ? 1.0 : seconds_on(sides)[static_cast<std::size_t>(stage)].*part / base);
+    for (int t = 0; t < st.devices_per_replica; ++t) {
+      const auto& mbs = step[static_cast<std::size_t>(program_.rank_of(stage, r, t))].*ran;
+      if (mbs.size() != slots)
+        throw Error(Status::invalid_argument, "stage '" + st.name + "': its ranks ran " + std::to_string(slots) +
+                                                  " and " + std::to_string(mbs.size()) + " microbatches");
+      for (std::size_t k = 0; k < slots; ++k) {  // no images recorded: the program's price
+        const double load = mbs[k].empty() ? 1.0 : seconds_on(mbs[k])[static_cast<std::size_t>(stage)].*part / base;
+        double& at = out[static_cast<std::size_t>(r) * slots + k];
+        at = std::max(at, load);
+      }
+    }
   }
   return out;
 }

@@ -10,6 +10,7 @@
 #include <map>
 #include <vector>
 
+#include "core/cost/cost_model.hpp"
 #include "core/pipeline/program.hpp"
 #include "core/plan/plan.hpp"
 #include "core/spec/run.hpp"
@@ -24,23 +25,28 @@ struct RankSides {
 };
 using StepSides = std::vector<RankSides>;  // one step, per rank
 
-// Per stage of a program, the compute of one forward and backward (tensor-parallel collectives
-// included) of a microbatch: its model chunks', and its colocated encoder's tasks' (but their
+// Per stage of a plan's program, the compute of one microbatch's forward and backward
+// (tensor-parallel collectives included): its model chunks', and its colocated encoder's
+// tasks' (every task of one encoder microbatch, as bubble::decompose prices them; not their
 // ZeRO shard traffic, which no image changes).
 struct StageSeconds {
   double model = 0, encoder = 0;
 };
-std::vector<StageSeconds> stage_seconds(const pipeline::Program& program);
+// As `cost` prices the program of `plan` that runs `schedule`. A colocated plan's are read from
+// bubble::decompose, whose units and tasks the bubble scheduler places without changing them.
+std::vector<StageSeconds> stage_seconds(const cost::CostModel& cost, const plan::Plan& plan, spec::Schedule schedule);
 
 class TrainedLoad {
  public:
-  // `program` is the one the ranks ran, built by orchestrate::build_program from a cost model
-  // of `run` (the trained images' mean) and `plan`; all three outlive this.
-  TrainedLoad(const spec::RunSpec& run, const plan::Plan& plan, const RankProgram& program);
+  // `program` is the one the ranks ran, built by orchestrate::build_program from `cost` (the
+  // trained images' mean) and `plan`; all three outlive this.
+  TrainedLoad(const cost::CostModel& cost, const plan::Plan& plan, const RankProgram& program);
 
   // Sets every stage's work_scale and task_scale in `scaled` (a copy of the program) for one
   // step: replica r's microbatch k on stage s runs the work of its images over the work the
-  // program prices, as the rank that runs (s, r, tensor-parallel rank 0) recorded it. Throws
+  // program prices, as the ranks of (s, r) recorded it; the most of its tensor-parallel ranks
+  // (they run in lock step, and a colocated encoder's share of the samples differs between
+  // them). Throws
   // Error(invalid_argument) when `step` does not hold one entry per rank, or replicas of a
   // stage ran different numbers of microbatches.
   void apply(const StepSides& step, pipeline::Program& scaled);
@@ -56,7 +62,7 @@ class TrainedLoad {
   std::vector<double> loads(int stage, double base, double StageSeconds::*part,
                             std::vector<std::vector<int>> RankSides::*ran, const StepSides& step);
 
-  const spec::RunSpec& run_;
+  const cost::CostModel& cost_;
   const plan::Plan& plan_;
   const RankProgram& program_;
   std::vector<StageSeconds> base_;  // the program as it was priced

@@ -70,7 +70,7 @@ struct Clip4 {
 
 TEST(TrainedLoad, MicrobatchesLikeTheMeanScaleByOne) {
   Clip4 c;
-  TrainedLoad load(c.run, c.plan, c.program);
+  TrainedLoad load(c.cost, c.plan, c.program);
   const pipeline::Program p = c.scaled(load, c.step(Clip4::halves()));
   for (const auto& stage : p.stages) {
     ASSERT_EQ(stage.work_scale.size(), 2u * 16u);  // replicas x microbatches
@@ -88,12 +88,12 @@ TEST(TrainedLoad, MicrobatchesLikeTheMeanScaleByOne) {
 // prices, and the replayed step waits for it at every batch-sync.
 TEST(TrainedLoad, TheReplicaOnLargerImagesSetsThePace) {
   Clip4 c;
-  TrainedLoad load(c.run, c.plan, c.program);
+  TrainedLoad load(c.cost, c.plan, c.program);
   const std::vector<int> large(8, 32), small(8, 16);
   const pipeline::Program skewed = c.scaled(load, c.step(small, 1, large));
   const cost::CostModel at_large(c.run, cost::TrainedImages{large});
-  const auto large_seconds = stage_seconds(orchestrate::build_program(at_large, c.plan));
-  const auto mean_seconds = stage_seconds(c.program.program);
+  const auto large_seconds = stage_seconds(at_large, c.plan, c.program.program.schedule);
+  const auto mean_seconds = stage_seconds(c.cost, c.plan, c.program.program.schedule);
   for (std::size_t s = 0; s < skewed.stages.size(); ++s) {
     const auto& scale = skewed.stages[s].work_scale;
     EXPECT_LT(scale[0], 1.0);  // replica 0: small images
@@ -120,7 +120,7 @@ TEST(TrainedLoad, AColocatedEncodersTasksScaleByTheirOwnImages) {
   const cost::CostModel cost(run, cost::TrainedImages{mean});
   const RankProgram program =
       rank_program(cost, plan, spec::Schedule::optimus_fine, runtime::build_groups(run.model, plan, 2), 0);
-  TrainedLoad load(run, plan, program);
+  TrainedLoad load(cost, plan, program);
   const std::vector<int> even{16, 32, 16, 32}, large(4, 32);
   StepSides step(2);
   for (auto& rank : step) {
@@ -130,9 +130,20 @@ TEST(TrainedLoad, AColocatedEncodersTasksScaleByTheirOwnImages) {
   step[1].encoder_microbatches[0] = large;  // stage 1's first encoder microbatch: the largest images
   pipeline::Program scaled = program.program;
   load.apply(step, scaled);
-  const auto at_large =
-      stage_seconds(orchestrate::build_program(cost::CostModel(run, {large}), plan, spec::Schedule::optimus_fine));
-  const auto priced = stage_seconds(program.program);
+  const auto at_large = stage_seconds(cost::CostModel(run, {large}), plan, spec::Schedule::optimus_fine);
+  const auto priced = stage_seconds(cost, plan, spec::Schedule::optimus_fine);
+  // The encoder's price is what its tasks of one microbatch run in the program, layer by layer.
+  for (std::size_t s = 0; s < 2; ++s) {
+    const auto& st = program.program.stages[s];
+    double tasks = 0;
+    for (const auto& i : st.instructions) {
+      if (i.op != pipeline::Op::encoder_task || i.microbatch != 0) continue;
+      const auto& u = st.units[static_cast<std::size_t>(i.unit)];
+      if (u.kind == pipeline::UnitKind::encoder_shard) continue;
+      tasks += (i.flags & pipeline::kBackwardTask) ? u.backward_s + u.backward_tp_s : u.forward_s + u.forward_tp_s;
+    }
+    EXPECT_NEAR(priced[s].encoder, tasks, 1e-9 * tasks) << "stage " << s;
+  }
   for (std::size_t s = 0; s < 2; ++s) {
     ASSERT_GT(priced[s].encoder, 0);
     for (double w : scaled.stages[s].work_scale) EXPECT_NEAR(w, 1.0, 1e-12);
@@ -144,14 +155,38 @@ TEST(TrainedLoad, AColocatedEncodersTasksScaleByTheirOwnImages) {
   EXPECT_GT(sim::simulate(scaled).step_time_s, sim::simulate(program.program).step_time_s);
 }
 
+// Tensor-parallel ranks run in lock step: the replica's load is the most of theirs.
+TEST(TrainedLoad, ATensorParallelReplicaRunsAtItsSlowestRanksLoad) {
+  Clip4 c;
+  const plan::Plan tp2 = c.fixed(plan::parse_plan_text(
+      "strategy: megatron\nlayout: monolithic\ndevices: 4\nschedule: batch-sync\nmodules:\n"
+      "  - {name: image_encoder, role: encoder, tp: 2, pp: 1, dp: 2, first_device: 0, devices: 4, microbatch_size: 8}\n"
+      "  - {name: text_encoder, role: encoder, tp: 2, pp: 1, dp: 2, first_device: 0, devices: 4, microbatch_size: 8}\n",
+      c.run));
+  const RankProgram program = rank_program(c.cost, tp2, std::nullopt, runtime::build_groups(c.run.model, tp2, 4), 0);
+  ASSERT_EQ(program.program.stages.size(), 1u);
+  ASSERT_EQ(program.program.stages[0].devices_per_replica, 2);
+  TrainedLoad load(c.cost, tp2, program);
+  StepSides step(4);
+  for (auto& rank : step) rank.microbatches.assign(8, Clip4::halves());
+  step[static_cast<std::size_t>(program.rank_of(0, 1, 1))].microbatches[3] = std::vector<int>(8, 32);
+  pipeline::Program scaled = program.program;
+  load.apply(step, scaled);
+  const auto& w = scaled.stages[0].work_scale;
+  ASSERT_EQ(w.size(), 16u);
+  EXPECT_NEAR(w[8 + 2], 1.0, 1e-12);
+  EXPECT_GT(w[8 + 3], 1.0);  // replica 1, microbatch 3: its TP rank 1 ran the largest images
+  EXPECT_NEAR(w[3], 1.0, 1e-12);
+}
+
 TEST(TrainedLoad, StepsOfAnotherWorldOrRaggedReplicasAreRefused) {
   Clip4 c;
-  TrainedLoad load(c.run, c.plan, c.program);
+  TrainedLoad load(c.cost, c.plan, c.program);
   StepSides three(3, RankSides{std::vector<std::vector<int>>(16, Clip4::halves()), {}});
   test::expect_error([&] { c.scaled(load, three); }, Status::invalid_argument, {"3 ranks", "world of 4"});
   StepSides ragged = c.step(Clip4::halves());
   ragged[static_cast<std::size_t>(c.program.rank_of(0, 1, 0))].microbatches.pop_back();
-  test::expect_error([&] { c.scaled(load, ragged); }, Status::invalid_argument, {"replicas ran 16 and 15"});
+  test::expect_error([&] { c.scaled(load, ragged); }, Status::invalid_argument, {"its ranks ran 16 and 15"});
 }
 
 TEST(TrainedLoad, TheSimulatorRefusesLoadsThatAreNone) {
