@@ -32,8 +32,9 @@ struct PrefetchOptions {
 class Prefetcher {
  public:
   using Render = std::function<data::Sample(std::int64_t index)>;
-  // Steps first .. last (inclusive) of `replica`'s share; `render` makes one sample (the
-  // loader's dataset by default). `loader` outlives the prefetcher.
+  // Steps first .. last (inclusive) of `replica`'s share; `render` makes one sample (by
+  // default the loader's dataset renders it, or describes it when options.pixels is false).
+  // `loader` outlives the prefetcher.
   Prefetcher(const Loader& loader, int replica, std::int64_t first, std::int64_t last, PrefetchOptions options = {},
              Render render = {});
   ~Prefetcher();

@@ -17,8 +17,7 @@ void MeasuredSteps::add(const StepResult& r) {
   seconds += r.seconds;
   data_seconds += r.data_seconds;
   for (std::size_t c = 0; c < idle.size(); ++c) idle[c] += r.idle[c];
-  const auto keep = replayed_steps(planned);
-  if (planned <= 0 || std::binary_search(keep.begin(), keep.end(), steps - 1))
+  if (std::binary_search(replayed.begin(), replayed.end(), steps - 1))
     sides.push_back({r.microbatch_sides, r.encoder_microbatch_sides});
 }
 
@@ -48,20 +47,19 @@ void take(const std::int32_t*& at, std::vector<std::vector<int>>& mbs) {
   }
 }
 
-// Every rank's images of the replayed steps: per step, per rank.
-std::vector<StepSides> gather_sides(const MeasuredSteps& mine, const std::vector<std::int64_t>& steps,
-                                    runtime::Communicator& world) {
+// Every rank's images of the steps it kept: per step, per rank.
+std::vector<StepSides> gather_sides(const MeasuredSteps& mine, runtime::Communicator& world) {
   std::vector<std::int32_t> flat;
-  for (std::int64_t s : steps) {
-    put(mine.sides[static_cast<std::size_t>(s)].microbatches, flat);
-    put(mine.sides[static_cast<std::size_t>(s)].encoder_microbatches, flat);
+  for (const RankSides& step : mine.sides) {
+    put(step.microbatches, flat);
+    put(step.encoder_microbatches, flat);
   }
   std::int64_t width[1] = {static_cast<std::int64_t>(flat.size())};
   world.allreduce(std::span<std::int64_t>(width), runtime::ReduceOp::max);
   flat.resize(static_cast<std::size_t>(width[0]));
   std::vector<std::int32_t> all(flat.size() * static_cast<std::size_t>(world.size()));
   world.allgather(std::as_bytes(std::span<const std::int32_t>(flat)), std::as_writable_bytes(std::span(all)));
-  std::vector<StepSides> out(steps.size(), StepSides(static_cast<std::size_t>(world.size())));
+  std::vector<StepSides> out(mine.sides.size(), StepSides(static_cast<std::size_t>(world.size())));
   for (std::size_t rank = 0; rank < static_cast<std::size_t>(world.size()); ++rank) {
     const std::int32_t* at = all.data() + rank * flat.size();
     for (auto& step : out) {
@@ -74,9 +72,8 @@ std::vector<StepSides> gather_sides(const MeasuredSteps& mine, const std::vector
 
 }  // namespace
 
-StepComparison compare_with_simulation(const MeasuredSteps& mine, const RankProgram& ran, runtime::Communicator& world,
-                                       TrainedLoad* load) {
-  const pipeline::Program& program = ran.program;
+StepComparison compare_with_simulation(const MeasuredSteps& mine, const pipeline::Program& program,
+                                       runtime::Communicator& world, TrainedLoad* load) {
   StepComparison c;
   c.schedule = program.schedule;
   c.steps = mine.steps;
@@ -98,13 +95,8 @@ StepComparison compare_with_simulation(const MeasuredSteps& mine, const RankProg
   if (!load || mine.steps == 0) return c;
 
   // Replayed on rank 0, the others told: whether it was, the step and the idle time by cause,
-  // the mean of the steps. What was kept is what to replay when the trainer planned its steps.
-  std::vector<std::int64_t> steps;
-  if (mine.planned > 0)
-    for (std::size_t k = 0; k < mine.sides.size(); ++k) steps.push_back(static_cast<std::int64_t>(k));
-  else
-    steps = replayed_steps(mine.steps);
-  const std::vector<StepSides> sides = gather_sides(mine, steps, world);
+  // the mean of the steps.
+  const std::vector<StepSides> sides = gather_sides(mine, world);
   std::array<double, sim::kCauseCount + 2> mean{};  // [0]: 1 when replayed
   if (world.rank() == 0) {
     try {
@@ -126,7 +118,7 @@ StepComparison compare_with_simulation(const MeasuredSteps& mine, const RankProg
   if (mean[0] != 1) return c;
   c.simulated_step_s = mean[1];
   std::copy(mean.begin() + 2, mean.end(), c.simulated_idle_s.begin());
-  c.replayed_steps = static_cast<std::int64_t>(steps.size());
+  c.replayed_steps = static_cast<std::int64_t>(sides.size());
   return c;
 }
 

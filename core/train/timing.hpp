@@ -28,10 +28,10 @@ struct MeasuredSteps {
   std::array<double, sim::kCauseCount> idle{};
   // Times the host waited for the device (DeviceBackend::host_waits); -1: no device.
   std::int64_t host_waits = -1;
-  // The steps that will be timed, when known: only the images of those the simulator replays
-  // (replayed_steps(planned)) are kept. 0: every step's.
-  std::int64_t planned = 0;
-  std::vector<RankSides> sides;  // the kept steps' images of their microbatches (StepResult)
+  // The steps (indices among the timed ones, ascending: replayed_steps) whose images are kept
+  // for the simulator to replay, and those images (StepResult's), in order.
+  std::vector<std::int64_t> replayed;
+  std::vector<RankSides> sides;
   void add(const StepResult& r);
 };
 
@@ -58,7 +58,7 @@ struct StepComparison {
 
 // Collective over `world`: every rank's steps against the simulation of `program`, replayed on
 // the batches each step trained when `load` is given (rank 0 prices them).
-StepComparison compare_with_simulation(const MeasuredSteps& mine, const RankProgram& program,
+StepComparison compare_with_simulation(const MeasuredSteps& mine, const pipeline::Program& program,
                                        runtime::Communicator& world, TrainedLoad* load);
 // "measured step 12.34 ms ..., simulated ...: measured/simulated 0.53" and the idle lines.
 std::string format_comparison(const StepComparison& c);

@@ -370,7 +370,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   MeasuredSteps measured;
   if (device.backend) measured.host_waits = 0;
   // The steps the loop below times: every one after the first it runs, or that one alone.
-  measured.planned = total > first ? total - first : total == first ? 1 : 0;
+  measured.replayed = replayed_steps(total > first ? total - first : total == first ? 1 : 0);
   bool live_line = false;  // rank 0's progress line on a terminal is open (no newline yet)
   // A live progress line stays as it stands when another line goes below it.
   const auto end_live_line = [&] {
@@ -436,7 +436,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   }
   if (!o.trace_path.empty()) write_measured_trace(o.trace_path, executor.program(), executor.executed(), comm);
   TrainedLoad load(cost, o.plan, executor.program());
-  report.comparison = compare_with_simulation(measured, executor.program(), comm, &load);
+  report.comparison = compare_with_simulation(measured, executor.program().program, comm, &load);
   const bool trained = total >= first;  // the same on every rank: a resumed run may have nothing left
   if (trained) report.memory = compare_with_prediction(executor.memory(), run, o.plan, comm);
   if (rank == 0) {
