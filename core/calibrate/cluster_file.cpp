@@ -66,6 +66,8 @@ std::string link_yaml(const LinkFit& f, bool inter, const std::string& what) {
   return out;
 }
 
+bool is_backward(const Timing& t) { return t.what.find("backward") != std::string::npos; }
+
 }  // namespace
 
 Fitted fit(const Calibration& c) {
@@ -76,14 +78,16 @@ Fitted fit(const Calibration& c) {
   for (const auto& t : c.gemms) gemm.emplace_back(t.work / 3 * 1e-9, t.work / t.seconds / f.peak_flops);
   f.gemm = table(gemm);
   f.memory_bandwidth = c.memory.work / c.memory.seconds;
-  std::vector<std::pair<double, double>> elementwise;
-  // Each case is layer norm and GELU each way and an add over arrays of n floats: work is
-  // 60 n bytes, a forward kernel moves 8 n (the size the cost model prices it at).
-  for (const auto& t : c.elementwise) elementwise.emplace_back(t.work * 8 / 60 / kMiB, t.work / t.seconds / 1e9);
+  std::vector<std::pair<double, double>> elementwise, elementwise_backward;
+  // Each case is layer norm, GELU and an add over arrays of n floats, one way: work is 28 n
+  // bytes forward (a norm's or GELU's call moves 8 n of them, the size the cost model looks
+  // it up at), 56 n backward (a call charged 16 n): 2/7 of the work either way.
+  for (const auto& t : c.elementwise)
+    (is_backward(t) ? elementwise_backward : elementwise).emplace_back(t.work * 2 / 7 / kMiB, t.work / t.seconds / 1e9);
   f.elementwise = table(elementwise);
+  f.elementwise_backward = table(elementwise_backward);
   std::vector<double> forward, backward;
-  for (const auto& t : c.attention)
-    (t.what.find("backward") != std::string::npos ? backward : forward).push_back(t.work / t.seconds / f.peak_flops);
+  for (const auto& t : c.attention) (is_backward(t) ? backward : forward).push_back(t.work / t.seconds / f.peak_flops);
   f.attention_forward = std::min(1.0, median(forward));
   f.attention_backward = std::min(1.0, median(backward));
   f.intra = fit_link(c.intra, false);
@@ -144,9 +148,10 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
   y += "  # Linear op forward + backward (three GEMMs) at a ladder of shapes: [GFLOP of one GEMM,\n";
   y += "  # fraction of peak_tflops].\n";
   y += "  gemm:\n" + rows_yaml(f.gemm, "    ");
-  y += "  # Layer norm and GELU forward and backward, a residual add: [MiB of one kernel call, GB/s\n";
-  y += "  # of the bytes the cost model charges them (a backward: twice its forward's)].\n";
+  y += "  # Layer norm, GELU and a residual add forward: [MiB of one kernel call, GB/s of the bytes\n";
+  y += "  # the cost model charges them]; then their backward (a call charged twice its forward's).\n";
   y += "  elementwise:\n" + rows_yaml(f.elementwise, "    ");
+  y += "  elementwise_backward:\n" + rows_yaml(f.elementwise_backward, "    ");
   y += "  # The triad's own rate: GEMMs stream their operands at it (the memory roofline).\n";
   y += "  memory: 1\n";
   y += "  # The host's materialised attention (median over shapes), as a fraction of peak_tflops,\n";
@@ -203,6 +208,7 @@ nlohmann::ordered_json to_json(const Calibration& c, const Fitted& f) {
                  {"gemm", f.gemm},
                  {"memory_bandwidth_bytes_per_s", f.memory_bandwidth},
                  {"elementwise_mib_gbs", f.elementwise},
+                 {"elementwise_backward_mib_gbs", f.elementwise_backward},
                  {"attention_forward", f.attention_forward},
                  {"attention_backward", f.attention_backward},
                  {"shared_core_efficiency", f.shared_core_efficiency},
@@ -223,9 +229,12 @@ std::string summary(const Calibration& c, const Fitted& f) {
        num(100 * f.gemm.front().second) + "% of it at " + num(f.gemm.front().first * 1e9 / 1e3) + " kFLOP, " +
        num(100 * f.gemm.back().second) + "% at " + num(f.gemm.back().first) + " GFLOP\n";
   s += "  memory bandwidth (triad)    " + num(f.memory_bandwidth / 1e9) + " GB/s per process\n";
-  s += "  element-wise kernels        " + num(f.elementwise.front().second) + " GB/s at " +
-       num(f.elementwise.front().first * 1024) + " KiB, " + num(f.elementwise.back().second) + " GB/s at " +
-       num(f.elementwise.back().first) + " MiB\n";
+  auto rates = [](const std::vector<std::pair<double, double>>& t) {
+    return num(t.front().second) + " GB/s at " + num(t.front().first * 1024) + " KiB, " + num(t.back().second) +
+           " GB/s at " + num(t.back().first) + " MiB";
+  };
+  s += "  element-wise kernels        forward " + rates(f.elementwise) + "; backward " + rates(f.elementwise_backward) +
+       "\n";
   s += "  attention (materialised)    forward " + num(100 * f.attention_forward) + "%, backward " +
        num(100 * f.attention_backward) + "% of peak\n";
   auto link = [&](const char* name, const LinkFit& l) {

@@ -37,11 +37,12 @@ struct Calibration {
 
 // The cost-model figures derived from the timings.
 struct Fitted {
-  double peak_flops = 0;                                 // the best GEMM rate measured
-  std::vector<std::pair<double, double>> gemm;           // [gflop of one GEMM, fraction of peak]
-  double memory_bandwidth = 0;                           // bytes/s
-  std::vector<std::pair<double, double>> elementwise;    // [MiB moved, GB/s]
-  double attention_forward = 0, attention_backward = 0;  // fraction of peak
+  double peak_flops = 0;                                        // the best GEMM rate measured
+  std::vector<std::pair<double, double>> gemm;                  // [gflop of one GEMM, fraction of peak]
+  double memory_bandwidth = 0;                                  // bytes/s
+  std::vector<std::pair<double, double>> elementwise;           // forward calls: [MiB moved, GB/s]
+  std::vector<std::pair<double, double>> elementwise_backward;  // backward calls, the same
+  double attention_forward = 0, attention_backward = 0;         // fraction of peak
   LinkFit intra;
   std::optional<LinkFit> inter;
   // Shared cores: the share of its cores' time a host turns into work when every process

@@ -68,6 +68,12 @@ double DeviceModel::memory_seconds(double bytes) const {
   return stream_seconds(bytes);
 }
 
+double DeviceModel::backward_memory_seconds(double bytes) const {
+  const auto& measured = cluster_->efficiency.elementwise_backward;
+  if (!measured.empty()) return bytes / (interpolate(measured, bytes / (1024.0 * 1024.0)) * 1e9);
+  return memory_seconds(bytes);
+}
+
 double DeviceModel::stream_seconds(double bytes) const {
   return bytes / (cluster_->memory_bandwidth * cluster_->efficiency.memory);
 }

@@ -26,6 +26,9 @@ class DeviceModel {
   // Element-wise kernels that move `bytes` through HBM: the cluster's measured element-wise
   // rates where it has them (`braid calibrate`), else memory bandwidth x efficiency.memory.
   double memory_seconds(double bytes) const;
+  // The backward of such a kernel, charged `bytes` (twice its forward's): the cluster's
+  // measured backward rates where it has them apart, else as memory_seconds.
+  double backward_memory_seconds(double bytes) const;
   // Streaming `bytes` at memory bandwidth x efficiency.memory: a GEMM's memory roofline.
   double stream_seconds(double bytes) const;
   // A fused (flash) attention kernel doing `flops`.

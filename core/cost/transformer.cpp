@@ -23,10 +23,10 @@ void add_gemm(BlockCost& c, double m, double n, double k, double batch, bool wei
 }
 
 // Memory-bound kernels: `bytes` in forward, twice that in backward (read saved
-// inputs and incoming gradients, write outgoing gradients).
+// inputs and incoming gradients, write outgoing gradients), each at its own measured rate.
 void add_elementwise(BlockCost& c, double bytes, const BlockContext& ctx) {
   c.forward_s += ctx.device->memory_seconds(bytes);
-  if (ctx.grads.any()) c.backward_s += ctx.device->memory_seconds(2 * bytes);
+  if (ctx.grads.any()) c.backward_s += ctx.device->backward_memory_seconds(2 * bytes);
 }
 
 // A linear layer of a transformer block, activations [m,k] x weight [k,n]: as add_gemm,

@@ -6,6 +6,36 @@
 
 namespace braid::pipeline {
 
+const char* work_kind_name(WorkKind kind) {
+  switch (kind) {
+    case WorkKind::forward:
+      return "forward";
+    case WorkKind::backward:
+      return "backward";
+    case WorkKind::other:
+      return "other";
+    case WorkKind::communication:
+      break;
+  }
+  return "communication";
+}
+
+WorkKind work_kind(const Instruction& i) {
+  switch (i.op) {
+    case Op::forward:
+      return WorkKind::forward;
+    case Op::backward:
+      return WorkKind::backward;
+    case Op::encoder_task:
+      return (i.flags & kBackwardTask) ? WorkKind::backward : WorkKind::forward;
+    case Op::load_microbatch:
+    case Op::optimizer_step:
+      return WorkKind::other;
+    default:
+      return WorkKind::communication;
+  }
+}
+
 const char* op_name(Op op) {
   switch (op) {
     case Op::load_microbatch:

@@ -27,6 +27,13 @@ enum class Op : std::uint8_t {
 constexpr int kOpCount = 11;
 const char* op_name(Op op);
 
+// What a step's compute time goes to, by instruction: forwards (a colocated encoder's forward
+// tasks too; a two-phase recompute is a forward), backwards (and its backward tasks), the rest
+// (loading a microbatch, the optimizer step); communication is none of them.
+enum class WorkKind : std::uint8_t { forward, backward, other, communication };
+constexpr int kComputeKinds = 3;  // the kinds before `communication`
+const char* work_kind_name(WorkKind kind);
+
 // Bits of Instruction::flags.
 enum : std::uint8_t {
   kNoStore = 1,       // two-phase batch-sync: forward that keeps no activations
@@ -51,6 +58,7 @@ struct Instruction {
   std::int32_t unit = 0;         // which WorkUnit of the stage a forward/backward/task runs
   std::uint8_t flags = 0;
 };
+WorkKind work_kind(const Instruction& i);
 
 // What a work unit runs, for an executor (the simulator needs only its times).
 enum class UnitKind : std::uint8_t {

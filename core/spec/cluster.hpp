@@ -37,6 +37,11 @@ struct EfficiencyTable {
   // log(size), as `braid calibrate` measures it (caches make small kernels faster than
   // memory); when given, it prices element-wise kernels instead of `memory`.
   std::vector<std::pair<double, double>> elementwise;
+  // The same for backward calls, when measured apart (`braid calibrate`): on a CPU a norm's or
+  // an activation's backward takes about 1.2x its forward, not the 2x its bytes say, so one
+  // table for both overprices backwards and underprices forwards, and a pipeline's critical
+  // path (forwards to the last stage) with them. Empty: `elementwise` prices both.
+  std::vector<std::pair<double, double>> elementwise_backward;
   double flash_attention_forward = 0.6;  // fused attention kernels, fraction of peak
   double flash_attention_backward = 0.5;
 };

@@ -90,7 +90,12 @@ StepResult Executor::step(std::int64_t step, double lr) {
   work_->begin_step(step, r);
   executed_ =
       interpreter_.run(program_.instructions(), program_.online() ? work_->fill_rules() : nullptr, options_.on_fatal);
-  for (const auto& e : executed_) r.idle[static_cast<std::size_t>(cause_of(e.index))] += e.waited;
+  for (const auto& e : executed_) {
+    r.idle[static_cast<std::size_t>(cause_of(e.index))] += e.waited;
+    const pipeline::WorkKind kind = pipeline::work_kind(program_.instructions()[static_cast<std::size_t>(e.index)]);
+    if (kind != pipeline::WorkKind::communication)
+      r.compute[static_cast<std::size_t>(kind)] += e.end - e.start - e.waited;
+  }
   for (double s : r.idle) r.wait_seconds += s;
   r.seconds = now_seconds() - start;
   work_->end_step();

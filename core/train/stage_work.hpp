@@ -36,7 +36,10 @@ struct StepResult {
   double wait_seconds = 0;                      // blocked in receives and collectives (the sum of idle)
   double data_seconds = 0;                      // waiting for the step's samples
   std::array<double, sim::kCauseCount> idle{};  // blocked seconds by cause, as the simulator counts them
-  std::int64_t samples = 0;                     // the global batch
+  // Seconds of compute by pipeline::WorkKind (forward, backward, other): what the
+  // instructions took, less what they waited.
+  std::array<double, pipeline::kComputeKinds> compute{};
+  std::int64_t samples = 0;  // the global batch
   // Per microbatch of this rank's stage (the program's numbering), the image sides of the
   // samples this rank ran in it: what the step's work depended on (trained_load.hpp).
   std::vector<std::vector<int>> microbatch_sides;

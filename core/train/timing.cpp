@@ -17,6 +17,7 @@ void MeasuredSteps::add(const StepResult& r) {
   seconds += r.seconds;
   data_seconds += r.data_seconds;
   for (std::size_t c = 0; c < idle.size(); ++c) idle[c] += r.idle[c];
+  for (std::size_t k = 0; k < compute.size(); ++k) compute[k] += r.compute[k];
   if (std::binary_search(replayed.begin(), replayed.end(), steps - 1))
     sides.push_back({r.microbatch_sides, r.encoder_microbatch_sides});
 }
@@ -83,15 +84,25 @@ StepComparison compare_with_simulation(const MeasuredSteps& mine, const pipeline
   world.allreduce(std::span<double>(most), runtime::ReduceOp::max);
   c.measured_step_s = most[0];
   c.host_waits_per_step = most[1];
-  std::array<double, sim::kCauseCount + 1> sums{};
+  // Per rank and step, summed over ranks: idle by cause, data waits, compute by kind.
+  constexpr std::size_t kData = sim::kCauseCount, kCompute = kData + 1;
+  std::array<double, kCompute + pipeline::kComputeKinds> sums{};
   for (std::size_t k = 0; k < mine.idle.size(); ++k) sums[k] = mine.idle[k] * per;
-  sums.back() = mine.data_seconds * per;
+  sums[kData] = mine.data_seconds * per;
+  for (std::size_t k = 0; k < mine.compute.size(); ++k) sums[kCompute + k] = mine.compute[k] * per;
   world.allreduce(std::span<double>(sums));
   for (std::size_t k = 0; k < mine.idle.size(); ++k) c.measured_idle_s[k] = sums[k] / world.size();
-  c.data_wait_s = sums.back() / world.size();
-  const sim::Result r = sim::simulate(program);
+  c.data_wait_s = sums[kData] / world.size();
+  for (std::size_t k = 0; k < mine.compute.size(); ++k) c.measured_compute_s[k] = sums[kCompute + k] / world.size();
+  const sim::Result r = sim::simulate(program, {.trace = true, .trace_replicas = -1});
   c.priced_step_s = c.simulated_step_s = r.step_time_s;
   c.simulated_idle_s = r.bubbles;
+  for (const sim::TraceEvent& e : r.trace) {
+    const pipeline::WorkKind kind = pipeline::work_kind(
+        program.stages[static_cast<std::size_t>(e.stage)].instructions[static_cast<std::size_t>(e.instruction)]);
+    if (e.lane == 0 && kind != pipeline::WorkKind::communication)
+      c.simulated_compute_s[static_cast<std::size_t>(kind)] += e.duration / std::max(r.ranks, 1);
+  }
   if (!load || mine.steps == 0) return c;
 
   // Replayed on rank 0, the others told: whether it was, the step and the idle time by cause,
@@ -135,6 +146,23 @@ std::string idle_list(const std::array<double, sim::kCauseCount>& idle) {
   return out.empty() ? "none" : out;
 }
 
+std::string compute_list(const std::array<double, pipeline::kComputeKinds>& compute) {
+  std::string out;
+  for (int k = 0; k < pipeline::kComputeKinds; ++k)
+    append_item(out,
+                std::string(pipeline::work_kind_name(static_cast<pipeline::WorkKind>(k))) + " " +
+                    seconds(compute[static_cast<std::size_t>(k)]),
+                ", ");
+  return out;
+}
+
+nlohmann::ordered_json compute_json(const std::array<double, pipeline::kComputeKinds>& compute) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (int k = 0; k < pipeline::kComputeKinds; ++k)
+    j[pipeline::work_kind_name(static_cast<pipeline::WorkKind>(k))] = compute[static_cast<std::size_t>(k)];
+  return j;
+}
+
 }  // namespace
 
 std::string format_comparison(const StepComparison& c) {
@@ -150,6 +178,8 @@ std::string format_comparison(const StepComparison& c) {
          spec::schedule_name(c.schedule) + "): measured/simulated " + fixed(c.ratio(), 2) + "\n" + replay +
          "idle per rank and step, measured   " + idle_list(c.measured_idle_s) + "\n" +
          "idle per rank and step, simulated  " + idle_list(c.simulated_idle_s) + "\n" +
+         "compute per rank and step, measured   " + compute_list(c.measured_compute_s) + "\n" +
+         "compute per rank and step, simulated  " + compute_list(c.simulated_compute_s) + "\n" +
          "waiting for data per rank and step " + seconds(c.data_wait_s) + "\n" +
          (c.host_waits_per_step < 0
               ? std::string()
@@ -173,7 +203,9 @@ std::string comparison_json(const StepComparison& c, std::int64_t step) {
                            {"measured_over_simulated", c.ratio()},
                            {"data_wait_s", c.data_wait_s},
                            {"measured_idle_s", measured},
-                           {"simulated_idle_s", simulated}};
+                           {"simulated_idle_s", simulated},
+                           {"measured_compute_s", compute_json(c.measured_compute_s)},
+                           {"simulated_compute_s", compute_json(c.simulated_compute_s)}};
   if (c.host_waits_per_step >= 0) j["host_waits_per_step"] = c.host_waits_per_step;
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }

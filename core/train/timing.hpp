@@ -26,6 +26,7 @@ struct MeasuredSteps {
   double seconds = 0;
   double data_seconds = 0;
   std::array<double, sim::kCauseCount> idle{};
+  std::array<double, pipeline::kComputeKinds> compute{};
   // Times the host waited for the device (DeviceBackend::host_waits); -1: no device.
   std::int64_t host_waits = -1;
   // The steps (indices among the timed ones, ascending: replayed_steps) whose images are kept
@@ -52,7 +53,11 @@ struct StepComparison {
   std::string replay_problem;  // why there was no replay, when one was asked for and failed (rank 0)
   double data_wait_s = 0;      // per step, mean over ranks
   std::array<double, sim::kCauseCount> measured_idle_s{}, simulated_idle_s{};  // per rank and step
-  double host_waits_per_step = -1;                                             // the most of any rank; -1: no device
+  // Compute per rank and step by pipeline::WorkKind, mean over ranks; simulated: the program
+  // as priced (where forwards and backwards are mispriced apart, a pipeline's critical path
+  // is, even when their sum is right).
+  std::array<double, pipeline::kComputeKinds> measured_compute_s{}, simulated_compute_s{};
+  double host_waits_per_step = -1;  // the most of any rank; -1: no device
   double ratio() const { return simulated_step_s > 0 ? measured_step_s / simulated_step_s : 0; }
 };
 

@@ -660,6 +660,10 @@ class Cli(unittest.TestCase):
             self.assertRegex(r.stdout, r"\nsimulated step replayed on the images of 2 of those steps, microbatch by microbatch; "
                                        r"[\d.]+ m?s with every microbatch at their mean\n")
             self.assertRegex(r.stdout, r"idle per rank and step, measured   .*pp_")
+            # Compute by kind, measured and simulated, in the same words.
+            for side in ("measured  ", "simulated "):
+                self.assertRegex(r.stdout, rf"\ncompute per rank and step, {side} forward [\d.]+ m?s, backward [\d.]+ m?s, "
+                                           r"other [\d.]+ [mu]?s\n")
             summary = [m for m in metrics(d + "/m.jsonl") if m.get("summary")]
             self.assertEqual(len(summary), 1)
             s = summary[0]
@@ -671,6 +675,14 @@ class Cli(unittest.TestCase):
             self.assertGreater(s["simulated_step_s"], 0)
             self.assertGreater(s["priced_step_s"], 0)
             self.assertEqual(s["replayed_steps"], 2)
+            for side in ("measured_compute_s", "simulated_compute_s"):
+                self.assertEqual(list(s[side]), ["forward", "backward", "other"])
+                # Every rank runs forwards and backwards, and a training backward outweighs its forward.
+                self.assertGreater(s[side]["forward"], 0)
+                self.assertGreater(s[side]["backward"], s[side]["forward"] * 0.5)
+            # A rank computes within its step: the slowest rank's mean step bounds the mean rank's compute.
+            self.assertLessEqual(sum(s["measured_compute_s"].values()), s["measured_step_s"])
+            self.assertLessEqual(sum(s["simulated_compute_s"].values()), s["priced_step_s"] * (1 + 1e-9))
             # Two llm stages: some rank waits on its neighbour, and the waits are classified.
             self.assertGreater(sum(v for k, v in s["measured_idle_s"].items() if k.startswith("pp_")), 0)
             # The measured trace is laid out as braid simulate's: the same metadata, events and arguments.

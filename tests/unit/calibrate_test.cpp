@@ -95,9 +95,10 @@ calibrate::Calibration made_up() {
     const double work = 6 * 256 * w * w, eff = 0.2 + 0.8 * w / 256;
     c.gemms.push_back({"gemm", work, work / (peak * eff)});
   }
-  for (double n : {4096.0, 65536.0, 1048576.0}) {
-    const double work = 60 * n, rate = 6e9 - 1e3 * n;
-    c.elementwise.push_back({"element-wise", work, work / rate});
+  for (double n : {4096.0, 65536.0, 1048576.0}) {  // backwards slower per byte than forwards
+    const double work = 28 * n, rate = 6e9 - 1e3 * n;
+    c.elementwise.push_back({"element-wise forward", work, work / rate});
+    c.elementwise.push_back({"element-wise backward", 2 * work, 2 * work / (0.6 * rate)});
   }
   c.memory = {"triad", 3 * 4 * 1e8, 3 * 4 * 1e8 / 15e9};
   c.attention = {{"attention forward", 1e6, 1e6 / (0.2 * peak)}, {"attention backward", 2.5e6, 2.5e6 / (0.8 * peak)}};
@@ -120,12 +121,14 @@ TEST(Calibrate, TheClusterFilePricesTheMeasuredCasesAsMeasured) {
     const double w = std::sqrt(c.gemms[i].work / 6 / 256);
     EXPECT_NEAR(3 * device.gemm_seconds(256, w, w) / c.gemms[i].seconds, 1, 0.01) << "width " << w;
   }
-  // An element-wise case is layer norm and GELU each way and an add: five kernels whose bytes,
-  // as the cost model counts them, sum to the case's work at the case's rate.
+  // An element-wise case is layer norm, GELU and an add one way: three kernels whose bytes, as
+  // the cost model counts them, sum to the case's work at the case's rate; a backward call
+  // (charged twice its forward's bytes) at the backward cases' rate.
   for (const auto& t : c.elementwise) {
-    const double forward_bytes = t.work * 8 / 60;
-    const double rate = forward_bytes / device.memory_seconds(forward_bytes);
-    EXPECT_NEAR(rate / (t.work / t.seconds), 1, 0.01);
+    const bool backward = t.what.find("backward") != std::string::npos;
+    const double call_bytes = t.work * 2 / 7;  // a norm's or GELU's call: 8 n bytes forward, 16 n backward
+    const double seconds = backward ? device.backward_memory_seconds(call_bytes) : device.memory_seconds(call_bytes);
+    EXPECT_NEAR(call_bytes / seconds / (t.work / t.seconds), 1, 0.01) << t.what;
   }
   EXPECT_NEAR(device.flash_attention_seconds(1e6, false) / c.attention[0].seconds, 1, 0.01);
   EXPECT_NEAR(device.flash_attention_seconds(2.5e6, true) / c.attention[1].seconds, 1, 0.01);
@@ -134,6 +137,35 @@ TEST(Calibrate, TheClusterFilePricesTheMeasuredCasesAsMeasured) {
     if (t.op != LinkOp::p2p) continue;
     EXPECT_NEAR(comm.p2p(t.bytes, false) / t.seconds, 1, 0.1) << t.bytes << " bytes";
   }
+}
+
+TEST(Calibrate, BackwardsArePricedAtTheirOwnElementwiseRate) {
+  const calibrate::Calibration c = made_up();
+  const std::string yaml = calibrate::cluster_yaml(c, calibrate::fit(c), "made-up");
+  spec::ClusterSpec measured = spec::parse_cluster(spec::parse_document(yaml, "<calibrated>"));
+  ASSERT_EQ(measured.efficiency.elementwise_backward.size(), 3u);
+  // A layer's backward takes longer on the backward table (0.6x the forward's rate) than on
+  // the forward one, and its forward is the same either way.
+  spec::RunSpec run = test::load("tiny-clip.yaml"), before = run;  // the model keeps a pointer
+  run.cluster = before.cluster = measured;
+  before.cluster.efficiency.elementwise_backward.clear();  // a file from before: one table
+  const cost::CostModel apart(run), together(before);
+  const cost::ModuleCost& a = apart.module(0, 1, 8);
+  const cost::ModuleCost& t = together.module(0, 1, 8);
+  EXPECT_DOUBLE_EQ(a.layer.forward_s, t.layer.forward_s);
+  EXPECT_GT(a.layer.backward_s, t.layer.backward_s);
+  const cost::DeviceModel one_table(before.cluster, spec::Precision::fp32);
+  EXPECT_DOUBLE_EQ(one_table.backward_memory_seconds(1 << 20), one_table.memory_seconds(1 << 20));
+  // Rows out of order are refused, naming the table.
+  std::string bad = yaml;
+  const std::size_t at = bad.find("elementwise_backward:\n");
+  ASSERT_NE(at, std::string::npos);
+  const std::size_t first = bad.find("- [", at), second = bad.find("- [", first + 3);
+  const std::size_t end = bad.find('\n', second);
+  const std::string row1 = bad.substr(first, bad.find('\n', first) - first), row2 = bad.substr(second, end - second);
+  bad.replace(second, row2.size(), row1);
+  test::expect_error([&] { spec::parse_cluster(spec::parse_document(bad, "<calibrated>")); }, Status::bad_config,
+                     {"elementwise_backward"});
 }
 
 TEST(Calibrate, TheJsonCarriesEveryTimingAndFit) {
