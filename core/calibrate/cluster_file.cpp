@@ -78,12 +78,18 @@ Fitted fit(const Calibration& c) {
   for (const auto& t : c.gemms) gemm.emplace_back(t.work / 3 * 1e-9, t.work / t.seconds / f.peak_flops);
   f.gemm = table(gemm);
   f.memory_bandwidth = c.memory.work / c.memory.seconds;
-  std::vector<std::pair<double, double>> elementwise, elementwise_backward;
-  // Each case is layer norm, GELU and an add over arrays of n floats, one way: work is 28 n
-  // bytes forward (a norm's or GELU's call moves 8 n of them, the size the cost model looks
-  // it up at), 56 n backward (a call charged 16 n): 2/7 of the work either way.
-  for (const auto& t : c.elementwise)
-    (is_backward(t) ? elementwise_backward : elementwise).emplace_back(t.work * 2 / 7 / kMiB, t.work / t.seconds / 1e9);
+  std::vector<std::pair<double, double>> elementwise, elementwise_backward, optimizer;
+  // Each case is layer norm and GELU over arrays of n floats, one way: work is 16 n bytes
+  // forward (a call moves 8 n of them, the size the cost model looks it up at), 32 n backward
+  // (a call charged 16 n): half the work either way.
+  // The optimizer's cases: the bytes of one step over the case's parameters.
+  for (const auto& t : c.elementwise) {
+    if (t.what.rfind("optimizer", 0) == 0)
+      optimizer.emplace_back(t.work / kMiB, t.work / t.seconds / 1e9);
+    else
+      (is_backward(t) ? elementwise_backward : elementwise).emplace_back(t.work / 2 / kMiB, t.work / t.seconds / 1e9);
+  }
+  f.optimizer = table(optimizer);
   f.elementwise = table(elementwise);
   f.elementwise_backward = table(elementwise_backward);
   std::vector<double> forward, backward;
@@ -148,10 +154,13 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
   y += "  # Linear op forward + backward (three GEMMs) at a ladder of shapes: [GFLOP of one GEMM,\n";
   y += "  # fraction of peak_tflops].\n";
   y += "  gemm:\n" + rows_yaml(f.gemm, "    ");
-  y += "  # Layer norm, GELU and a residual add forward: [MiB of one kernel call, GB/s of the bytes\n";
-  y += "  # the cost model charges them]; then their backward (a call charged twice its forward's).\n";
+  y += "  # Layer norm and GELU forward: [MiB of one kernel call, GB/s of the bytes the cost model\n";
+  y += "  # charges them]; then their backward (a call charged twice its forward's). Residual adds\n";
+  y += "  # stream at memory_bandwidth_gbs.\n";
   y += "  elementwise:\n" + rows_yaml(f.elementwise, "    ");
   y += "  elementwise_backward:\n" + rows_yaml(f.elementwise_backward, "    ");
+  y += "  # AdamW's step: [MiB of weights, gradients and moments it reads and writes, GB/s].\n";
+  y += "  optimizer:\n" + rows_yaml(f.optimizer, "    ");
   y += "  # The triad's own rate: GEMMs stream their operands at it (the memory roofline).\n";
   y += "  memory: 1\n";
   y += "  # The host's materialised attention (median over shapes), as a fraction of peak_tflops,\n";
@@ -209,6 +218,7 @@ nlohmann::ordered_json to_json(const Calibration& c, const Fitted& f) {
                  {"memory_bandwidth_bytes_per_s", f.memory_bandwidth},
                  {"elementwise_mib_gbs", f.elementwise},
                  {"elementwise_backward_mib_gbs", f.elementwise_backward},
+                 {"optimizer_mib_gbs", f.optimizer},
                  {"attention_forward", f.attention_forward},
                  {"attention_backward", f.attention_backward},
                  {"shared_core_efficiency", f.shared_core_efficiency},
@@ -235,6 +245,7 @@ std::string summary(const Calibration& c, const Fitted& f) {
   };
   s += "  element-wise kernels        forward " + rates(f.elementwise) + "; backward " + rates(f.elementwise_backward) +
        "\n";
+  s += "  optimizer step (AdamW)      " + rates(f.optimizer) + "\n";
   s += "  attention (materialised)    forward " + num(100 * f.attention_forward) + "%, backward " +
        num(100 * f.attention_backward) + "% of peak\n";
   auto link = [&](const char* name, const LinkFit& l) {

@@ -42,6 +42,7 @@ struct Fitted {
   double memory_bandwidth = 0;                                  // bytes/s
   std::vector<std::pair<double, double>> elementwise;           // forward calls: [MiB moved, GB/s]
   std::vector<std::pair<double, double>> elementwise_backward;  // backward calls, the same
+  std::vector<std::pair<double, double>> optimizer;             // AdamW steps: [MiB moved, GB/s]
   double attention_forward = 0, attention_backward = 0;         // fraction of peak
   LinkFit intra;
   std::optional<LinkFit> inter;

@@ -118,7 +118,7 @@ double time_call(const std::function<void()>& run, double min_seconds, int batch
 int gemm_case_count(const ComputeOptions& o) { return static_cast<int>(gemm_shapes(o).size()); }
 
 int compute_case_count(const ComputeOptions& o) {
-  return static_cast<int>(gemm_shapes(o).size() + 1 + 2 * elementwise_sizes(o).size() + 2 * attention_shapes(o).size());
+  return static_cast<int>(gemm_shapes(o).size() + 1 + 3 * elementwise_sizes(o).size() + 2 * attention_shapes(o).size());
 }
 
 std::vector<Timing> measure_gemms(const ComputeOptions& o, const CaseHook& between) {
@@ -175,39 +175,48 @@ std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook&
   nn::Ops& ops = *run.ops;
   std::vector<Timing> out;
   const auto sizes = elementwise_sizes(o);
-  const int count = static_cast<int>(2 * sizes.size());
+  const int count = static_cast<int>(3 * sizes.size());
   int index = 0;
   for (int64_t n : sizes) {
     const int64_t features = 128, rows = n / features;
     const std::string size = std::to_string(n * 4 >> 10) + " KiB";
     nn::Tensor x = run.on(filled({rows, features})), dy = run.on(filled({rows, features})),
                gamma = run.on(nn::Tensor({features}, 1.0f)), beta = run.on(nn::Tensor({features}));
-    nn::Tensor y, dx, dgamma = run.on(nn::Tensor({features})), dbeta = run.on(nn::Tensor({features})), g, dg,
-                      sum = run.on(filled({rows, features}));
+    nn::Tensor y, dx, dgamma = run.on(nn::Tensor({features})), dbeta = run.on(nn::Tensor({features})), g, dg;
     nn::LayerNormSaved saved;
-    // A residual block's element-wise work each way: forward, a norm, an activation and the
-    // residual add; backward, the norm's and the activation's and the add of the gradients.
+    // A layer's norm and activation each way. Not the residual add: a pure stream, priced at
+    // the triad's rate (on this kind of host 5-8x a norm's), which would lift the table above
+    // what the norms and activations that fill it run at.
     const auto forward = [&] {
       ops.layernorm_forward(x, gamma, beta, 1e-5f, y, saved);
       ops.gelu_forward(x, g);
-      ops.add(sum, x);
       run.wait();
     };
     const auto backward = [&] {
       ops.layernorm_backward(x, gamma, saved, dy, &dx, &dgamma, &dbeta);
       ops.gelu_backward(x, dy, dg);
-      ops.add(sum, dx);
       run.wait();
     };
     // Bytes as the cost model counts them (cost/transformer.cpp, add_elementwise): a norm's or
-    // an activation's forward reads and writes n floats, the add reads two arrays and writes
-    // one; a backward is charged twice its forward's.
-    const double forward_bytes = 4.0 * static_cast<double>(n) * (2 + 2 + 3);
+    // an activation's forward reads and writes n floats; a backward is charged twice that.
+    const double forward_bytes = 4.0 * static_cast<double>(n) * (2 + 2);
     between(index++, count, "element-wise forward " + size);
     out.push_back({"element-wise forward " + size, forward_bytes, time_call(forward, min_seconds(o), batches(o))});
     between(index++, count, "element-wise backward " + size);
     out.push_back(
         {"element-wise backward " + size, 2 * forward_bytes, time_call(backward, min_seconds(o), batches(o))});
+    // AdamW over n parameters, charged as the cost model charges a float32 step (cost_model.cpp,
+    // optimizer_seconds): weight, gradient and both moments read and written, 32 bytes each.
+    nn::AdamWState state{run.on(nn::Tensor({rows, features})), run.on(nn::Tensor({rows, features})), 0};
+    const nn::AdamWConfig config{1e-3, 0.9, 0.999, 1e-8, 0.1};
+    between(index++, count, "optimizer " + size);
+    const double adamw = time_call(
+        [&] {
+          ops.adamw_step(y, dy, state, config);
+          run.wait();
+        },
+        min_seconds(o), batches(o));
+    out.push_back({"optimizer " + size, 32.0 * static_cast<double>(n), adamw});
   }
   return out;
 }

@@ -45,9 +45,10 @@ std::vector<Timing> measure_gemms(const ComputeOptions& o, const CaseHook& betwe
 // Triad a = b + s c over arrays far larger than the caches: bytes/s of one process (on a
 // GPU, a device-to-device copy of 1 GiB: bytes read and written).
 Timing measure_memory_bandwidth(const ComputeOptions& o, const CaseHook& between);
-// Layer norm, GELU and a residual add, forward and then backward as cases of their own (named
-// "element-wise forward/backward ..."), at a ladder of sizes; work is the bytes the cost
-// model charges them (a backward: twice its forward's).
+// Layer norm and GELU, forward and then backward as cases of their own (named "element-wise
+// forward/backward ..."), at a ladder of sizes; work is the bytes the cost model charges them
+// (a backward: twice its forward's); and AdamW's step over as many parameters ("optimizer ...",
+// work: 32 bytes a parameter, as the cost model charges a float32 step).
 std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook& between);
 // Materialised softmax attention (the host's): forward and backward, model FLOPs as the
 // cost model counts them (4 s^2 d per head forward; the backward priced as 2.5x that).

@@ -254,7 +254,7 @@ double CostModel::optimizer_seconds(int m, double params, int dp) const {
   double local = run_->training.zero_stage >= 1 ? params / dp : params;
   // AdamW reads master weight, moments and gradient, writes them back (+ the bf16 copy).
   double bytes = mixed ? 28 : 32;
-  return device_.memory_seconds(local * bytes);
+  return device_.optimizer_memory_seconds(local * bytes);
 }
 
 double CostModel::gradient_sync_seconds(int m, double params, const GroupShape& dp_group) const {

@@ -24,6 +24,11 @@ double interpolate(const std::vector<std::pair<double, double>>& table, double s
   return table.back().second;
 }
 
+// `bytes` at the GB/s a [MiB, GB/s] table gives for their size.
+double measured_seconds(const std::vector<std::pair<double, double>>& table, double bytes) {
+  return bytes / (interpolate(table, bytes / (1024.0 * 1024.0)) * 1e9);
+}
+
 }  // namespace
 
 DeviceModel::DeviceModel(const spec::ClusterSpec& cluster, spec::Precision precision, bool fp8)
@@ -64,13 +69,19 @@ double DeviceModel::gemm_seconds(double m, double n, double k, double batch) con
 
 double DeviceModel::memory_seconds(double bytes) const {
   const auto& measured = cluster_->efficiency.elementwise;
-  if (!measured.empty()) return bytes / (interpolate(measured, bytes / (1024.0 * 1024.0)) * 1e9);
+  if (!measured.empty()) return measured_seconds(measured, bytes);
   return stream_seconds(bytes);
 }
 
 double DeviceModel::backward_memory_seconds(double bytes) const {
   const auto& measured = cluster_->efficiency.elementwise_backward;
-  if (!measured.empty()) return bytes / (interpolate(measured, bytes / (1024.0 * 1024.0)) * 1e9);
+  if (!measured.empty()) return measured_seconds(measured, bytes);
+  return memory_seconds(bytes);
+}
+
+double DeviceModel::optimizer_memory_seconds(double bytes) const {
+  const auto& measured = cluster_->efficiency.optimizer;
+  if (!measured.empty()) return measured_seconds(measured, bytes);
   return memory_seconds(bytes);
 }
 

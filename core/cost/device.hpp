@@ -29,6 +29,9 @@ class DeviceModel {
   // The backward of such a kernel, charged `bytes` (twice its forward's): the cluster's
   // measured backward rates where it has them apart, else as memory_seconds.
   double backward_memory_seconds(double bytes) const;
+  // An optimizer step that moves `bytes`: the cluster's measured optimizer rates where it has
+  // them, else as memory_seconds.
+  double optimizer_memory_seconds(double bytes) const;
   // Streaming `bytes` at memory bandwidth x efficiency.memory: a GEMM's memory roofline.
   double stream_seconds(double bytes) const;
   // A fused (flash) attention kernel doing `flops`.

@@ -29,6 +29,15 @@ void add_elementwise(BlockCost& c, double bytes, const BlockContext& ctx) {
   if (ctx.grads.any()) c.backward_s += ctx.device->backward_memory_seconds(2 * bytes);
 }
 
+// A residual add: a pure stream (two arrays read, one written), at the memory roofline the
+// triad measures, both ways. On a host the element-wise table is that of norms and
+// activations, whose math bounds them at a fraction of the add's rate (GELU's tanh, a norm's
+// reductions); on a GPU both are memory_bandwidth x efficiency.memory.
+void add_residual(BlockCost& c, double bytes, const BlockContext& ctx) {
+  c.forward_s += ctx.device->stream_seconds(bytes);
+  if (ctx.grads.any()) c.backward_s += ctx.device->stream_seconds(2 * bytes);
+}
+
 // A linear layer of a transformer block, activations [m,k] x weight [k,n]: as add_gemm,
 // but with the run's FP8 setting. Under FP8 (TransformerEngine's Linear/LayerNormLinear)
 // its three GEMMs run at the FP8 peak and each input is first cast to FP8: the
@@ -126,14 +135,17 @@ std::vector<LayerKernel> transformer_layer_kernels(const spec::ModuleSpec& m, do
   // (read + write) before the activation and before dropout, and dropout is a pass of its
   // own before the residual add: 4 more element passes per half, 2 more on the MLP
   // intermediate.
-  double norm = (2 * sbh * E + 3 * sbh * E + (dropout ? sbh : 0)) / sp;
+  double norm = (2 * sbh * E + (dropout ? sbh : 0)) / sp;
+  const double residual = 3 * sbh * E / sp;
   double activation = (swiglu ? 3 : 2) * M * f / t * E;
   if (!train.fused_kernels) {
     norm += 4 * sbh * E / sp;
     activation += 2 * M * f / t * E;
   }
   add_elementwise(norm_attention.cost, norm, ctx);
+  add_residual(norm_attention.cost, residual, ctx);
   add_elementwise(norm_mlp.cost, norm + activation, ctx);
+  add_residual(norm_mlp.cost, residual, ctx);
 
   // Two TP all-reduces each way (attention out, MLP out; their input gradients); with
   // sequence parallelism, an all-gather before the column-parallel GEMM and a

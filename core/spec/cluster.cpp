@@ -79,8 +79,8 @@ std::vector<std::pair<double, double>> parse_table(const Node& n, const std::str
 }
 
 EfficiencyTable parse_efficiency(const Node& n) {
-  n.expect_keys({"gemm", "gemm_fp8", "memory", "elementwise", "elementwise_backward", "flash_attention_forward",
-                 "flash_attention_backward"});
+  n.expect_keys({"gemm", "gemm_fp8", "memory", "elementwise", "elementwise_backward", "optimizer",
+                 "flash_attention_forward", "flash_attention_backward"});
   EfficiencyTable t;
   t.gemm = parse_table(n.at("gemm"), "gemm", kGemmTable);
   if (auto f = n.find("gemm_fp8")) t.gemm_fp8 = parse_table(*f, "gemm_fp8", kGemmTable);
@@ -88,6 +88,7 @@ EfficiencyTable parse_efficiency(const Node& n) {
   if (auto e = n.find("elementwise")) t.elementwise = parse_table(*e, "elementwise", kElementwiseTable);
   if (auto e = n.find("elementwise_backward"))
     t.elementwise_backward = parse_table(*e, "elementwise_backward", kElementwiseTable);
+  if (auto e = n.find("optimizer")) t.optimizer = parse_table(*e, "optimizer", kElementwiseTable);
   if (auto f = n.find("flash_attention_forward")) t.flash_attention_forward = f->as_fraction();
   if (auto b = n.find("flash_attention_backward")) t.flash_attention_backward = b->as_fraction();
   return t;

@@ -42,6 +42,10 @@ struct EfficiencyTable {
   // table for both overprices backwards and underprices forwards, and a pipeline's critical
   // path (forwards to the last stage) with them. Empty: `elementwise` prices both.
   std::vector<std::pair<double, double>> elementwise_backward;
+  // The optimizer step's achieved GB/s by the MiB it moves (weights, gradients and moments,
+  // read and written), when measured: AdamW's square root and division bound it on a host,
+  // between a norm's rate and a stream's. Empty: priced as an element-wise kernel.
+  std::vector<std::pair<double, double>> optimizer;
   double flash_attention_forward = 0.6;  // fused attention kernels, fraction of peak
   double flash_attention_backward = 0.5;
 };

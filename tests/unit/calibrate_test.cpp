@@ -96,9 +96,10 @@ calibrate::Calibration made_up() {
     c.gemms.push_back({"gemm", work, work / (peak * eff)});
   }
   for (double n : {4096.0, 65536.0, 1048576.0}) {  // backwards slower per byte than forwards
-    const double work = 28 * n, rate = 6e9 - 1e3 * n;
+    const double work = 16 * n, rate = 6e9 - 1e3 * n;
     c.elementwise.push_back({"element-wise forward", work, work / rate});
     c.elementwise.push_back({"element-wise backward", 2 * work, 2 * work / (0.6 * rate)});
+    c.elementwise.push_back({"optimizer", 2 * work, 2 * work / (1.5 * rate)});
   }
   c.memory = {"triad", 3 * 4 * 1e8, 3 * 4 * 1e8 / 15e9};
   c.attention = {{"attention forward", 1e6, 1e6 / (0.2 * peak)}, {"attention backward", 2.5e6, 2.5e6 / (0.8 * peak)}};
@@ -121,12 +122,16 @@ TEST(Calibrate, TheClusterFilePricesTheMeasuredCasesAsMeasured) {
     const double w = std::sqrt(c.gemms[i].work / 6 / 256);
     EXPECT_NEAR(3 * device.gemm_seconds(256, w, w) / c.gemms[i].seconds, 1, 0.01) << "width " << w;
   }
-  // An element-wise case is layer norm, GELU and an add one way: three kernels whose bytes, as
-  // the cost model counts them, sum to the case's work at the case's rate; a backward call
-  // (charged twice its forward's bytes) at the backward cases' rate.
+  // An element-wise case is layer norm and GELU one way: two kernels whose bytes, as the cost
+  // model counts them, sum to the case's work at the case's rate; a backward call (charged
+  // twice its forward's bytes) at the backward cases' rate.
   for (const auto& t : c.elementwise) {
+    if (t.what == "optimizer") {  // an optimizer step of that many bytes, as measured
+      EXPECT_NEAR(device.optimizer_memory_seconds(t.work) / t.seconds, 1, 0.01);
+      continue;
+    }
     const bool backward = t.what.find("backward") != std::string::npos;
-    const double call_bytes = t.work * 2 / 7;  // a norm's or GELU's call: 8 n bytes forward, 16 n backward
+    const double call_bytes = t.work / 2;  // a norm's or GELU's call: 8 n bytes forward, 16 n backward
     const double seconds = backward ? device.backward_memory_seconds(call_bytes) : device.memory_seconds(call_bytes);
     EXPECT_NEAR(call_bytes / seconds / (t.work / t.seconds), 1, 0.01) << t.what;
   }
@@ -156,6 +161,12 @@ TEST(Calibrate, BackwardsArePricedAtTheirOwnElementwiseRate) {
   EXPECT_GT(a.layer.backward_s, t.layer.backward_s);
   const cost::DeviceModel one_table(before.cluster, spec::Precision::fp32);
   EXPECT_DOUBLE_EQ(one_table.backward_memory_seconds(1 << 20), one_table.memory_seconds(1 << 20));
+  // The optimizer's own table prices its step; without it, the element-wise one does.
+  EXPECT_NEAR(apart.optimizer_seconds(0, 1e6, 1) / together.optimizer_seconds(0, 1e6, 1), 1, 1e-12);
+  spec::RunSpec no_optimizer = run;
+  no_optimizer.cluster.efficiency.optimizer.clear();
+  const cost::CostModel elementwise_priced(no_optimizer);
+  EXPECT_LT(apart.optimizer_seconds(0, 1e6, 1), elementwise_priced.optimizer_seconds(0, 1e6, 1));
   // Rows out of order are refused, naming the table.
   std::string bad = yaml;
   const std::size_t at = bad.find("elementwise_backward:\n");
