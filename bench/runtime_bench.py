@@ -9,7 +9,9 @@ runs keep their own cluster (configs/clusters/cpu-host.yaml: nominal figures) in
 Cases (each schedule's step is the mean of the run's steps after the first, on the slowest rank,
 from the summary line `braid train` writes to its metrics file; the simulated step is the one
 the same run computes for its program, replayed on the images the steps trained; "at the mean"
-is the same program with every microbatch at the mean of the trained images, as it was priced):
+is the same program with every microbatch at the mean of the trained images, as it was priced;
+"compute m/s" is the compute per rank and step, measured over simulated (`braid train`'s compute
+lines): how well the instructions are priced, apart from the waits between them):
 
   mllm-2     tiny-mllm-4px, colocated (Optimus): the encoder on both ranks, the llm in 2 stages;
              encoder-first, optimus-coarse, optimus-fine, optimus-online
@@ -141,6 +143,13 @@ def ranking_agrees(rows):
     return True
 
 
+def compute_ratio(summary):
+    """Measured over simulated compute per rank and step (forwards, backwards and the rest): how
+    well the instructions are priced, apart from the waits between them."""
+    simulated = sum(summary["simulated_compute_s"].values())
+    return sum(summary["measured_compute_s"].values()) / simulated if simulated > 0 else 0.0
+
+
 def schedules_case(args, directory, name, ranks, config, base, schedules):
     # Each schedule `repeats` times, the schedules interleaved so that a slow spell of the host
     # does not land on one of them; the median run of each.
@@ -154,6 +163,7 @@ def schedules_case(args, directory, name, ranks, config, base, schedules):
         rows[s] = {"measured_step_s": summary["measured_step_s"], "simulated_step_s": summary["simulated_step_s"],
                    "priced_step_s": summary["priced_step_s"],
                    "measured_over_simulated": summary["measured_over_simulated"],
+                   "compute_measured_over_simulated": compute_ratio(summary),
                    "measured_idle_s": summary["measured_idle_s"], "losses": losses}
     if len(rows) > 1:
         same_training(rows, name)
@@ -234,10 +244,12 @@ def main():
         bound = ", each bound to a core" if result["bind_crowded"] else ""
         print(f"\n{name}: {case['ranks']} ranks" + (f" (more ranks than cores: they take turns{bound}, as they did "
                                                       "while calibrating)" if crowded else ""))
-        print(f"  {'schedule':<16} {'measured':>10} {'simulated':>10} {'measured/sim':>13} {'at the mean':>12}")
+        print(f"  {'schedule':<16} {'measured':>10} {'simulated':>10} {'measured/sim':>13} {'at the mean':>12} "
+              f"{'compute m/s':>12}")
         for s, r in case["schedules"].items():
             print(f"  {s:<16} {r['measured_step_s'] * 1e3:>8.2f}ms {r['simulated_step_s'] * 1e3:>8.2f}ms "
-                  f"{r['measured_over_simulated']:>13.2f} {r['priced_step_s'] * 1e3:>10.2f}ms")
+                  f"{r['measured_over_simulated']:>13.2f} {r['priced_step_s'] * 1e3:>10.2f}ms "
+                  f"{r['compute_measured_over_simulated']:>12.2f}")
         if len(case["schedules"]) > 1:
             print(f"  ranking of the schedules agrees: {'yes' if case['ranking_agrees'] else 'no'}")
         print(f"  every schedule within {WITHIN:.0%}: {'yes' if case['within_15_percent'] else 'no'}")
