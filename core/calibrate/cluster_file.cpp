@@ -67,6 +67,7 @@ std::string link_yaml(const LinkFit& f, bool inter, const std::string& what) {
 }
 
 bool is_backward(const Timing& t) { return t.what.find("backward") != std::string::npos; }
+bool begins(const Timing& t, const char* prefix) { return t.what.rfind(prefix, 0) == 0; }
 
 }  // namespace
 
@@ -84,10 +85,12 @@ Fitted fit(const Calibration& c) {
   // (a call charged 16 n): half the work either way.
   // The optimizer's cases: the bytes of one step over the case's parameters.
   for (const auto& t : c.elementwise) {
-    if (t.what.rfind("optimizer", 0) == 0)
+    if (begins(t, kOptimizerStep))
       optimizer.emplace_back(t.work / kMiB, t.work / t.seconds / 1e9);
-    else
-      (is_backward(t) ? elementwise_backward : elementwise).emplace_back(t.work / 2 / kMiB, t.work / t.seconds / 1e9);
+    else if (begins(t, kElementwiseBackward))
+      elementwise_backward.emplace_back(t.work / 2 / kMiB, t.work / t.seconds / 1e9);
+    else if (begins(t, kElementwiseForward))
+      elementwise.emplace_back(t.work / 2 / kMiB, t.work / t.seconds / 1e9);
   }
   f.optimizer = table(optimizer);
   f.elementwise = table(elementwise);
@@ -161,7 +164,8 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
   y += "  elementwise_backward:\n" + rows_yaml(f.elementwise_backward, "    ");
   y += "  # AdamW's step: [MiB of weights, gradients and moments it reads and writes, GB/s].\n";
   y += "  optimizer:\n" + rows_yaml(f.optimizer, "    ");
-  y += "  # The triad's own rate: GEMMs stream their operands at it (the memory roofline).\n";
+  y += "  # The triad's own rate: GEMMs stream their operands at it (the memory roofline), and\n";
+  y += "  # residual adds theirs.\n";
   y += "  memory: 1\n";
   y += "  # The host's materialised attention (median over shapes), as a fraction of peak_tflops,\n";
   y += "  # for runs that ask for `attention: flash`.\n";

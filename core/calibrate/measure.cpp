@@ -200,23 +200,25 @@ std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook&
     // Bytes as the cost model counts them (cost/transformer.cpp, add_elementwise): a norm's or
     // an activation's forward reads and writes n floats; a backward is charged twice that.
     const double forward_bytes = 4.0 * static_cast<double>(n) * (2 + 2);
-    between(index++, count, "element-wise forward " + size);
-    out.push_back({"element-wise forward " + size, forward_bytes, time_call(forward, min_seconds(o), batches(o))});
-    between(index++, count, "element-wise backward " + size);
-    out.push_back(
-        {"element-wise backward " + size, 2 * forward_bytes, time_call(backward, min_seconds(o), batches(o))});
+    const std::string forward_case = std::string(kElementwiseForward) + " " + size,
+                      backward_case = std::string(kElementwiseBackward) + " " + size,
+                      optimizer_case = std::string(kOptimizerStep) + " " + size;
+    between(index++, count, forward_case);
+    out.push_back({forward_case, forward_bytes, time_call(forward, min_seconds(o), batches(o))});
+    between(index++, count, backward_case);
+    out.push_back({backward_case, 2 * forward_bytes, time_call(backward, min_seconds(o), batches(o))});
     // AdamW over n parameters, charged as the cost model charges a float32 step (cost_model.cpp,
     // optimizer_seconds): weight, gradient and both moments read and written, 32 bytes each.
     nn::AdamWState state{run.on(nn::Tensor({rows, features})), run.on(nn::Tensor({rows, features})), 0};
     const nn::AdamWConfig config{1e-3, 0.9, 0.999, 1e-8, 0.1};
-    between(index++, count, "optimizer " + size);
+    between(index++, count, optimizer_case);
     const double adamw = time_call(
         [&] {
           ops.adamw_step(y, dy, state, config);
           run.wait();
         },
         min_seconds(o), batches(o));
-    out.push_back({"optimizer " + size, 32.0 * static_cast<double>(n), adamw});
+    out.push_back({optimizer_case, 32.0 * static_cast<double>(n), adamw});
   }
   return out;
 }

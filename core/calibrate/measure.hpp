@@ -50,6 +50,10 @@ Timing measure_memory_bandwidth(const ComputeOptions& o, const CaseHook& between
 // (a backward: twice its forward's); and AdamW's step over as many parameters ("optimizer ...",
 // work: 32 bytes a parameter, as the cost model charges a float32 step).
 std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook& between);
+// What measure_elementwise's case names begin with: fit() sorts the cases into tables by them.
+inline constexpr const char* kElementwiseForward = "element-wise forward";
+inline constexpr const char* kElementwiseBackward = "element-wise backward";
+inline constexpr const char* kOptimizerStep = "optimizer";
 // Materialised softmax attention (the host's): forward and backward, model FLOPs as the
 // cost model counts them (4 s^2 d per head forward; the backward priced as 2.5x that).
 std::vector<Timing> measure_attention(const ComputeOptions& o, const CaseHook& between);

@@ -175,7 +175,7 @@ class Simulation {
                                                   std::to_string(i.unit) + " of " + std::to_string(st.units.size()));
       }
       const auto& u = st.units[static_cast<std::size_t>(i.unit)];
-      const bool backward = i.op == Op::backward || (i.op == Op::encoder_task && (i.flags & pipeline::kBackwardTask));
+      const bool backward = pipeline::work_kind(i) == pipeline::WorkKind::backward;
       const long long key = (static_cast<long long>(i.microbatch) << 24) | ((i.unit & 0xfff) << 12) | (i.chunk & 0xfff);
       if (backward) {
         busy = u.backward_s;

@@ -71,6 +71,22 @@ std::vector<StepSides> gather_sides(const MeasuredSteps& mine, runtime::Communic
   return out;
 }
 
+// Every replica's instructions in the trace: the compute is summed over all of them.
+constexpr sim::Options kEveryReplica{.trace = true, .trace_replicas = -1};
+
+// The simulated compute by kind per device and step, as the measured side counts it (over
+// every rank of the world): a replica's events count once per device of its TP group.
+std::array<double, pipeline::kComputeKinds> compute_per_device(const pipeline::Program& program, const sim::Result& r) {
+  std::array<double, pipeline::kComputeKinds> out{};
+  for (const sim::TraceEvent& e : r.trace) {
+    const auto& st = program.stages[static_cast<std::size_t>(e.stage)];
+    const pipeline::WorkKind kind = pipeline::work_kind(st.instructions[static_cast<std::size_t>(e.instruction)]);
+    if (e.lane == 0 && kind != pipeline::WorkKind::communication)
+      out[static_cast<std::size_t>(kind)] += e.duration * st.devices_per_replica / std::max(r.devices, 1);
+  }
+  return out;
+}
+
 }  // namespace
 
 StepComparison compare_with_simulation(const MeasuredSteps& mine, const pipeline::Program& program,
@@ -94,30 +110,28 @@ StepComparison compare_with_simulation(const MeasuredSteps& mine, const pipeline
   for (std::size_t k = 0; k < mine.idle.size(); ++k) c.measured_idle_s[k] = sums[k] / world.size();
   c.data_wait_s = sums[kData] / world.size();
   for (std::size_t k = 0; k < mine.compute.size(); ++k) c.measured_compute_s[k] = sums[kCompute + k] / world.size();
-  const sim::Result r = sim::simulate(program, {.trace = true, .trace_replicas = -1});
+  const sim::Result r = sim::simulate(program, kEveryReplica);
   c.priced_step_s = c.simulated_step_s = r.step_time_s;
   c.simulated_idle_s = r.bubbles;
-  for (const sim::TraceEvent& e : r.trace) {
-    const pipeline::WorkKind kind = pipeline::work_kind(
-        program.stages[static_cast<std::size_t>(e.stage)].instructions[static_cast<std::size_t>(e.instruction)]);
-    if (e.lane == 0 && kind != pipeline::WorkKind::communication)
-      c.simulated_compute_s[static_cast<std::size_t>(kind)] += e.duration / std::max(r.ranks, 1);
-  }
+  c.simulated_compute_s = compute_per_device(program, r);
   if (!load || mine.steps == 0) return c;
 
-  // Replayed on rank 0, the others told: whether it was, the step and the idle time by cause,
-  // the mean of the steps.
+  // Replayed on rank 0, the others told: whether it was, the step, the idle time by cause and
+  // the compute by kind, the mean of the steps.
   const std::vector<StepSides> sides = gather_sides(mine, world);
-  std::array<double, sim::kCauseCount + 2> mean{};  // [0]: 1 when replayed
+  constexpr std::size_t kIdle = 2, kKinds = kIdle + sim::kCauseCount;
+  std::array<double, kKinds + pipeline::kComputeKinds> mean{};  // [0]: 1 when replayed; [1]: the step
   if (world.rank() == 0) {
     try {
       pipeline::Program scaled = program;
+      const double share = 1.0 / static_cast<double>(sides.size());
       for (const auto& step : sides) {
         load->apply(step, scaled);
-        const sim::Result replay = sim::simulate(scaled);
-        mean[1] += replay.step_time_s / static_cast<double>(sides.size());
-        for (std::size_t k = 0; k < replay.bubbles.size(); ++k)
-          mean[k + 2] += replay.bubbles[k] / static_cast<double>(sides.size());
+        const sim::Result replay = sim::simulate(scaled, kEveryReplica);
+        mean[1] += replay.step_time_s * share;
+        for (std::size_t k = 0; k < replay.bubbles.size(); ++k) mean[kIdle + k] += replay.bubbles[k] * share;
+        const auto compute = compute_per_device(scaled, replay);
+        for (std::size_t k = 0; k < compute.size(); ++k) mean[kKinds + k] += compute[k] * share;
       }
       mean[0] = sides.empty() ? 0 : 1;
     } catch (const std::exception& e) {  // the run trained: its summary stays, as priced
@@ -128,7 +142,8 @@ StepComparison compare_with_simulation(const MeasuredSteps& mine, const pipeline
   world.broadcast(std::as_writable_bytes(std::span<double>(mean)), 0);
   if (mean[0] != 1) return c;
   c.simulated_step_s = mean[1];
-  std::copy(mean.begin() + 2, mean.end(), c.simulated_idle_s.begin());
+  std::copy(mean.begin() + kIdle, mean.begin() + kKinds, c.simulated_idle_s.begin());
+  std::copy(mean.begin() + kKinds, mean.end(), c.simulated_compute_s.begin());
   c.replayed_steps = static_cast<std::int64_t>(sides.size());
   return c;
 }

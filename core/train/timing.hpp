@@ -53,9 +53,9 @@ struct StepComparison {
   std::string replay_problem;  // why there was no replay, when one was asked for and failed (rank 0)
   double data_wait_s = 0;      // per step, mean over ranks
   std::array<double, sim::kCauseCount> measured_idle_s{}, simulated_idle_s{};  // per rank and step
-  // Compute per rank and step by pipeline::WorkKind, mean over ranks; simulated: the program
-  // as priced (where forwards and backwards are mispriced apart, a pipeline's critical path
-  // is, even when their sum is right).
+  // Compute per rank and step by pipeline::WorkKind, mean over ranks (devices); simulated as
+  // simulated_step_s is (where forwards and backwards are mispriced apart, a pipeline's
+  // critical path is, even when their sum is right).
   std::array<double, pipeline::kComputeKinds> measured_compute_s{}, simulated_compute_s{};
   double host_waits_per_step = -1;  // the most of any rank; -1: no device
   double ratio() const { return simulated_step_s > 0 ? measured_step_s / simulated_step_s : 0; }

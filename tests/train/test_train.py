@@ -662,7 +662,7 @@ class Cli(unittest.TestCase):
             self.assertRegex(r.stdout, r"idle per rank and step, measured   .*pp_")
             # Compute by kind, measured and simulated, in the same words.
             for side in ("measured  ", "simulated "):
-                self.assertRegex(r.stdout, rf"\ncompute per rank and step, {side} forward [\d.]+ m?s, backward [\d.]+ m?s, "
+                self.assertRegex(r.stdout, rf"\ncompute per rank and step, {side} forward [\d.]+ [mu]?s, backward [\d.]+ [mu]?s, "
                                            r"other [\d.]+ [mu]?s\n")
             summary = [m for m in metrics(d + "/m.jsonl") if m.get("summary")]
             self.assertEqual(len(summary), 1)
