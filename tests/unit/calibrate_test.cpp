@@ -176,7 +176,8 @@ TEST(Calibrate, BackwardsArePricedAtTheirOwnElementwiseRate) {
   spec::RunSpec faster = run;
   faster.cluster.memory_bandwidth *= 2;
   const cost::CostModel doubled(faster);
-  const double rows = apart.tokens(0) * 8, residual_bytes = 3 * rows * 64 * 4;  // 64: tiny-clip's width, fp32
+  const double rows = apart.tokens(0) * 8, width = run.model.modules[0].hidden;
+  const double residual_bytes = 3 * rows * width * apart.element_bytes();  // two arrays read, one written
   const double saved =
       apart.layer_kernels(0, 1, 8)[0].cost.forward_s - doubled.layer_kernels(0, 1, 8)[0].cost.forward_s;
   EXPECT_NEAR(saved / (residual_bytes / (2 * run.cluster.memory_bandwidth * run.cluster.efficiency.memory)), 1, 1e-9);
