@@ -231,7 +231,8 @@ def main():
         data = {}
         for workers in [0, 1] if any(c[1] == 2 for c in cases) else []:
             summary, _ = train(args, 2, CLIP, ["--data-workers", str(workers)], d, f"data-{workers}")
-            data[workers] = {"data_wait_s": summary["data_wait_s"], "measured_step_s": summary["measured_step_s"]}
+            data[workers] = {k: summary[k] for k in ("measured_data_s", "simulated_data_s", "measured_step_s",
+                                                     "simulated_step_s")}
         result["data"] = data
 
     if args.format == "json":
@@ -259,9 +260,12 @@ def main():
         for goal, met in case.get("goals", {}).items():
             print(f"  goal {goal.replace('_', ' ')}: {'met' if met else 'not met'}")
     if result["data"]:
-        print("\nwaiting for data per rank and step, tiny-clip on 2 ranks")
+        print("\ntaking the step's samples per rank and step, tiny-clip on 2 ranks (2 ranks x 1 thread hold every "
+              "core of a 2-core host: the samples are made in the step's time, with or without a worker)")
+        print(f"  {'workers':<8} {'measured':>10} {'simulated':>10} {'step measured':>14} {'step simulated':>15}")
     for workers, v in result["data"].items():
-        print(f"  {workers} prefetch workers: {v['data_wait_s'] * 1e6:8.1f} us of a {v['measured_step_s'] * 1e3:.2f} ms step")
+        print(f"  {workers:<8} {v['measured_data_s'] * 1e6:>8.1f}us {v['simulated_data_s'] * 1e6:>8.1f}us "
+              f"{v['measured_step_s'] * 1e3:>12.2f}ms {v['simulated_step_s'] * 1e3:>13.2f}ms")
 
 
 if __name__ == "__main__":

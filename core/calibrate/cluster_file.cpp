@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <tuple>
 
 #include "core/common/text.hpp"
 
@@ -66,6 +67,24 @@ std::string link_yaml(const LinkFit& f, bool inter, const std::string& what) {
   return out;
 }
 
+// Seconds = a + b x pixels over the render cases, least squares; through the origin when the
+// line would cross it below zero (a fixed cost cannot be negative).
+std::pair<double, double> render_line(const std::vector<Timing>& cases) {
+  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const auto& t : cases) {
+    n += 1;
+    sx += t.work;
+    sy += t.seconds;
+    sxx += t.work * t.work;
+    sxy += t.work * t.seconds;
+  }
+  if (n == 0 || sxx <= 0) return {0, 0};
+  const double det = n * sxx - sx * sx;
+  const double b = det > 0 ? (n * sxy - sx * sy) / det : 0, a = (sy - b * sx) / n;
+  if (det > 0 && a >= 0 && b >= 0) return {a, b};
+  return {0, sxy / sxx};
+}
+
 bool is_backward(const Timing& t) { return t.what.find("backward") != std::string::npos; }
 bool begins(const Timing& t, const char* prefix) { return t.what.rfind(prefix, 0) == 0; }
 
@@ -99,6 +118,12 @@ Fitted fit(const Calibration& c) {
   for (const auto& t : c.attention) (is_backward(t) ? backward : forward).push_back(t.work / t.seconds / f.peak_flops);
   f.attention_forward = std::min(1.0, median(forward));
   f.attention_backward = std::min(1.0, median(backward));
+  std::vector<Timing> rendered;
+  for (const auto& t : c.samples) {
+    if (begins(t, kRenderSample)) rendered.push_back(t);
+    if (begins(t, kDescribeSample)) f.describe_sample_s = t.seconds;
+  }
+  std::tie(f.render_sample_s, f.render_pixel_s) = render_line(rendered);
   f.intra = fit_link(c.intra, false);
   if (!c.inter.empty()) f.inter = fit_link(c.inter, true);
   if (!c.crowded_gemms.empty() && c.crowded_gemms.size() == c.gemms.size()) {
@@ -171,17 +196,36 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
   y += "  # for runs that ask for `attention: flash`.\n";
   y += "  flash_attention_forward: " + num(f.attention_forward) + "\n";
   y += "  flash_attention_backward: " + num(f.attention_backward) + "\n";
+  if (!c.samples.empty()) {
+    y += "# braid's dataset on one core (braid train's data workers): a sample rendered costs\n";
+    y += "# render_sample_us + render_pixel_ns per pixel (least squares over sides of ";
+    std::string sides;
+    for (const auto& t : c.samples)
+      if (begins(t, kRenderSample)) sides += (sides.empty() ? "" : ", ") + num(std::sqrt(t.work));
+    y += sides + " px),\n# one described (no image) describe_sample_us. Priced in the step when no core is left for\n";
+    y += "# the workers (cores_per_node below) or braid train runs none.\n";
+    y += "data:\n";
+    y += "  render_sample_us: " + num(f.render_sample_s * 1e6) + "\n";
+    y += "  render_pixel_ns: " + num(f.render_pixel_s * 1e9) + "\n";
+    y += "  describe_sample_us: " + num(f.describe_sample_s * 1e6) + "\n";
+  }
   y += "# Resident memory of one process before it held any tensor (runtime, MPI, OpenBLAS).\n";
   y += "memory_reserved_gib: " + num(c.reserved_bytes / kGiB) + "\n";
-  if (c.shared) {
-    y += "# More threads than cores on a host: the compute figures above are those of a process\n";
-    y += "# measuring while the others waited; the simulator slows down work that runs side by side.\n";
+  // The host's cores whenever they compute (not a GPU's): what the processes' threads leave
+  // to the data workers, and on crowded hosts what the simulator slows down.
+  if (!gpu || c.shared) {
+    y += c.shared ? "# More threads than cores on a host: the compute figures above are those of a process\n"
+                    "# measuring while the others waited; the simulator slows down work that runs side by side.\n"
+                  : "# The host's cores and each process's threads: no core is left for data workers when the\n"
+                    "# processes' threads hold them all.\n";
     y += "shared_cores:\n";
     y += "  cores_per_node: " + std::to_string(c.cores) + "\n";
     y += "  threads_per_device: " + std::to_string(c.threads) + "\n";
-    y += "  # The GEMM ladder with every process at once against in turns: the share of the cores'\n";
-    y += "  # time that turns into work when more threads than cores compute (time-slicing, caches).\n";
-    y += "  efficiency: " + num(f.shared_core_efficiency) + "\n";
+    if (c.shared) {
+      y += "  # The GEMM ladder with every process at once against in turns: the share of the cores'\n";
+      y += "  # time that turns into work when more threads than cores compute (time-slicing, caches).\n";
+      y += "  efficiency: " + num(f.shared_core_efficiency) + "\n";
+    }
   }
   return y;
 }
@@ -226,12 +270,15 @@ nlohmann::ordered_json to_json(const Calibration& c, const Fitted& f) {
                  {"attention_forward", f.attention_forward},
                  {"attention_backward", f.attention_backward},
                  {"shared_core_efficiency", f.shared_core_efficiency},
+                 {"render_sample_s", f.render_sample_s},
+                 {"render_pixel_s", f.render_pixel_s},
+                 {"describe_sample_s", f.describe_sample_s},
                  {"intra_node", fit_json(f.intra)}};
   if (f.inter) j["fitted"]["inter_node"] = fit_json(*f.inter);
   j["timings"] = {{"gemm", timings(c.gemms)},          {"gemm_every_process_at_once", timings(c.crowded_gemms)},
                   {"memory", timings({c.memory})},     {"elementwise", timings(c.elementwise)},
-                  {"attention", timings(c.attention)}, {"intra_node", links(c.intra)},
-                  {"inter_node", links(c.inter)}};
+                  {"attention", timings(c.attention)}, {"samples", timings(c.samples)},
+                  {"intra_node", links(c.intra)},      {"inter_node", links(c.inter)}};
   return j;
 }
 
@@ -257,6 +304,10 @@ std::string summary(const Calibration& c, const Fitted& f) {
          (l.reduce_bandwidth > 0 ? ", all-reduce sums at " + num(l.reduce_bandwidth / 1e9) + " GB/s" : "") +
          " (fit of " + std::to_string(l.points) + " timings, worst off by " + num(100 * l.worst_error) + "%)\n";
   };
+  if (!c.samples.empty())
+    s += "  samples (one core)          rendered " + num(f.render_sample_s * 1e6) + " us + " +
+         num(f.render_pixel_s * 1e9) + " ns a pixel (" + num((f.render_sample_s + f.render_pixel_s * 1024) * 1e6) +
+         " us at 32x32); described " + num(f.describe_sample_s * 1e6) + " us\n";
   link("links within a host         ", f.intra);
   if (f.inter) link("links between hosts         ", *f.inter);
   return s;

@@ -32,6 +32,7 @@ struct Calibration {
   // On shared cores (per_turn < per_node): the GEMM ladder again, every process at once.
   std::vector<Timing> crowded_gemms;
   Timing memory;
+  std::vector<Timing> samples;           // braid's dataset on one core: rendered by side, described
   std::vector<LinkTiming> intra, inter;  // inter: empty on one host
 };
 
@@ -49,6 +50,9 @@ struct Fitted {
   // Shared cores: the share of its cores' time a host turns into work when every process
   // computes at once (1 / the median of crowded time over turn time x oversubscription).
   double shared_core_efficiency = 1;
+  // One sample of braid's dataset on a host core: rendered, render_sample_s + render_pixel_s per
+  // pixel (least squares over the sides); described, describe_sample_s.
+  double render_sample_s = 0, render_pixel_s = 0, describe_sample_s = 0;
 };
 
 Fitted fit(const Calibration& c);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 
+#include "core/data/shapes.hpp"
 #include "core/nn/device_ops.hpp"
 #include "core/nn/host_ops.hpp"
 
@@ -93,6 +94,11 @@ std::vector<AttentionShape> attention_shapes(const ComputeOptions& o) {
   }
   if (o.quick) return {{8, 16, 4, 16}, {2, 64, 4, 32}};
   return {{16, 16, 4, 16}, {8, 64, 4, 32}, {2, 256, 4, 32}, {1, 512, 8, 64}};
+}
+
+// Image sides of the sample cases: those of the tiny runs' images up to four times them.
+std::vector<int> sample_sides(const ComputeOptions& o) {
+  return o.quick ? std::vector<int>{16, 64} : std::vector<int>{16, 32, 64, 128};
 }
 
 }  // namespace
@@ -256,6 +262,48 @@ std::vector<Timing> measure_attention(const ComputeOptions& o, const CaseHook& b
         min_seconds(o), batches(o));
     out.push_back({"attention backward " + shape, 2.5 * flops, backward});
   }
+  return out;
+}
+
+int sample_case_count(const ComputeOptions& o) { return static_cast<int>(sample_sides(o).size()) + 1; }
+
+std::vector<Timing> measure_samples(const ComputeOptions& o, const CaseHook& between) {
+  // As a data worker makes them: a step's share of samples per call, the last call's freed
+  // first (untimed); the median call is kept. (In a training step the renderer runs 1.5-3x
+  // slower than here, its caches and heap left as the step's tensors left them; no stand-in
+  // for that tracked it, so this is the renderer's own rate.)
+  constexpr int kPerCall = 64;
+  const int calls = o.quick ? 5 : 25;
+  const auto time_batch = [&](const std::function<data::Sample(std::int64_t)>& make) {
+    std::vector<double> seconds;
+    std::vector<data::Sample> made;  // a step's samples, kept until the next step's are made
+    std::int64_t next = 0;           // new samples each call: scenes differ in their objects' extent
+    for (int c = 0; c < calls; ++c) {
+      made.clear();
+      const auto start = Clock::now();
+      for (int k = 0; k < kPerCall; ++k) made.push_back(make(next++));
+      seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count() / kPerCall);
+    }
+    std::nth_element(seconds.begin(), seconds.begin() + static_cast<std::ptrdiff_t>(seconds.size() / 2), seconds.end());
+    return seconds[seconds.size() / 2];
+  };
+  std::vector<Timing> out;
+  const auto sides = sample_sides(o);
+  const int count = sample_case_count(o);
+  int index = 0;
+  for (int side : sides) {
+    data::ShapesConfig config;  // every image at `side` (the fixed distribution: the largest)
+    config.seed = 1;
+    config.min_side = config.max_side = side;
+    const data::ShapesDataset dataset(config);
+    const std::string what = std::string(kRenderSample) + " " + std::to_string(side) + "x" + std::to_string(side);
+    between(index++, count, what);
+    const double t = time_batch([&](std::int64_t i) { return dataset.get(i); });
+    out.push_back({what, static_cast<double>(side) * side, t});
+  }
+  const data::ShapesDataset dataset(data::ShapesConfig{});
+  between(index++, count, kDescribeSample);
+  out.push_back({kDescribeSample, 1, time_batch([&](std::int64_t i) { return dataset.describe(i); })});
   return out;
 }
 

@@ -58,6 +58,15 @@ inline constexpr const char* kOptimizerStep = "optimizer";
 // cost model counts them (4 s^2 d per head forward; the backward priced as 2.5x that).
 std::vector<Timing> measure_attention(const ComputeOptions& o, const CaseHook& between);
 
+// What a host core takes to make one sample of braid's dataset (core/data/shapes.hpp), as a
+// data worker of braid train does: rendered at a ladder of image sides (work: its pixels;
+// named "render ...") and described without its image (work 1; named "describe"). Always on
+// the host's CPU, whatever `o.device`: the workers render there.
+std::vector<Timing> measure_samples(const ComputeOptions& o, const CaseHook& between);
+inline constexpr const char* kRenderSample = "render";
+inline constexpr const char* kDescribeSample = "describe";
+int sample_case_count(const ComputeOptions& o);
+
 // How many cases each measure_* runs (for a progress bar that knows its end), and how many
 // of them measure_gemms runs.
 int compute_case_count(const ComputeOptions& o);

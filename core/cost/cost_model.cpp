@@ -257,6 +257,13 @@ double CostModel::optimizer_seconds(int m, double params, int dp) const {
   return device_.optimizer_memory_seconds(local * bytes);
 }
 
+double CostModel::data_seconds(const std::vector<int>& rendered_sides, std::int64_t described) const {
+  const spec::SampleRates& d = run_->cluster.data;
+  double s = d.describe_sample_s * static_cast<double>(described);
+  for (int side : rendered_sides) s += d.render_sample_s + d.render_pixel_s * double(side) * side;
+  return s;
+}
+
 double CostModel::gradient_sync_seconds(int m, double params, const GroupShape& dp_group) const {
   const auto& mod = run_->model.modules[static_cast<std::size_t>(m)];
   if (mod.frozen || dp_group.size <= 1) return 0;

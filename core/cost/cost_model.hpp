@@ -2,6 +2,7 @@
 // at a given tensor-parallel width, collectives, and training-state memory.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -84,6 +85,10 @@ class CostModel {
   StateBytes state_bytes(int m, int dp) const;
   // Optimizer step time for `params` local parameters (memory bound).
   double optimizer_seconds(int m, double params, int dp) const;
+  // What one host core takes to make a step's samples of braid's dataset: one rendered image
+  // of each of `rendered_sides` (pixels on a side) and `described` samples without one, at the
+  // cluster's measured rates (spec::SampleRates; nothing where none were measured).
+  double data_seconds(const std::vector<int>& rendered_sides, std::int64_t described) const;
   // DP collectives once per step, after the last backward: all-reduce of the gradients
   // (ZeRO-0); reduce-scatter + all-gather of updated weights (ZeRO-1); the all-gather
   // alone (ZeRO-2, whose gradients were reduced per microbatch); nothing (ZeRO-3).

@@ -22,6 +22,12 @@ std::uint64_t stream_seed(std::uint64_t seed, long long step, int stream) {
 
 }  // namespace
 
+SplitMix64::result_type SplitMix64::operator()() {
+  const std::uint64_t at = state_;
+  state_ += 0x9e3779b97f4a7c15ULL;
+  return mix(at);  // the finaliser of the state advanced by its gamma
+}
+
 SampleSizes nominal_sizes(const spec::DataSpec& data) {
   return {data.image_resolution, data.text_tokens, data.audio_tokens, data.generated_image_resolution};
 }

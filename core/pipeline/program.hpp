@@ -130,6 +130,10 @@ struct StageProgram {
   // compute and TP time of a task of encoder microbatch mb on replica r is multiplied by
   // task_scale[r * slots + mb], slots = task_scale.size() / replicas.
   std::vector<double> task_scale;
+  // Optional, per replica: seconds its ranks spend making the step's samples before their
+  // first instruction (braid train's samples rendered in the step's time: no data worker, or
+  // no core left for one). Empty: none.
+  std::vector<double> data_s;
   std::vector<Instruction> instructions;
   // Every module stage this stage runs: its own grid's (several on a monolithic stage),
   // a chain encoder's projector on its last stage, a colocated stage's encoder stages.

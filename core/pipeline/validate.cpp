@@ -42,6 +42,13 @@ void validate(const Program& p) {
           throw Error(Status::invalid_argument, "stage '" + st.name + "': a " + name + " is not a load");
       }
     }
+    if (!st.data_s.empty() && st.data_s.size() != static_cast<std::size_t>(st.replicas))
+      throw Error(Status::invalid_argument, "stage '" + st.name + "': data_s holds " +
+                                                std::to_string(st.data_s.size()) + " times for its " +
+                                                std::to_string(st.replicas) + " replicas");
+    for (double d : st.data_s)
+      if (!(d >= 0 && d < 1e9))
+        throw Error(Status::invalid_argument, "stage '" + st.name + "': a data_s is not a time");
     if (!(st.early_reduce_s >= 0 && st.early_reduce_s < 1e9 && st.gather_s >= 0 && st.gather_s < 1e9))
       throw Error(Status::invalid_argument, "stage '" + st.name + "': its DP collectives take no valid time");
     Op last_compute = Op::load_microbatch;  // what a TP-bubble task would fill

@@ -112,9 +112,12 @@ class Simulation {
 
   Result run() {
     for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) {
-      // A colocated stage's step starts with the llm's parameter all-gather.
+      // A rank makes its samples when that is in the step's time; then a colocated stage's
+      // step starts with the llm's parameter all-gather.
       Rank& k = ranks_[static_cast<std::size_t>(r)];
-      k.compute = k.gather_slack = stage_of(k).gather_s;
+      const auto& data = stage_of(k).data_s;
+      k.gather_slack = stage_of(k).gather_s;
+      k.compute = (data.empty() ? 0.0 : data[static_cast<std::size_t>(k.replica)]) + k.gather_slack;
       runnable_.push_back(r);
     }
     while (!runnable_.empty()) {

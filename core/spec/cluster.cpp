@@ -98,7 +98,7 @@ EfficiencyTable parse_efficiency(const Node& n) {
 
 ClusterSpec parse_cluster(const Node& root) {
   root.expect_keys({"name", "description", "nodes", "devices_per_node", "device", "links", "efficiency",
-                    "memory_reserved_gib", "shared_cores"});
+                    "memory_reserved_gib", "shared_cores", "data"});
   ClusterSpec c;
   c.source = root.source();
   c.name = root.at("name").as_string();
@@ -133,6 +133,19 @@ ClusterSpec parse_cluster(const Node& root) {
     c.cores_per_node = static_cast<int>(shared->at("cores_per_node").as_int_at_least(1));
     if (auto t = shared->find("threads_per_device")) c.threads_per_device = static_cast<int>(t->as_int_at_least(1));
     if (auto e = shared->find("efficiency")) c.shared_core_efficiency = e->as_fraction();
+  }
+  if (auto data = root.find("data")) {
+    data->expect_keys({"render_sample_us", "render_pixel_ns", "describe_sample_us"});
+    const auto at_least_zero = [&](const char* key, double unit) {
+      const auto v = data->find(key);
+      if (!v) return 0.0;
+      const double x = v->as_double();
+      if (!(x >= 0)) v->fail("must not be negative");
+      return x * unit;
+    };
+    c.data.render_sample_s = at_least_zero("render_sample_us", 1e-6);
+    c.data.render_pixel_s = at_least_zero("render_pixel_ns", 1e-9);
+    c.data.describe_sample_s = at_least_zero("describe_sample_us", 1e-6);
   }
   return c;
 }

@@ -50,6 +50,14 @@ struct EfficiencyTable {
   double flash_attention_backward = 0.5;
 };
 
+// What a host core takes to make one sample of braid's dataset (core/data/shapes.hpp): a
+// rendered one (the image tower's ranks) costs sample_s + pixel_s per pixel, a described one
+// (sides, caption, tokens) describe_s. 0: not measured (the simulator then prices data at
+// nothing, as on GPU servers, whose data workers have cores to spare).
+struct SampleRates {
+  double render_sample_s = 0, render_pixel_s = 0, describe_sample_s = 0;
+};
+
 struct ClusterSpec {
   std::string name;
   std::string source;
@@ -64,15 +72,22 @@ struct ClusterSpec {
   LinkSpec intra_node;
   LinkSpec inter_node;
   EfficiencyTable efficiency;
-  // Devices that are processes sharing their node's CPU cores (a host running more
-  // processes x threads than it has cores, as `braid calibrate` finds): while more threads
-  // compute on a node than it has cores, a kernel runs at efficiency x cores / busy threads
-  // of its speed. 0: every device computes on units of its own (GPUs, a core per process).
+  // Devices that are processes on their node's CPU cores (`braid calibrate` records them):
+  // while more threads compute on a node than it has cores, a kernel runs at efficiency x
+  // cores / busy threads of its speed; and with no core left over for the data workers, the
+  // step's samples are made in the step's time. 0: every device computes on units of its own
+  // (GPUs) and its host has cores to spare.
   int cores_per_node = 0;
   int threads_per_device = 1;
   double shared_core_efficiency = 1;  // of the cores' time, when more threads than cores compute
+  SampleRates data;
 
   int devices() const { return nodes * devices_per_node; }
+  // Whether a node's processes leave a core for the threads that render the next steps'
+  // samples (braid train's data workers): false when their threads hold every core.
+  bool spare_core_for_data() const {
+    return cores_per_node <= 0 || devices_per_node * threads_per_device < cores_per_node;
+  }
   double peak_flops(Precision p) const;
 };
 

@@ -294,7 +294,7 @@ void ChainStage::begin_step(std::int64_t step, StepResult& r) {
     options.pixels = encodes_in_forward_ || encoder_stage_ || encoder_;
     prefetch_ = std::make_unique<Prefetcher>(*loader_, llm_replica_, step, data_.last_step, options);
   }
-  samples_ = prefetch_->take(step, &r.data_seconds);
+  samples_ = take_samples(*prefetch_, step, r);
   // The loss is a mean over the step's counted tokens: one count per llm replica.
   std::int64_t count[1] = {llm_.held && llm_.stage == 0 && llm_.tp_rank == 0 ? counted_tokens(samples_) : 0};
   auto req = comm_->iallreduce(std::span<std::int64_t>(count));

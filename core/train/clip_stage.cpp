@@ -239,7 +239,7 @@ void ClipStage::begin_step(std::int64_t step, StepResult& r) {
       options.pixels = tower == 0 && t.part.first == 0;
       t.prefetch = std::make_unique<Prefetcher>(*t.loader, t.role->replica, step, data_.last_step, options);
     }
-    t.samples = t.prefetch->take(step, &r.data_seconds);
+    t.samples = take_samples(*t.prefetch, step, r);
     t.mbs.assign(t.samples.size() / static_cast<std::size_t>(t.microbatch), {});
     t.kept.assign(t.mbs.size(), {});
   }

@@ -48,6 +48,21 @@ void install_messages(Interpreter& in, std::function<Pending(const pipeline::Ins
   in.set(pipeline::Op::send_grad, sent);
 }
 
+std::vector<data::Sample> take_samples(Prefetcher& prefetch, std::int64_t step, StepResult& r) {
+  // The whole call, not only its wait: where every core holds a rank, the worker it wakes for
+  // the next steps takes this rank's core before the call returns.
+  const double start = now_seconds();
+  std::vector<data::Sample> samples = prefetch.take(step);
+  r.data_seconds += now_seconds() - start;
+  for (const data::Sample& s : samples) {
+    if (s.pixels.empty())
+      ++r.described;
+    else
+      r.rendered_sides.push_back(s.side);
+  }
+  return samples;
+}
+
 Pending blocked_for(double seconds) {
   return {[] { return true; }, [seconds] { return seconds; }};
 }

@@ -30,11 +30,13 @@ class DeviceGroup;
 class ZeroModule;
 
 struct StepResult {
-  double loss = 0;                              // the global batch's loss (every rank gets it)
-  double grad_norm = 0;                         // global L2 norm before clipping
-  double seconds = 0;                           // wall time of the step on this rank
-  double wait_seconds = 0;                      // blocked in receives and collectives (the sum of idle)
-  double data_seconds = 0;                      // waiting for the step's samples
+  double loss = 0;          // the global batch's loss (every rank gets it)
+  double grad_norm = 0;     // global L2 norm before clipping
+  double seconds = 0;       // wall time of the step on this rank
+  double wait_seconds = 0;  // blocked in receives and collectives (the sum of idle)
+  // Taking the step's samples (take_samples): waiting for them, making them when no worker
+  // does, and a woken worker's turn on this rank's core.
+  double data_seconds = 0;
   std::array<double, sim::kCauseCount> idle{};  // blocked seconds by cause, as the simulator counts them
   // Seconds of compute by pipeline::WorkKind (forward, backward, other): what the
   // instructions took, less what they waited.
@@ -44,6 +46,10 @@ struct StepResult {
   // samples this rank ran in it: what the step's work depended on (trained_load.hpp).
   std::vector<std::vector<int>> microbatch_sides;
   std::vector<std::vector<int>> encoder_microbatch_sides;  // the same of a colocated encoder's microbatches
+  // The samples made for this rank's step (by its data worker ahead of it, or in take_samples):
+  // the image sides of those rendered, and how many were described (no image).
+  std::vector<int> rendered_sides;
+  std::int64_t described = 0;
 };
 
 // How a stage work gets its samples: which, and from how many workers ahead of training.
@@ -111,6 +117,10 @@ nn::TensorParallel tensor_parallel_group(nn::Ops& ops, runtime::Communicator& gr
 // posts them and returns them pending), sends through `send` (non-blocking).
 void install_messages(Interpreter& interpreter, std::function<Pending(const pipeline::Instruction&)> receive,
                       std::function<void(const pipeline::Instruction&)> send);
+// `step`'s samples from `prefetch`, recorded in `r`: the seconds the call took (data_seconds)
+// and the samples made (rendered_sides, described).
+std::vector<data::Sample> take_samples(Prefetcher& prefetch, std::int64_t step, StepResult& r);
+
 // A Pending for work a handler did itself after blocking `seconds` in it.
 Pending blocked_for(double seconds);
 // A Pending over posted requests: test() when all completed, finish() waits for them, then

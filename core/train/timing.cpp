@@ -19,7 +19,7 @@ void MeasuredSteps::add(const StepResult& r) {
   for (std::size_t c = 0; c < idle.size(); ++c) idle[c] += r.idle[c];
   for (std::size_t k = 0; k < compute.size(); ++k) compute[k] += r.compute[k];
   if (std::binary_search(replayed.begin(), replayed.end(), steps - 1))
-    sides.push_back({r.microbatch_sides, r.encoder_microbatch_sides});
+    sides.push_back({r.microbatch_sides, r.encoder_microbatch_sides, r.rendered_sides, r.described});
 }
 
 std::vector<std::int64_t> replayed_steps(std::int64_t steps) {
@@ -54,6 +54,8 @@ std::vector<StepSides> gather_sides(const MeasuredSteps& mine, runtime::Communic
   for (const RankSides& step : mine.sides) {
     put(step.microbatches, flat);
     put(step.encoder_microbatches, flat);
+    put({step.rendered}, flat);
+    flat.push_back(static_cast<std::int32_t>(step.described));
   }
   std::int64_t width[1] = {static_cast<std::int64_t>(flat.size())};
   world.allreduce(std::span<std::int64_t>(width), runtime::ReduceOp::max);
@@ -66,6 +68,10 @@ std::vector<StepSides> gather_sides(const MeasuredSteps& mine, runtime::Communic
     for (auto& step : out) {
       take(at, step[rank].microbatches);
       take(at, step[rank].encoder_microbatches);
+      std::vector<std::vector<int>> rendered;
+      take(at, rendered);
+      step[rank].rendered = rendered.empty() ? std::vector<int>{} : std::move(rendered.front());
+      step[rank].described = *at++;
     }
   }
   return out;
@@ -87,6 +93,14 @@ std::array<double, pipeline::kComputeKinds> compute_per_device(const pipeline::P
   return out;
 }
 
+// The seconds per device and step its ranks make samples in the step's time (data_s).
+double data_per_device(const pipeline::Program& program) {
+  double sum = 0;
+  for (const auto& st : program.stages)
+    for (double d : st.data_s) sum += d * st.devices_per_replica;
+  return sum / std::max(program.devices, 1);
+}
+
 }  // namespace
 
 StepComparison compare_with_simulation(const MeasuredSteps& mine, const pipeline::Program& program,
@@ -100,7 +114,7 @@ StepComparison compare_with_simulation(const MeasuredSteps& mine, const pipeline
   world.allreduce(std::span<double>(most), runtime::ReduceOp::max);
   c.measured_step_s = most[0];
   c.host_waits_per_step = most[1];
-  // Per rank and step, summed over ranks: idle by cause, data waits, compute by kind.
+  // Per rank and step, summed over ranks: idle by cause, taking samples, compute by kind.
   constexpr std::size_t kData = sim::kCauseCount, kCompute = kData + 1;
   std::array<double, kCompute + pipeline::kComputeKinds> sums{};
   for (std::size_t k = 0; k < mine.idle.size(); ++k) sums[k] = mine.idle[k] * per;
@@ -108,7 +122,7 @@ StepComparison compare_with_simulation(const MeasuredSteps& mine, const pipeline
   for (std::size_t k = 0; k < mine.compute.size(); ++k) sums[kCompute + k] = mine.compute[k] * per;
   world.allreduce(std::span<double>(sums));
   for (std::size_t k = 0; k < mine.idle.size(); ++k) c.measured_idle_s[k] = sums[k] / world.size();
-  c.data_wait_s = sums[kData] / world.size();
+  c.measured_data_s = sums[kData] / world.size();
   for (std::size_t k = 0; k < mine.compute.size(); ++k) c.measured_compute_s[k] = sums[kCompute + k] / world.size();
   const sim::Result r = sim::simulate(program, kEveryReplica);
   c.priced_step_s = c.simulated_step_s = r.step_time_s;
@@ -116,10 +130,10 @@ StepComparison compare_with_simulation(const MeasuredSteps& mine, const pipeline
   c.simulated_compute_s = compute_per_device(program, r);
   if (!load || mine.steps == 0) return c;
 
-  // Replayed on rank 0, the others told: whether it was, the step, the idle time by cause and
-  // the compute by kind, the mean of the steps.
+  // Replayed on rank 0, the others told: whether it was, the step, the samples made in it,
+  // the idle time by cause and the compute by kind, the mean of the steps.
   const std::vector<StepSides> sides = gather_sides(mine, world);
-  constexpr std::size_t kIdle = 2, kKinds = kIdle + sim::kCauseCount;
+  constexpr std::size_t kSamples = 2, kIdle = 3, kKinds = kIdle + sim::kCauseCount;
   std::array<double, kKinds + pipeline::kComputeKinds> mean{};  // [0]: 1 when replayed; [1]: the step
   if (world.rank() == 0) {
     try {
@@ -129,6 +143,7 @@ StepComparison compare_with_simulation(const MeasuredSteps& mine, const pipeline
         load->apply(step, scaled);
         const sim::Result replay = sim::simulate(scaled, kEveryReplica);
         mean[1] += replay.step_time_s * share;
+        mean[kSamples] += data_per_device(scaled) * share;
         for (std::size_t k = 0; k < replay.bubbles.size(); ++k) mean[kIdle + k] += replay.bubbles[k] * share;
         const auto compute = compute_per_device(scaled, replay);
         for (std::size_t k = 0; k < compute.size(); ++k) mean[kKinds + k] += compute[k] * share;
@@ -142,6 +157,7 @@ StepComparison compare_with_simulation(const MeasuredSteps& mine, const pipeline
   world.broadcast(std::as_writable_bytes(std::span<double>(mean)), 0);
   if (mean[0] != 1) return c;
   c.simulated_step_s = mean[1];
+  c.simulated_data_s = mean[kSamples];
   std::copy(mean.begin() + kIdle, mean.begin() + kKinds, c.simulated_idle_s.begin());
   std::copy(mean.begin() + kKinds, mean.end(), c.simulated_compute_s.begin());
   c.replayed_steps = static_cast<std::int64_t>(sides.size());
@@ -195,7 +211,8 @@ std::string format_comparison(const StepComparison& c) {
          "idle per rank and step, simulated  " + idle_list(c.simulated_idle_s) + "\n" +
          "compute per rank and step, measured   " + compute_list(c.measured_compute_s) + "\n" +
          "compute per rank and step, simulated  " + compute_list(c.simulated_compute_s) + "\n" +
-         "waiting for data per rank and step " + seconds(c.data_wait_s) + "\n" +
+         "taking samples per rank and step, measured " + seconds(c.measured_data_s) + ", simulated " +
+         seconds(c.simulated_data_s) + "\n" +
          (c.host_waits_per_step < 0
               ? std::string()
               : "host waits for the device per step " + fixed(c.host_waits_per_step, 1) + " (the most of any rank)\n");
@@ -216,7 +233,8 @@ std::string comparison_json(const StepComparison& c, std::int64_t step) {
                            {"priced_step_s", c.priced_step_s},
                            {"replayed_steps", c.replayed_steps},
                            {"measured_over_simulated", c.ratio()},
-                           {"data_wait_s", c.data_wait_s},
+                           {"measured_data_s", c.measured_data_s},
+                           {"simulated_data_s", c.simulated_data_s},
                            {"measured_idle_s", measured},
                            {"simulated_idle_s", simulated},
                            {"measured_compute_s", compute_json(c.measured_compute_s)},

@@ -51,7 +51,9 @@ struct StepComparison {
   double priced_step_s = 0;  // the program as priced: every microbatch at the trained images' mean
   std::int64_t replayed_steps = 0;
   std::string replay_problem;  // why there was no replay, when one was asked for and failed (rank 0)
-  double data_wait_s = 0;      // per step, mean over ranks
+  // Taking the step's samples, per rank and step (mean over ranks): measured (StepResult::
+  // data_seconds), and simulated as the replay prices the samples made in the step's time.
+  double measured_data_s = 0, simulated_data_s = 0;
   std::array<double, sim::kCauseCount> measured_idle_s{}, simulated_idle_s{};  // per rank and step
   // Compute per rank and step by pipeline::WorkKind, mean over ranks (devices); simulated as
   // simulated_step_s is (where forwards and backwards are mispriced apart, a pipeline's

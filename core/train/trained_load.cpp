@@ -34,8 +34,13 @@ std::vector<StageSeconds> stage_seconds(const cost::CostModel& cost, const plan:
   return out;
 }
 
-TrainedLoad::TrainedLoad(const cost::CostModel& cost, const plan::Plan& plan, const RankProgram& program)
-    : cost_(cost), plan_(plan), program_(program), base_(stage_seconds(cost, plan, program.program.schedule)) {}
+TrainedLoad::TrainedLoad(const cost::CostModel& cost, const plan::Plan& plan, const RankProgram& program,
+                         bool samples_in_step)
+    : cost_(cost),
+      plan_(plan),
+      program_(program),
+      samples_in_step_(samples_in_step),
+      base_(stage_seconds(cost, plan, program.program.schedule)) {}
 
 const std::vector<StageSeconds>& TrainedLoad::seconds_on(std::vector<int> sides) {
   std::sort(sides.begin(), sides.end());  // a microbatch runs one pass per side: order does not matter
@@ -80,6 +85,17 @@ void TrainedLoad::apply(const StepSides& step, pipeline::Program& scaled) {
     scaled.stages[s].work_scale = loads(stage, base_[s].model, &StageSeconds::model, &RankSides::microbatches, step);
     scaled.stages[s].task_scale =
         loads(stage, base_[s].encoder, &StageSeconds::encoder, &RankSides::encoder_microbatches, step);
+    auto& data = scaled.stages[s].data_s;
+    data.clear();
+    if (!samples_in_step_) continue;
+    const auto& st = scaled.stages[s];
+    data.assign(static_cast<std::size_t>(st.replicas), 0.0);
+    for (int r = 0; r < st.replicas; ++r)
+      for (int t = 0; t < st.devices_per_replica; ++t) {
+        const RankSides& ran = step[static_cast<std::size_t>(program_.rank_of(stage, r, t))];
+        data[static_cast<std::size_t>(r)] =
+            std::max(data[static_cast<std::size_t>(r)], cost_.data_seconds(ran.rendered, ran.described));
+      }
   }
 }
 

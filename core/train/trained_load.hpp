@@ -22,6 +22,8 @@ namespace braid::train {
 struct RankSides {
   std::vector<std::vector<int>> microbatches;          // per microbatch of its stage
   std::vector<std::vector<int>> encoder_microbatches;  // per microbatch of its colocated encoder
+  std::vector<int> rendered;                           // the samples made for its step: rendered ...
+  std::int64_t described = 0;                          // ... and described
 };
 using StepSides = std::vector<RankSides>;  // one step, per rank
 
@@ -39,14 +41,17 @@ std::vector<StageSeconds> stage_seconds(const cost::CostModel& cost, const plan:
 class TrainedLoad {
  public:
   // `program` is the one the ranks ran, built by orchestrate::build_program from `cost` (the
-  // trained images' mean) and `plan`; all three outlive this.
-  TrainedLoad(const cost::CostModel& cost, const plan::Plan& plan, const RankProgram& program);
+  // trained images' mean) and `plan`; all three outlive this. `samples_in_step`: the ranks
+  // made their samples in the step's time (no data worker, or no core left for one).
+  TrainedLoad(const cost::CostModel& cost, const plan::Plan& plan, const RankProgram& program,
+              bool samples_in_step = false);
 
   // Sets every stage's work_scale and task_scale in `scaled` (a copy of the program) for one
   // step: replica r's microbatch k on stage s runs the work of its images over the work the
   // program prices, as the ranks of (s, r) recorded it; the most of its tensor-parallel ranks
   // (they run in lock step, and a colocated encoder's share of the samples differs between
-  // them). Throws
+  // them). With samples_in_step, also data_s: the samples each rank made, priced by
+  // CostModel::data_seconds (the most of a replica's ranks). Throws
   // Error(invalid_argument) when `step` does not hold one entry per rank, or replicas of a
   // stage ran different numbers of microbatches.
   void apply(const StepSides& step, pipeline::Program& scaled);
@@ -65,6 +70,7 @@ class TrainedLoad {
   const cost::CostModel& cost_;
   const plan::Plan& plan_;
   const RankProgram& program_;
+  bool samples_in_step_;
   std::vector<StageSeconds> base_;  // the program as it was priced
   std::map<std::vector<int>, std::vector<StageSeconds>> seconds_;
 };

@@ -435,7 +435,9 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
     }
   }
   if (!o.trace_path.empty()) write_measured_trace(o.trace_path, executor.program(), executor.executed(), comm);
-  TrainedLoad load(cost, o.plan, executor.program());
+  // Samples made in the step's time: by the training thread itself, or by a worker that finds
+  // every core of the node held by the ranks' threads.
+  TrainedLoad load(cost, o.plan, executor.program(), o.data_workers == 0 || !run.cluster.spare_core_for_data());
   report.comparison = compare_with_simulation(measured, executor.program().program, comm, &load);
   const bool trained = total >= first;  // the same on every rank: a resumed run may have nothing left
   if (trained) report.memory = compare_with_prediction(executor.memory(), run, o.plan, comm);

@@ -390,13 +390,16 @@ class SimulateDataTest(CliTestCase):
             self.assertEqual(set(times), REORDERINGS)
             self.assertEqual(set(stragglers), REORDERINGS)
             self.assertLessEqual(times["intra_inter"], times["none"])
-            self.assertLessEqual(stragglers["intra"]["ratio"], stragglers["none"]["ratio"])
             for s in stragglers.values():
                 self.assertGreaterEqual(s["ratio"], 1)
                 self.assertGreaterEqual(s["time_s"], 0)
         self.assertIn("stage", report["per_step"][0]["straggler"]["none"])
         self.assertEqual([s["step"] for s in report["per_step"]], list(range(8)))
         self.assertLess(report["mean"]["step_time_s"]["intra_inter"], report["mean"]["step_time_s"]["none"])
+        # Intra-step reordering balances a step's replicas for its time, not for the straggler
+        # ratio of each stage: that falls over the steps, not in every one of them.
+        mean = report["mean"]["straggler"]
+        self.assertLess(mean["intra"]["ratio"], mean["none"]["ratio"])
 
     def test_table_without_a_distribution_is_all_equal(self):
         result = simulate(LLAVA, "--strategy", "megatron", "--data")

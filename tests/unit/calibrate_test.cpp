@@ -105,6 +105,12 @@ calibrate::Calibration made_up() {
   c.memory = {"triad", 3 * 4 * 1e8, 3 * 4 * 1e8 / 15e9};
   c.attention = {{"attention forward", 1e6, 1e6 / (0.2 * peak)}, {"attention backward", 2.5e6, 2.5e6 / (0.8 * peak)}};
   c.intra = timings_of(one_link(2e9, 1e-6), 2);
+  for (int side : {16, 32, 64}) {  // 3 us + 5 ns a pixel
+    const double pixels = double(side) * side;
+    c.samples.push_back(
+        {std::string(calibrate::kRenderSample) + " " + std::to_string(side), pixels, 3e-6 + 5e-9 * pixels});
+  }
+  c.samples.push_back({calibrate::kDescribeSample, 1, 1e-6});
   return c;
 }
 
@@ -143,6 +149,32 @@ TEST(Calibrate, TheClusterFilePricesTheMeasuredCasesAsMeasured) {
     if (t.op != LinkOp::p2p) continue;
     EXPECT_NEAR(comm.p2p(t.bytes, false) / t.seconds, 1, 0.1) << t.bytes << " bytes";
   }
+}
+
+TEST(Calibrate, SamplesArePricedAtTheMeasuredRatesWhenNoCoreIsLeftForTheWorkers) {
+  const calibrate::Calibration c = made_up();
+  const calibrate::Fitted f = calibrate::fit(c);
+  EXPECT_NEAR(f.render_sample_s, 3e-6, 1e-9);
+  EXPECT_NEAR(f.render_pixel_s, 5e-9, 1e-12);
+  EXPECT_DOUBLE_EQ(f.describe_sample_s, 1e-6);
+  spec::RunSpec run = test::load("tiny-clip.yaml");
+  run.cluster = spec::parse_cluster(spec::parse_document(calibrate::cluster_yaml(c, f, "made-up"), "<calibrated>"));
+  const cost::CostModel cost(run);
+  // Two rendered (16 and 32 px) and three described.
+  EXPECT_NEAR(cost.data_seconds({16, 32}, 3), 2 * 3e-6 + 5e-9 * (256 + 1024) + 3e-6, 1e-10);
+  // Made in the step's time, the samples delay their rank's first instruction, and its step.
+  const plan::Plan plan =
+      orchestrate::make_plan(cost, plan::PlanRequest{plan::Strategy::megatron, plan::Constraints{1, 1, 2}, {}}).best;
+  pipeline::Program program = orchestrate::build_program(cost, plan);
+  const double without = sim::simulate(program).step_time_s;
+  program.stages[0].data_s.assign(static_cast<std::size_t>(program.stages[0].replicas), 0.0);
+  program.stages[0].data_s[1] = 2e-3;  // the second replica's samples
+  EXPECT_NEAR(sim::simulate(program).step_time_s - without, 2e-3, 1e-3);
+  EXPECT_GE(sim::simulate(program).step_time_s, without + 2e-3 - 1e-9);
+  // A file without the section prices samples at nothing.
+  spec::RunSpec unmeasured = test::load("tiny-clip.yaml");
+  const cost::CostModel free_samples(unmeasured);
+  EXPECT_EQ(free_samples.data_seconds({32, 32}, 10), 0);
 }
 
 TEST(Calibrate, BackwardsArePricedAtTheirOwnElementwiseRate) {
@@ -203,15 +235,21 @@ TEST(Calibrate, TheJsonCarriesEveryTimingAndFit) {
 }
 
 TEST(Calibrate, ProcessesSharingTheCoresAreSimulatedSharingThem) {
-  // Enough cores: no shared_cores entry; every device computes on its own.
+  // Enough cores: the file records them (what the data workers get), without a sharing
+  // efficiency; every device computes on its own.
   calibrate::Calibration c = made_up();
   auto cluster_of = [](const calibrate::Calibration& k) {
     const std::string yaml = calibrate::cluster_yaml(k, calibrate::fit(k), "made-up");
     return std::make_pair(yaml, spec::parse_cluster(spec::parse_document(yaml, "<calibrated>")));
   };
   auto [roomy_yaml, roomy] = cluster_of(c);
-  EXPECT_EQ(roomy_yaml.find("shared_cores"), std::string::npos);
-  EXPECT_EQ(roomy.cores_per_node, 0);
+  EXPECT_EQ(roomy.cores_per_node, 4);
+  EXPECT_EQ(roomy_yaml.find("time that turns into work"), std::string::npos);
+  EXPECT_EQ(roomy.shared_core_efficiency, 1);
+  EXPECT_TRUE(roomy.spare_core_for_data());  // 2 processes of 1 thread on 4 cores
+  c.per_node = 4;
+  EXPECT_FALSE(cluster_of(c).second.spare_core_for_data());  // 4 on 4: none left
+  c.per_node = 2;
   // Four processes on two cores: they measured two at a time, and the file says so.
   c.processes = c.per_node = 4;
   c.cores = c.per_turn = 2;

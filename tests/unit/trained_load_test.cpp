@@ -179,10 +179,36 @@ TEST(TrainedLoad, ATensorParallelReplicaRunsAtItsSlowestRanksLoad) {
   EXPECT_NEAR(w[3], 1.0, 1e-12);
 }
 
+TEST(TrainedLoad, SamplesMadeInTheStepDelayTheirRanks) {
+  Clip4 c;
+  c.run.cluster.data = {3e-6, 5e-9, 1e-6};  // as braid calibrate measures them
+  const cost::CostModel cost{c.run, cost::TrainedImages{Clip4::repeat(Clip4::halves(), 64)}};
+  StepSides step = c.step(Clip4::halves());
+  for (int rank = 0; rank < 4; ++rank) {  // the first stage renders its replica's 64, the second describes them
+    RankSides& r = step[static_cast<std::size_t>(rank)];
+    if (c.program.program.place_of(rank).stage == 0)
+      r.rendered = Clip4::repeat(Clip4::halves(), 8);
+    else
+      r.described = 64;
+  }
+  step[static_cast<std::size_t>(c.program.rank_of(0, 1, 0))].rendered.push_back(32);  // one more on replica 1
+  TrainedLoad worker_has_a_core(cost, c.plan, c.program), in_step(cost, c.plan, c.program, true);
+  for (const auto& st : c.scaled(worker_has_a_core, step).stages) EXPECT_TRUE(st.data_s.empty());
+  const pipeline::Program p = c.scaled(in_step, step);
+  const double rendered = 64 * 3e-6 + 32 * 5e-9 * (256 + 1024);
+  ASSERT_EQ(p.stages[0].data_s.size(), 2u);
+  EXPECT_NEAR(p.stages[0].data_s[0], rendered, 1e-12);
+  EXPECT_NEAR(p.stages[0].data_s[1], rendered + 3e-6 + 5e-9 * 1024, 1e-12);
+  EXPECT_NEAR(p.stages[1].data_s[0], 64 * 1e-6, 1e-12);
+  // The replay is slower by at least the time no rank of the batch-sync can start without.
+  const double free = sim::simulate(c.scaled(worker_has_a_core, step)).step_time_s;
+  EXPECT_GE(sim::simulate(p).step_time_s, free + rendered - 1e-9);
+}
+
 TEST(TrainedLoad, StepsOfAnotherWorldOrRaggedReplicasAreRefused) {
   Clip4 c;
   TrainedLoad load(c.cost, c.plan, c.program);
-  StepSides three(3, RankSides{std::vector<std::vector<int>>(16, Clip4::halves()), {}});
+  StepSides three(3, RankSides{std::vector<std::vector<int>>(16, Clip4::halves()), {}, {}, 0});
   test::expect_error([&] { c.scaled(load, three); }, Status::invalid_argument, {"3 ranks", "world of 4"});
   StepSides ragged = c.step(Clip4::halves());
   ragged[static_cast<std::size_t>(c.program.rank_of(0, 1, 0))].microbatches.pop_back();

@@ -314,6 +314,7 @@ int run_calibrate(const std::vector<std::string>& args) {
     const bool wait_chosen = std::getenv("BRAID_MPI_WAIT") != nullptr;  // the user's choice stands
     if (c.shared && !wait_chosen) ::setenv("BRAID_MPI_WAIT", "sleep", 1);
     Progress progress(rank == 0 && !vm.count("quiet"), calibrate::compute_case_count(compute) +
+                                                           calibrate::sample_case_count(compute) +
                                                            (c.shared ? calibrate::gemm_case_count(compute) : 0) +
                                                            link_sets * calibrate::link_case_count(c.quick));
     enum class Together { in_turns, everyone, no };
@@ -336,8 +337,11 @@ int run_calibrate(const std::vector<std::string>& args) {
     turns.end();
     c.attention = calibrate::measure_attention(compute, hook("attention", Together::in_turns));
     turns.end();
+    c.samples = calibrate::measure_samples(compute, hook("samples", Together::in_turns));
+    turns.end();
     if (c.shared && !wait_chosen) ::unsetenv("BRAID_MPI_WAIT");
-    for (auto* timings : {&c.gemms, &c.crowded_gemms, &c.elementwise, &c.attention}) average_seconds(all, *timings);
+    for (auto* timings : {&c.gemms, &c.crowded_gemms, &c.elementwise, &c.attention, &c.samples})
+      average_seconds(all, *timings);
     std::vector<calibrate::Timing> memory = {c.memory};
     average_seconds(all, memory);
     c.memory = memory.front();
