@@ -48,8 +48,8 @@ int64_t visible(const Dims& d, bool causal, int64_t i) { return causal ? i + 1 :
 void HostOps::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
                                 Tensor& out, AttentionSaved& saved) {
   const Dims d = attention_dims(q, k, v, options, "attention_forward");
-  reset(out, q.shape);
-  reset(saved.probs, {d.batch, d.heads, d.sq, d.sk});
+  prepare_output(out, q.shape);
+  prepare_output(saved.probs, {d.batch, d.heads, d.sq, d.sk});
   const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
   const double work = 4.0 * static_cast<double>(d.sq) * d.sk * d.head_dim;
   parallel_for(threads_, d.batch * d.heads, chunk_for(work), [&](int64_t begin, int64_t end) {
@@ -81,9 +81,9 @@ void HostOps::attention_backward(const Tensor& q, const Tensor& k, const Tensor&
   const Dims d = attention_dims(q, k, v, options, "attention_backward");
   expect_shape(saved.probs, {d.batch, d.heads, d.sq, d.sk}, "attention_backward", "saved.probs");
   expect_shape(dout, q.shape, "attention_backward", "dout");
-  reset(dq, q.shape);
-  reset(dk, k.shape);
-  reset(dv, v.shape);
+  prepare_output(dq, q.shape);
+  prepare_output(dk, k.shape);
+  prepare_output(dv, v.shape);
   const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
   const double work = 8.0 * static_cast<double>(d.sq) * d.sk * d.head_dim;
   parallel_for(threads_, d.batch * d.heads, chunk_for(work), [&](int64_t begin, int64_t end) {

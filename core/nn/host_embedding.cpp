@@ -73,7 +73,7 @@ void HostOps::embedding_forward(const Tensor& table, std::span<const int32_t> id
     throw Error(Status::invalid_argument, "embedding_forward: table must be (V, E), got " + shape_string(table.shape));
   check_ids(ids, table.dim(0), "embedding_forward");
   const int64_t e = table.dim(1);
-  reset(out, {static_cast<int64_t>(ids.size()), e});
+  prepare_output(out, {static_cast<int64_t>(ids.size()), e});
   for (std::size_t i = 0; i < ids.size(); ++i)
     std::copy(table.ptr() + ids[i] * e, table.ptr() + (ids[i] + 1) * e, out.ptr() + static_cast<int64_t>(i) * e);
 }

@@ -28,7 +28,7 @@ void HostOps::linear_forward(const Tensor& x, const Tensor& weight, const Tensor
   if (bias) expect_shape(*bias, {out}, "linear_forward", "bias");
   Shape shape = x.shape;
   shape.back() = out;
-  reset(y, shape);
+  prepare_output(y, shape);
   if (bias)  // y starts as the bias, the GEMM adds x W^T to it
     for (int64_t r = 0; r < rows; ++r) std::copy(bias->ptr(), bias->ptr() + out, y.ptr() + r * out);
   gemm(false, true, rows, out, in, 1.0f, x.ptr(), in, weight.ptr(), in, bias ? 1.0f : 0.0f, y.ptr(), out);
@@ -44,7 +44,7 @@ void HostOps::linear_backward(const Tensor& x, const Tensor& weight, const Tenso
   if (dweight) expect_shape(*dweight, weight.shape, "linear_backward", "dweight");
   if (dbias) expect_shape(*dbias, {out}, "linear_backward", "dbias");
   if (dx) {
-    reset(*dx, x.shape);
+    prepare_output(*dx, x.shape);
     gemm(false, false, rows, in, out, 1.0f, dy.ptr(), out, weight.ptr(), in, 0.0f, dx->ptr(), in);
   }
   if (dweight) gemm(true, false, out, in, rows, 1.0f, dy.ptr(), out, x.ptr(), in, 1.0f, dweight->ptr(), in);

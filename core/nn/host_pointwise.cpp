@@ -46,9 +46,9 @@ void HostOps::layernorm_forward(const Tensor& x, const Tensor& gamma, const Tens
   expect_shape(gamma, {f}, "layernorm_forward", "gamma");
   expect_shape(beta, {f}, "layernorm_forward", "beta");
   const int64_t rows = x.numel() / f;
-  reset(y, x.shape);
-  reset(saved.mean, {rows});
-  reset(saved.rstd, {rows});
+  prepare_output(y, x.shape);
+  prepare_output(saved.mean, {rows});
+  prepare_output(saved.rstd, {rows});
   parallel_for(threads_, rows, chunk_for(8.0 * f), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* xr = x.ptr() + r * f;
@@ -79,7 +79,7 @@ void HostOps::layernorm_backward(const Tensor& x, const Tensor& gamma, const Lay
   const float* mean = saved.mean.ptr();
   const float* rstd = saved.rstd.ptr();
   if (dx) {
-    reset(*dx, x.shape);
+    prepare_output(*dx, x.shape);
     // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma.
     parallel_for(threads_, rows, chunk_for(10.0 * f), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
@@ -116,7 +116,7 @@ void HostOps::layernorm_backward(const Tensor& x, const Tensor& gamma, const Lay
 
 void HostOps::l2_normalize_forward(const Tensor& x, Tensor& y) {
   const int64_t f = features_of(x, "l2_normalize_forward");
-  reset(y, x.shape);
+  prepare_output(y, x.shape);
   for (int64_t r = 0; r < x.numel() / f; ++r) {
     const float* xr = x.ptr() + r * f;
     double sq = 0.0;
@@ -129,7 +129,7 @@ void HostOps::l2_normalize_forward(const Tensor& x, Tensor& y) {
 void HostOps::l2_normalize_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
   const int64_t f = features_of(x, "l2_normalize_backward");
   expect_shape(dy, x.shape, "l2_normalize_backward", "dy");
-  reset(dx, x.shape);
+  prepare_output(dx, x.shape);
   for (int64_t r = 0; r < x.numel() / f; ++r) {
     const float* xr = x.ptr() + r * f;
     const float* dyr = dy.ptr() + r * f;
@@ -158,7 +158,7 @@ void HostOps::add(Tensor& y, const Tensor& x) {
 }
 
 void HostOps::gelu_forward(const Tensor& x, Tensor& y) {
-  reset(y, x.shape);
+  prepare_output(y, x.shape);
   const float* in = x.ptr();
   float* out = y.ptr();
   parallel_for(threads_, x.numel(), chunk_for(kGeluWork), [&](int64_t begin, int64_t end) {
@@ -176,7 +176,7 @@ void HostOps::gelu_forward(const Tensor& x, Tensor& y) {
 
 void HostOps::gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
   expect_shape(dy, x.shape, "gelu_backward", "dy");
-  reset(dx, x.shape);
+  prepare_output(dx, x.shape);
   const float* in = x.ptr();
   const float* d_out = dy.ptr();
   float* d_in = dx.ptr();

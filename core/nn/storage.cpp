@@ -1,6 +1,7 @@
 #include "core/nn/storage.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "core/common/error.hpp"
@@ -98,11 +99,23 @@ void Storage::assign(std::size_t count, float value) {
 void Storage::resize(std::size_t count, float fill) {
   if (borrowed_ && count != borrowed_count_) {              // keeps the elements that fit, as a vector would
     if (!keeper_ || !device_.is_host()) let_go_for(count);  // throws: a view or device memory
-    std::vector<float> kept(begin(), begin() + std::min(count, borrowed_count_));
+    HostBuffer kept(begin(), begin() + std::min(count, borrowed_count_));
     let_go_for(count);
     owned_ = std::move(kept);
   }
   if (!borrowed_) owned_.resize(count, fill);
+}
+
+void Storage::resize_for_overwrite(std::size_t count) {
+  require_host("write");
+  let_go_for(count);
+  if (!borrowed_ && owned_.size() != count) {
+    owned_.clear();  // nothing to keep: a larger buffer is not filled with the old elements
+    owned_.resize(count);
+  }
+#ifndef NDEBUG
+  std::fill(begin(), end(), std::numeric_limits<float>::quiet_NaN());
+#endif
 }
 
 bool Storage::operator==(const Storage& other) const {
@@ -113,7 +126,7 @@ bool Storage::operator==(const Storage& other) const {
 
 std::vector<float> Storage::release() {
   require_host("take");
-  std::vector<float> out = borrowed_ ? std::vector<float>(begin(), end()) : std::move(owned_);
+  std::vector<float> out(begin(), end());
   *this = Storage();
   return out;
 }

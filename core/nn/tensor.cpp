@@ -51,6 +51,11 @@ void reset(Tensor& t, const Shape& shape) {
   t.shape = shape;
 }
 
+void prepare_output(Tensor& t, const Shape& shape) {
+  t.data.resize_for_overwrite(static_cast<std::size_t>(shape_numel(shape)));
+  t.shape = shape;
+}
+
 void expect_shape(const Tensor& t, const Shape& shape, const char* op, const char* what) {
   if (t.shape != shape)
     throw Error(Status::invalid_argument, std::string(op) + ": " + what + " has shape " + shape_string(t.shape) +

@@ -35,6 +35,9 @@ std::string shape_string(const Shape& shape);  // "(2, 3, 4)"
 
 // Gives `t` this shape, every element zero (storage is reused).
 void reset(Tensor& t, const Shape& shape);
+// Gives `t` this shape for an op that writes every element: their values until then are
+// unspecified (NaN in debug builds), nothing is zeroed (storage is reused).
+void prepare_output(Tensor& t, const Shape& shape);
 // Throws invalid_argument naming the op and the argument unless `t` has exactly `shape`.
 void expect_shape(const Tensor& t, const Shape& shape, const char* op, const char* what);
 
