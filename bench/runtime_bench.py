@@ -2,9 +2,12 @@
 """The runtime against the simulator: measured steps of `braid train` under mpiexec next to the
 simulated step of the very program the ranks executed, per schedule.
 
-First `braid calibrate` measures this machine under the same launch (2 and 4 ranks) and writes
-a cluster file; every run below is priced on it (`braid train --cluster`). With --nominal the
-runs keep their own cluster (configs/clusters/cpu-host.yaml: nominal figures) instead.
+It runs in rounds (--repeats, default 3). Each round first has `braid calibrate` measure this
+machine under the same launch (2 and 4 ranks) and write a cluster file, then runs every schedule
+of every case once priced on it (`braid train --cluster`): the host's speed drifts by 10-30%
+over minutes, so a step is compared with a calibration taken minutes, not a quarter of an hour,
+before it. Of each schedule the run with the median measured/simulated counts. With --nominal
+the runs keep their own cluster (configs/clusters/cpu-host.yaml: nominal figures) instead.
 
 Cases (each schedule's step is the mean of the run's steps after the first, on the slowest rank,
 from the summary line `braid train` writes to its metrics file; the simulated step is the one
@@ -23,7 +26,7 @@ lines): how well the instructions are priced, apart from the waits between them)
   clip-4     the same with 2 data-parallel replicas, on 4 ranks
   dp-2, dp-4 tiny-clip data parallel (batch-sync) and tiny-mllm data parallel (1f1b)
   data       tiny-clip data parallel on 2 ranks, with and without the prefetching workers:
-             the time each rank waits for its samples per step
+             the time each rank takes its samples per step, measured and simulated
 
 Reports measured/simulated per schedule (goal with the calibrated file: within 15% for every
 schedule) and whether the two rank the schedules alike (every pair the simulator sets more than
@@ -81,9 +84,9 @@ def launch(args, ranks):
                                           else []), "-n", str(ranks)]
 
 
-def calibrate(args, ranks, directory):
-    """Measures this machine under a launch of `ranks`; returns the cluster file's path."""
-    path = os.path.join(directory, f"cluster-{ranks}.yaml")
+def calibrate(args, ranks, directory, k):
+    """Measures this machine under a launch of `ranks` for round `k`; returns the cluster file's path."""
+    path = os.path.join(directory, f"cluster-{ranks}-{k}.yaml")
     cmd = [*launch(args, ranks), args.braid, "calibrate", "--out", path, "--quiet",
            *(["--quick"] if args.quick else [])]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=SOURCE_DIR)
@@ -150,16 +153,23 @@ def compute_ratio(summary):
     return sum(summary["measured_compute_s"].values()) / simulated if simulated > 0 else 0.0
 
 
-def schedules_case(args, directory, name, ranks, config, base, schedules):
-    # Each schedule `repeats` times, the schedules interleaved so that a slow spell of the host
-    # does not land on one of them; the median run of each.
-    runs = {s: [] for s in schedules}
-    for k in range(args.repeats):
+def round_of_runs(args, directory, cases, k, runs):
+    """Round `k`: each case's every schedule once, priced on this round's calibration (the host's
+    speed drifts by 10-30% over minutes: a step measured next to its calibration compares like
+    with like), appended to runs[name][schedule]."""
+    for name, ranks, config, base, schedules in cases:
+        print(f"runtime_bench: round {k + 1} of {args.repeats}: {name} ...", file=sys.stderr, flush=True)
         for s in schedules:
-            runs[s].append(train(args, ranks, config, [*base, "--schedule", s], directory, f"{name}-{s}-{k}"))
+            runs.setdefault(name, {}).setdefault(s, []).append(
+                train(args, ranks, config, [*base, "--schedule", s], directory, f"{name}-{s}-{k}"))
+
+
+def schedules_case(name, ranks, schedules, runs):
+    """A case from its schedules' runs, one a round: of each schedule the run with the median
+    measured/simulated."""
     rows = {}
     for s in schedules:
-        summary, losses = sorted(runs[s], key=lambda run: run[0]["measured_step_s"])[len(runs[s]) // 2]
+        summary, losses = sorted(runs[s], key=lambda run: run[0]["measured_over_simulated"])[len(runs[s]) // 2]
         rows[s] = {"measured_step_s": summary["measured_step_s"], "simulated_step_s": summary["simulated_step_s"],
                    "priced_step_s": summary["priced_step_s"],
                    "measured_over_simulated": summary["measured_over_simulated"],
@@ -190,7 +200,8 @@ def main():
     p.add_argument("--braid", required=True)
     p.add_argument("--mpiexec", default="mpiexec")
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--repeats", type=int, default=3, help="runs of each schedule; the median one counts")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="rounds: a calibration, then one run of each schedule; the run with the median ratio counts")
     p.add_argument("--quick", action="store_true", help="4 steps of the 2-rank cases, once: checks they run and agree")
     p.add_argument("--nominal", action="store_true",
                    help="price the runs on their own cluster file (nominal figures) instead of calibrating")
@@ -220,15 +231,18 @@ def main():
                       (f"clip-{ranks}", ranks, clip_groups, ["--plan", plans[ranks // 2]], CONTRASTIVE),
                       (f"dp-clip-{ranks}", ranks, CLIP, [], ["batch-sync"]),
                       (f"dp-mllm-{ranks}", ranks, MLLM_PLAIN, [], ["1f1b"])]
-        args.clusters = {}
-        if not args.nominal:
-            for ranks in sorted({c[1] for c in cases}):
-                print(f"runtime_bench: braid calibrate on {ranks} ranks ...", file=sys.stderr, flush=True)
-                args.clusters[ranks] = calibrate(args, ranks, d)
-        for name, ranks, config, base, schedules in cases:
-            print(f"runtime_bench: {name} ...", file=sys.stderr, flush=True)
-            result["cases"][name] = schedules_case(args, d, name, ranks, config, base, schedules)
-        data = {}
+        runs = {}
+        for k in range(args.repeats):
+            args.clusters = {}
+            if not args.nominal:
+                for ranks in sorted({c[1] for c in cases}):
+                    print(f"runtime_bench: round {k + 1} of {args.repeats}: braid calibrate on {ranks} ranks ...",
+                          file=sys.stderr, flush=True)
+                    args.clusters[ranks] = calibrate(args, ranks, d, k)
+            round_of_runs(args, d, cases, k, runs)
+        for name, ranks, _, _, schedules in cases:
+            result["cases"][name] = schedules_case(name, ranks, schedules, runs[name])
+        data = {}  # on the last round's calibration
         for workers in [0, 1] if any(c[1] == 2 for c in cases) else []:
             summary, _ = train(args, 2, CLIP, ["--data-workers", str(workers)], d, f"data-{workers}")
             data[workers] = {k: summary[k] for k in ("measured_data_s", "simulated_data_s", "measured_step_s",
@@ -238,8 +252,9 @@ def main():
     if args.format == "json":
         print(json.dumps(result, indent=2))
         return
-    print(f"measured (mean of steps 2-{args.steps} on the slowest rank, median of {args.repeats} runs) against "
-          f"simulated, the same program, on the {result['cluster']} cluster file; {result['cores']} cores")
+    calibrated = "its round's calibrated" if result["cluster"] == "calibrated" else "the run's own (nominal)"
+    print(f"measured (mean of steps 2-{args.steps} on the slowest rank) against simulated, the same program, on "
+          f"{calibrated} cluster file: of {args.repeats} rounds the run with the median ratio; {result['cores']} cores")
     for name, case in result["cases"].items():
         crowded = case["ranks"] > (result["cores"] or 1)
         bound = ", each bound to a core" if result["bind_crowded"] else ""

@@ -647,6 +647,38 @@ TEST(Storage, ViewsKeepTheirSizeAndSharedHostMemoryIsLetGo) {
   test::expect_error([&] { nn::reset(on_gpu, {2}); }, Status::invalid_argument, {"cannot fill memory on cuda:1"});
 }
 
+TEST(Storage, OutputsWrittenWholeKeepTheirMemoryAndAreNotZeroed) {
+  Tensor out({2, 3}, 7.0f);
+  const float* memory = out.ptr();
+  nn::prepare_output(out, {3, 2});  // the same count: the same memory, the shape changed
+  EXPECT_EQ(out.ptr(), memory);
+  EXPECT_EQ(out.shape, (nn::Shape{3, 2}));
+#ifdef NDEBUG
+  EXPECT_EQ(out.data[0], 7.0f);  // not zeroed: the op writes every element
+#else
+  EXPECT_TRUE(std::isnan(out.data[5]));  // debug builds: a read before the write shows
+#endif
+  nn::prepare_output(out, {4, 4});
+  EXPECT_EQ(out.numel(), 16);
+  nn::prepare_output(out, {2});  // smaller: kept in the same buffer
+  EXPECT_EQ(out.numel(), 2);
+  // Views keep their size; reset still zeroes, and a grown vector still fills what it adds.
+  std::vector<float> buffer(4, 1.0f);
+  Tensor view;
+  view.data = nn::Storage::borrow(buffer.data(), 4, nn::Device{});
+  test::expect_error([&] { nn::prepare_output(view, {3}); }, Status::invalid_argument, {"cannot hold 3"});
+  nn::reset(out, {5});
+  EXPECT_EQ(std::vector<float>(out.data.begin(), out.data.end()), std::vector<float>(5, 0.0f));
+  out.data.resize(7, 2.0f);
+  EXPECT_EQ(out.data[6], 2.0f);
+  // A linear layer's output over a buffer that held other values is the product alone.
+  nn::HostOps ops(1);
+  const Tensor x({1, 2}, std::vector<float>{1, 2}), w({2, 2}, std::vector<float>{1, 0, 0, 1});
+  Tensor y({1, 2}, 9.0f);
+  ops.linear_forward(x, w, nullptr, y);
+  EXPECT_EQ(std::vector<float>(y.data.begin(), y.data.end()), (std::vector<float>{1, 2}));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, DeviceOpsTest, testing::ValuesIn(backends_under_test()),
                          [](const testing::TestParamInfo<std::string>& info) { return info.param; });
 
