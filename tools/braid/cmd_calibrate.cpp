@@ -42,6 +42,8 @@ const char* kCalibrateUsage =
     "  - element-wise kernels (layer norm, GELU), forward and backward timed apart, and the\n"
     "    optimizer step (AdamW), at a ladder of sizes;\n"
     "  - attention: the host's materialised softmax attention, forward and backward;\n"
+    "  - samples of braid's dataset, rendered at a ladder of image sides and described, on one\n"
+    "    host core as braid train's data workers make them (priced where a step makes them);\n"
     "  - links: p2p ping-pong, all-reduce and all-gather through the communication plugin\n"
     "    (MPI), fitted to the cost model's alpha-beta formulas; between hosts too when the\n"
     "    launch spans several.\n"
