@@ -38,7 +38,7 @@ struct Device {
 
 // Grows a vector without value-initialising what it adds (resize(n) default-initialises a
 // float: leaves it as it was); every other construct is the standard one. Zeroing an output a
-// kernel then writes whole cost 8-10% of a tiny-clip step's CPU.
+// kernel then writes whole took 7.6% of a tiny-clip run's CPU samples (perf record, 2 ranks).
 template <class T>
 struct UninitializedAllocator : std::allocator<T> {
   template <class U>
