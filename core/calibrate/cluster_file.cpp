@@ -14,12 +14,6 @@ namespace {
 constexpr double kMiB = 1024.0 * 1024.0;
 constexpr double kGiB = 1024.0 * kMiB;
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Four significant digits, the way a person writes a measured figure.
 std::string num(double v) {
   char buf[32];

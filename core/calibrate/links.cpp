@@ -8,6 +8,7 @@
 #include <optional>
 #include <span>
 
+#include "core/calibrate/measure.hpp"
 #include "core/cost/comm.hpp"
 
 namespace braid::calibrate {
@@ -40,8 +41,7 @@ double timed(runtime::Communicator& world, int reps, F&& run) {
     world.allreduce(std::span<double>(t), runtime::ReduceOp::max);
     batches.push_back(t[0]);
   }
-  std::sort(batches.begin(), batches.end());
-  return batches[1];
+  return median(std::move(batches));
 }
 
 // One process's side of the three cases, with its buffers: through the world's

@@ -103,6 +103,13 @@ std::vector<int> sample_sides(const ComputeOptions& o) {
 
 }  // namespace
 
+double median(std::vector<double> repeats) {
+  if (repeats.empty()) return 0;
+  const auto middle = repeats.begin() + static_cast<std::ptrdiff_t>(repeats.size() / 2);
+  std::nth_element(repeats.begin(), middle, repeats.end());
+  return *middle;
+}
+
 double time_call(const std::function<void()>& run, double min_seconds, int batch_count) {
   run();  // warm: first-touch page faults, OpenBLAS buffers
   std::vector<double> means;
@@ -117,8 +124,7 @@ double time_call(const std::function<void()>& run, double min_seconds, int batch
     } while (elapsed < min_seconds);
     means.push_back(elapsed / calls);
   }
-  std::nth_element(means.begin(), means.begin() + static_cast<std::ptrdiff_t>(means.size() / 2), means.end());
-  return means[means.size() / 2];
+  return median(std::move(means));
 }
 
 int gemm_case_count(const ComputeOptions& o) { return static_cast<int>(gemm_shapes(o).size()); }
@@ -284,8 +290,7 @@ std::vector<Timing> measure_samples(const ComputeOptions& o, const CaseHook& bet
       for (int k = 0; k < kPerCall; ++k) made.push_back(make(next++));
       seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count() / kPerCall);
     }
-    std::nth_element(seconds.begin(), seconds.begin() + static_cast<std::ptrdiff_t>(seconds.size() / 2), seconds.end());
-    return seconds[seconds.size() / 2];
+    return median(std::move(seconds));
   };
   std::vector<Timing> out;
   const auto sides = sample_sides(o);

@@ -35,6 +35,10 @@ struct ComputeOptions {
 // keep the processes in step (a barrier) and to show progress.
 using CaseHook = std::function<void(int index, int count, const std::string& what)>;
 
+// The middle of the repeats of a measurement (the upper one of an even count), so that a
+// repeat the host's other work slowed does not move it; 0 for none.
+double median(std::vector<double> repeats);
+
 // The time of one call of `run`: repeats it for at least `min_seconds` per batch, and
 // returns the median over `batches` batches of the mean call time.
 double time_call(const std::function<void()>& run, double min_seconds, int batches = 5);

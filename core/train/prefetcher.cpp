@@ -3,7 +3,6 @@
 #include <string>
 
 #include "core/common/error.hpp"
-#include "core/train/interpreter.hpp"
 
 namespace braid::train {
 
@@ -86,12 +85,11 @@ void Prefetcher::work() {
   }
 }
 
-std::vector<data::Sample> Prefetcher::take(std::int64_t step, double* waited) {
+std::vector<data::Sample> Prefetcher::take(std::int64_t step) {
   if (step != next_take_ || step > last_)
     throw Error(Status::invalid_argument, "prefetcher: step " + std::to_string(step) + " asked, step " +
                                               std::to_string(next_take_) + " is next (of " + std::to_string(last_) +
                                               ")");
-  const double start = now_seconds();
   std::vector<data::Sample> out;
   if (workers_.empty()) {
     out = make(step);
@@ -104,7 +102,6 @@ std::vector<data::Sample> Prefetcher::take(std::int64_t step, double* waited) {
     out = std::move(ready_.at(step));
     ready_.erase(step);
   }
-  if (waited) *waited += now_seconds() - start;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     next_take_ = step + 1;

@@ -41,10 +41,10 @@ class Prefetcher {
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
 
-  // The samples of `step`, the next step in order; blocks until they are ready and adds the
-  // seconds it blocked to `waited`. Throws the worker's Error (naming the sample) if it failed,
-  // Error(invalid_argument) for a step out of order or outside first .. last.
-  std::vector<data::Sample> take(std::int64_t step, double* waited = nullptr);
+  // The samples of `step`, the next step in order; blocks until they are ready (the caller
+  // times the call: a wait, or the rendering itself without workers). Throws the worker's Error (naming the sample) if
+  // it failed, Error(invalid_argument) for a step out of order or outside first .. last.
+  std::vector<data::Sample> take(std::int64_t step);
 
  private:
   std::vector<data::Sample> make(std::int64_t step) const;
