@@ -256,23 +256,44 @@ TokenBatch pad_tokens(std::span<const Sample> batch, std::int64_t length) {
   return t;
 }
 
-std::vector<ImageGroup> sides_of(std::span<const Sample> batch) {
+namespace {
+
+// Groups positions 0 .. count - 1 by the side `side_of` gives each, by ascending side.
+template <class SideOf>
+std::vector<ImageGroup> groups_by(std::size_t count, const SideOf& side_of) {
   std::vector<ImageGroup> groups;
-  std::vector<std::size_t> order(batch.size());
+  std::vector<std::size_t> order(count);
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return batch[a].side < batch[b].side; });
+  std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return side_of(a) < side_of(b); });
   for (auto i : order) {
-    if (groups.empty() || groups.back().side != batch[i].side) groups.push_back(ImageGroup{batch[i].side, {}, {}});
+    if (groups.empty() || groups.back().side != side_of(i)) groups.push_back(ImageGroup{side_of(i), {}, {}});
     groups.back().members.push_back(i);
   }
   return groups;
 }
 
+}  // namespace
+
+std::vector<ImageGroup> sides_of(std::span<const Sample> batch) {
+  return groups_by(batch.size(), [&](std::size_t i) { return batch[i].side; });
+}
+
 std::vector<ImageGroup> group_by_side(std::span<const Sample> batch) {
-  std::vector<ImageGroup> groups = sides_of(batch);
+  std::vector<std::size_t> all(batch.size());
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+  return group_by_side(batch, all);
+}
+
+std::vector<ImageGroup> group_by_side(std::span<const Sample> batch, std::span<const std::size_t> picked) {
+  for (std::size_t i : picked)
+    if (i >= batch.size())
+      throw Error(Status::invalid_argument, "group_by_side: position " + std::to_string(i) + " of a batch of " +
+                                                std::to_string(batch.size()) + " samples");
+  std::vector<ImageGroup> groups = groups_by(picked.size(), [&](std::size_t k) { return batch[picked[k]].side; });
   for (auto& g : groups) {
-    for (std::size_t i : g.members) {
-      const auto& s = batch[i];
+    g.pixels.reserve(g.members.size() * 3 * static_cast<std::size_t>(g.side) * static_cast<std::size_t>(g.side));
+    for (std::size_t k : g.members) {
+      const auto& s = batch[picked[k]];
       if (s.pixels.size() != 3 * static_cast<std::size_t>(s.side) * static_cast<std::size_t>(s.side))
         throw Error(Status::invalid_argument, "group_by_side: sample " + std::to_string(s.index) + " has " +
                                                   std::to_string(s.pixels.size()) + " pixel values for side " +

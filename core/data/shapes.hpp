@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/common/host_buffer.hpp"
 #include "core/data/shapes_scene.hpp"
 #include "core/spec/run.hpp"
 
@@ -105,11 +106,15 @@ TokenBatch pad_tokens(std::span<const Sample> batch, std::int64_t length = 0);
 struct ImageGroup {
   int side = 0;
   std::vector<std::size_t> members;  // positions in the batch, ascending
-  std::vector<float> pixels;
+  HostBuffer pixels;                 // becomes the group's tensor without a copy
 };
 // One group per distinct side, by ascending side: an encoder runs each group as one
 // dense batch, since patch sequences of different lengths do not stack.
 std::vector<ImageGroup> group_by_side(std::span<const Sample> batch);
+// The groups of the samples batch[picked[k]], their members positions k in `picked` (a share
+// of a batch, stacked without copying its samples first). Throws Error(invalid_argument) for a
+// position outside the batch.
+std::vector<ImageGroup> group_by_side(std::span<const Sample> batch, std::span<const std::size_t> picked);
 // The same groups' sides and members without their pixels (described samples will do).
 std::vector<ImageGroup> sides_of(std::span<const Sample> batch);
 

@@ -164,7 +164,7 @@ Tensor DeviceBackend::upload_owned(Tensor host) {
   if (host.data.borrowed() || info_.host_memory) return upload(host);
   Tensor t = empty(host.shape);
   const std::size_t bytes = host.data.size() * sizeof(float);
-  const std::vector<float>& kept = keep_for_copy(host.data.release(), bytes);
+  const HostBuffer& kept = keep_for_copy(host.data.release(), bytes);
   char error[kErrorSize] = "";
   check(api().copy(t.ptr(), kept.data(), bytes, BRAID_COPY_HOST_TO_DEVICE, stream_, error, sizeof error),
         "copying to the device", error);

@@ -124,9 +124,9 @@ bool Storage::operator==(const Storage& other) const {
   return std::equal(begin(), end(), other.begin(), other.end());
 }
 
-std::vector<float> Storage::release() {
+HostBuffer Storage::release() {
   require_host("take");
-  std::vector<float> out(begin(), end());
+  HostBuffer out = borrowed_ ? HostBuffer(begin(), end()) : std::move(owned_);
   *this = Storage();
   return out;
 }

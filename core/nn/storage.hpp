@@ -17,9 +17,10 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "core/common/host_buffer.hpp"
 
 namespace braid::nn {
 
@@ -35,29 +36,6 @@ struct Device {
   bool operator==(const Device&) const = default;
   std::string name() const;  // "host", "cuda:0", "emulated:0"
 };
-
-// Grows a vector without value-initialising what it adds (resize(n) default-initialises a
-// float: leaves it as it was); every other construct is the standard one. Zeroing an output a
-// kernel then writes whole took 7.6% of a tiny-clip run's CPU samples (perf record, 2 ranks).
-template <class T>
-struct UninitializedAllocator : std::allocator<T> {
-  template <class U>
-  struct rebind {
-    using other = UninitializedAllocator<U>;
-  };
-  UninitializedAllocator() = default;
-  template <class U>
-  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}  // NOLINT: allocators convert
-  template <class U>
-  void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
-    ::new (static_cast<void*>(p)) U;
-  }
-  template <class U, class... Args>
-  void construct(U* p, Args&&... args) {
-    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
-  }
-};
-using HostBuffer = std::vector<float, UninitializedAllocator<float>>;
 
 class Storage;
 
@@ -75,6 +53,7 @@ class Storage {
   Storage() = default;
   Storage(std::size_t count, float fill) : owned_(count, fill) {}
   Storage(const std::vector<float>& values) : owned_(values.begin(), values.end()) {}  // NOLINT: host storage
+  Storage(HostBuffer values) : owned_(std::move(values)) {}                            // NOLINT: keeps the memory
   Storage(std::initializer_list<float> values) : owned_(values) {}
   // Borrows `count` floats at `data` on `device`; `keeper` (may be null) owns them, and
   // `copier` (may be null) copies them.
@@ -116,9 +95,9 @@ class Storage {
   // storage copies, and `keeper` keeps the memory alive (an owned vector has no keeper of
   // its own, so the caller keeps it).
   Storage slice(std::size_t offset, std::size_t count, std::shared_ptr<void> keeper);
-  // The elements as a vector, leaving this storage empty: owned ones move out, borrowed
-  // host memory is copied (and let go).
-  std::vector<float> release();
+  // The elements, leaving this storage empty: owned ones move out, borrowed host memory is
+  // copied (and let go).
+  HostBuffer release();
 
  private:
   void require_host(const char* what) const;

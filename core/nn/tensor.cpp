@@ -24,7 +24,7 @@ std::string shape_string(const Shape& shape) {
 Tensor::Tensor(Shape shape_in, float fill)
     : shape(std::move(shape_in)), data(static_cast<std::size_t>(shape_numel(shape)), fill) {}
 
-Tensor::Tensor(Shape shape_in, std::vector<float> values) : shape(std::move(shape_in)), data(std::move(values)) {
+Tensor::Tensor(Shape shape_in, Storage values) : shape(std::move(shape_in)), data(std::move(values)) {
   if (shape_numel(shape) != numel())
     throw Error(Status::invalid_argument,
                 "tensor: " + std::to_string(numel()) + " values do not fill shape " + shape_string(shape));

@@ -18,7 +18,7 @@ struct Tensor {
 
   Tensor() = default;
   explicit Tensor(Shape shape, float fill = 0.0f);
-  Tensor(Shape shape, std::vector<float> values);  // values.size() must match the shape
+  Tensor(Shape shape, Storage values);  // values.size() must match the shape
 
   int64_t numel() const { return static_cast<int64_t>(data.size()); }
   const Device& device() const { return data.device(); }

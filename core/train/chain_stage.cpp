@@ -265,9 +265,9 @@ bool ChainStage::encoder_trains() const {
   return chain.vision && (!chain.vision->frozen() || (projector_on_encoder_ && !chain.projector->frozen()));
 }
 
-std::vector<data::Sample> ChainStage::microbatch_samples(int i) const {
-  const auto first = samples_.begin() + static_cast<std::ptrdiff_t>(i * microbatch_);
-  return {first, first + static_cast<std::ptrdiff_t>(microbatch_)};
+std::span<const data::Sample> ChainStage::microbatch_samples(int i) const {
+  return std::span<const data::Sample>(samples_).subspan(static_cast<std::size_t>(i * microbatch_),
+                                                         static_cast<std::size_t>(microbatch_));
 }
 
 std::vector<std::size_t> ChainStage::all_positions() const { return fan_positions(-1); }
@@ -324,18 +324,18 @@ ChainStage::Microbatch& ChainStage::prepare(int i) {
   auto [it, fresh] = in_flight_.try_emplace(i);
   Microbatch& mb = it->second;
   if (!fresh) return mb;
-  mb.samples = microbatch_samples(i);
+  const auto samples = microbatch_samples(i);
   if (model_.chain->vision) {
-    for (auto& sg : data::sides_of(mb.samples)) {  // the sides only: this stage may have no pixels
+    for (auto& sg : data::sides_of(samples)) {  // the sides only: this stage may have no pixels
       auto& g = mb.groups.emplace_back();
       g.members = sg.members;
       g.side = sg.side;
-      g.text = tokens_of(mb.samples, g.members);
+      g.text = tokens_of(samples, g.members);
     }
   } else {
     auto& g = mb.groups.emplace_back();
-    for (std::size_t q = 0; q < mb.samples.size(); ++q) g.members.push_back(q);
-    g.text = tokens_of(mb.samples);
+    for (std::size_t q = 0; q < samples.size(); ++q) g.members.push_back(q);
+    g.text = tokens_of(samples);
   }
   if (mb.groups.size() > static_cast<std::size_t>(kMaxGroups))
     throw Error(Status::unsupported, "more than 16 image sides in one microbatch");
@@ -346,13 +346,10 @@ ChainStage::Microbatch& ChainStage::prepare(int i) {
 // i; each sample's tokens into the store.
 void ChainStage::encode(int i, const std::vector<std::size_t>& positions) {
   const auto& chain = *model_.chain;
-  const auto all = microbatch_samples(i);
-  std::vector<data::Sample> mine;
-  for (std::size_t q : positions) mine.push_back(all[q]);
   Encoded& e = encoded_[i];
   e.positions = positions;
   e.groups.clear();
-  auto groups = side_groups(mine);
+  auto groups = side_groups(microbatch_samples(i), positions);
   const int calls = static_cast<int>(groups.size());
   Calls vision_calls(vision_zero_.get(), calls, false);
   Calls projector_calls(projector_on_encoder_ ? projector_zero_.get() : nullptr, calls, false);

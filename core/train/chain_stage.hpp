@@ -34,6 +34,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "core/cost/cost_model.hpp"
@@ -91,7 +92,6 @@ class ChainStage : public StageWork {
     nn::Tensor encoder_tokens;  // the projector's input, when it runs here
   };
   struct Microbatch {
-    std::vector<data::Sample> samples;
     std::vector<Group> groups;
   };
   struct EncodedGroup {
@@ -105,7 +105,7 @@ class ChainStage : public StageWork {
     std::vector<EncodedGroup> groups;
   };
 
-  std::vector<data::Sample> microbatch_samples(int i) const;
+  std::span<const data::Sample> microbatch_samples(int i) const;  // a view of samples_
   Microbatch& prepare(int i);
   std::int64_t image_tokens(int side) const;
   std::int64_t token_width() const;  // of the tokens in the store

@@ -220,7 +220,7 @@ std::map<const nn::Parameter*, nn::Tensor> ClipStage::gather_sharded(const std::
   return train::gather_sharded({towers_[0].zero.get(), towers_[1].zero.get()}, kind);
 }
 
-int ClipStage::tower_calls(int tower, const std::vector<data::Sample>& samples) {
+int ClipStage::tower_calls(int tower, std::span<const data::Sample> samples) {
   // The image tower runs its encoder once per image side (clip_work.hpp), the text tower once.
   return tower == 0 ? static_cast<int>(data::sides_of(samples).size()) : 1;
 }
@@ -253,9 +253,9 @@ void ClipStage::begin_step(std::int64_t step, StepResult& r) {
   }
 }
 
-std::vector<data::Sample> ClipStage::slice(const Tower& t, int microbatch) const {
-  const auto first = t.samples.begin() + static_cast<std::ptrdiff_t>(microbatch * t.microbatch);
-  return {first, first + static_cast<std::ptrdiff_t>(t.microbatch)};
+std::span<const data::Sample> ClipStage::slice(const Tower& t, int microbatch) const {
+  return std::span<const data::Sample>(t.samples).subspan(static_cast<std::size_t>(microbatch * t.microbatch),
+                                                          static_cast<std::size_t>(t.microbatch));
 }
 
 void ClipStage::install(Interpreter& in) {

@@ -19,6 +19,7 @@
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "core/data/shapes.hpp"
@@ -78,7 +79,7 @@ class ClipStage : public StageWork {
     std::vector<TowerMicrobatch> mbs;
     std::vector<std::vector<nn::Tensor>> kept;  // two-phase: each microbatch's received input
   };
-  std::vector<data::Sample> slice(const Tower& t, int microbatch) const;
+  std::span<const data::Sample> slice(const Tower& t, int microbatch) const;  // a view of t.samples
   void forward(Tower& t, int tower, const pipeline::Instruction& i);
   void backward(Tower& t, int tower, int microbatch);
   Pending receive(const pipeline::Instruction& i);
@@ -89,7 +90,7 @@ class ClipStage : public StageWork {
   // Every split tower sliced for its group, or whole (gathered) for one process.
   void set_tensor_parallel(bool single_process);
   // The calls into tower `tower`'s encoder a forward or backward of `samples` makes.
-  static int tower_calls(int tower, const std::vector<data::Sample>& samples);
+  static int tower_calls(int tower, std::span<const data::Sample> samples);
 
   nn::Model& model_;
   const RankLayout& layout_;

@@ -12,7 +12,7 @@
 namespace braid::train {
 namespace {
 
-std::vector<std::int64_t> ids_of(const std::vector<data::Sample>& samples) {
+std::vector<std::int64_t> ids_of(std::span<const data::Sample> samples) {
   std::vector<std::int64_t> ids;
   ids.reserve(samples.size());
   for (const auto& s : samples) ids.push_back(s.index);
@@ -60,7 +60,7 @@ void get(const std::byte* buf, std::size_t& at, void* dst, std::size_t n) {
 
 }  // namespace
 
-std::vector<nn::Shape> clip_image_hidden_shapes(const nn::ClipModel& clip, const std::vector<data::Sample>& samples,
+std::vector<nn::Shape> clip_image_hidden_shapes(const nn::ClipModel& clip, std::span<const data::Sample> samples,
                                                 TowerMicrobatch& mb) {
   mb.ids = ids_of(samples);
   mb.group_rows.clear();
@@ -76,7 +76,7 @@ std::vector<nn::Shape> clip_image_hidden_shapes(const nn::ClipModel& clip, const
   return shapes;
 }
 
-std::vector<nn::Shape> clip_text_hidden_shapes(const nn::ClipModel& clip, const std::vector<data::Sample>& samples,
+std::vector<nn::Shape> clip_text_hidden_shapes(const nn::ClipModel& clip, std::span<const data::Sample> samples,
                                                TowerMicrobatch& mb) {
   mb.ids = ids_of(samples);
   mb.text = tokens_of(samples);
@@ -84,7 +84,7 @@ std::vector<nn::Shape> clip_text_hidden_shapes(const nn::ClipModel& clip, const 
 }
 
 void clip_image_forward(nn::Ops& ops, const nn::ClipModel& clip, const nn::EncoderPart& part,
-                        const std::vector<data::Sample>& samples, TowerMicrobatch& mb) {
+                        std::span<const data::Sample> samples, TowerMicrobatch& mb) {
   const bool first = part.first == 0, last = part.last == clip.image_encoder->layers();
   std::vector<SideGroup> groups;
   if (first) {
@@ -124,7 +124,7 @@ void clip_image_forward(nn::Ops& ops, const nn::ClipModel& clip, const nn::Encod
 }
 
 void clip_text_forward(nn::Ops& ops, const nn::ClipModel& clip, const nn::EncoderPart& part,
-                       const std::vector<data::Sample>& samples, TowerMicrobatch& mb) {
+                       std::span<const data::Sample> samples, TowerMicrobatch& mb) {
   const bool first = part.first == 0, last = part.last == clip.text_encoder->layers();
   if (first) {
     mb.ids = ids_of(samples);

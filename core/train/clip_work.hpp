@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "core/data/shapes.hpp"
@@ -46,17 +47,17 @@ struct TowerMicrobatch {
 
 // The tensors a part receives: per group (batch, sequence) of its hidden input, before forward.
 // Sets ids, group_rows, group_sides (image) or text (text tower) from the samples.
-std::vector<nn::Shape> clip_image_hidden_shapes(const nn::ClipModel& clip, const std::vector<data::Sample>& samples,
+std::vector<nn::Shape> clip_image_hidden_shapes(const nn::ClipModel& clip, std::span<const data::Sample> samples,
                                                 TowerMicrobatch& mb);
-std::vector<nn::Shape> clip_text_hidden_shapes(const nn::ClipModel& clip, const std::vector<data::Sample>& samples,
+std::vector<nn::Shape> clip_text_hidden_shapes(const nn::ClipModel& clip, std::span<const data::Sample> samples,
                                                TowerMicrobatch& mb);
 
 // Forward of `part`: the first part from the samples, the others from mb.hidden; leaves
 // mb.hidden = the outputs for the next part, or mb.embeddings on the last part.
 void clip_image_forward(nn::Ops& ops, const nn::ClipModel& clip, const nn::EncoderPart& part,
-                        const std::vector<data::Sample>& samples, TowerMicrobatch& mb);
+                        std::span<const data::Sample> samples, TowerMicrobatch& mb);
 void clip_text_forward(nn::Ops& ops, const nn::ClipModel& clip, const nn::EncoderPart& part,
-                       const std::vector<data::Sample>& samples, TowerMicrobatch& mb);
+                       std::span<const data::Sample> samples, TowerMicrobatch& mb);
 // Adds the part's parameter gradients from mb.d_embeddings (last part) or mb.d_hidden, and
 // leaves mb.d_hidden = the gradients for the previous part (none on the first). Nothing when
 // the tower is frozen.

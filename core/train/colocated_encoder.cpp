@@ -53,7 +53,7 @@ std::vector<std::vector<int>> ColocatedEncoder::microbatch_sides() const {
   return out;
 }
 
-void ColocatedEncoder::begin_step(const std::vector<data::Sample>& llm_samples, TokenStore& store) {
+void ColocatedEncoder::begin_step(std::span<const data::Sample> llm_samples, TokenStore& store) {
   store_ = &store;
   samples_ = llm_samples;
   std::vector<std::pair<int, std::size_t>> entries;
@@ -85,11 +85,10 @@ void ColocatedEncoder::run(const pipeline::Instruction& task) {
   if (!backward) {
     switch (unit.kind) {
       case UnitKind::encoder_embedding: {
-        std::vector<data::Sample> samples;
-        for (const auto& [i, q] : mb.entries)
-          samples.push_back(samples_[static_cast<std::size_t>(i * llm_microbatch_) + q]);
+        std::vector<std::size_t> picked;
+        for (const auto& [i, q] : mb.entries) picked.push_back(static_cast<std::size_t>(i * llm_microbatch_) + q);
         mb.groups.clear();
-        for (auto& g : side_groups(samples)) {
+        for (auto& g : side_groups(samples_, picked)) {
           Group& group = mb.groups.emplace_back();
           group.side = g.side;
           group.members = std::move(g.members);

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/bubble/encoder_tasks.hpp"
@@ -37,7 +38,8 @@ class ColocatedEncoder {
   const std::vector<std::size_t>& positions() const { return positions_; }
 
   // The step's samples (the llm replica's, in microbatch order) and where outputs go.
-  void begin_step(const std::vector<data::Sample>& llm_samples, TokenStore& store);
+  // `llm_samples` stays the caller's, alive and unchanged until the next begin_step.
+  void begin_step(std::span<const data::Sample> llm_samples, TokenStore& store);
   // The image sides of each of this step's encoder microbatches (an EncoderTask's microbatch).
   std::vector<std::vector<int>> microbatch_sides() const;
   // One EncoderTask.
@@ -71,7 +73,7 @@ class ColocatedEncoder {
   std::int64_t llm_microbatch_ = 1;
   // Per step.
   TokenStore* store_ = nullptr;
-  std::vector<data::Sample> samples_;
+  std::span<const data::Sample> samples_;
   std::vector<Microbatch> mbs_;
 };
 

@@ -18,9 +18,9 @@ void edit_on_host(nn::Ops& ops, nn::Tensor& t, const std::function<void(nn::Tens
   ops.assign_from_host(t, std::move(host));
 }
 
-std::vector<float> release_to_host(nn::Ops& ops, nn::Tensor& t) {
+HostBuffer release_to_host(nn::Ops& ops, nn::Tensor& t) {
   if (t.device().is_host()) return t.data.release();
-  std::vector<float> out = ops.to_host(t).data.release();
+  HostBuffer out = ops.to_host(t).data.release();
   t = nn::Tensor();
   return out;
 }

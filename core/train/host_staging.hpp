@@ -19,9 +19,9 @@ using nn::on_host;  // `t` itself when it is host memory, else its host copy in 
 nn::Tensor host_tensor(nn::Ops& ops, nn::Tensor&& t);
 // Runs `edit` on `t`'s elements in host memory, then puts them back where `t` lives.
 void edit_on_host(nn::Ops& ops, nn::Tensor& t, const std::function<void(nn::Tensor&)>& edit);
-// `t`'s elements as a vector (for a send): moved out of host memory, copied from a device.
+// `t`'s elements in host memory (for a send): moved out of host memory, copied from a device.
 // `t` is left empty.
-std::vector<float> release_to_host(nn::Ops& ops, nn::Tensor& t);
+HostBuffer release_to_host(nn::Ops& ops, nn::Tensor& t);
 // The parameters this rank holds (their values; the gradients of trainable ones) and the
 // optimizer state of `trained` moved to where `ops` keeps tensors: after building or
 // restoring them. The rest of the model stays in host memory.

@@ -7,13 +7,25 @@
 
 namespace braid::train {
 
-std::vector<SideGroup> side_groups(std::span<const data::Sample> samples) {
+namespace {
+
+std::vector<SideGroup> stacked(std::vector<data::ImageGroup> groups) {
   std::vector<SideGroup> out;
-  for (auto& g : data::group_by_side(samples)) {
+  for (auto& g : groups) {
     const auto n = static_cast<std::int64_t>(g.members.size());
     out.push_back({g.side, std::move(g.members), nn::Tensor({n, 3, g.side, g.side}, std::move(g.pixels))});
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<SideGroup> side_groups(std::span<const data::Sample> samples) {
+  return stacked(data::group_by_side(samples));
+}
+
+std::vector<SideGroup> side_groups(std::span<const data::Sample> samples, std::span<const std::size_t> picked) {
+  return stacked(data::group_by_side(samples, picked));
 }
 
 nn::Tokens tokens_of(std::span<const data::Sample> samples, std::span<const std::size_t> members, std::int64_t pad_to) {

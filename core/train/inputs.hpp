@@ -20,6 +20,8 @@ struct SideGroup {
 
 // One group per distinct side, by ascending side.
 std::vector<SideGroup> side_groups(std::span<const data::Sample> samples);
+// The groups of samples[picked[k]], their members positions k in `picked`.
+std::vector<SideGroup> side_groups(std::span<const data::Sample> samples, std::span<const std::size_t> picked);
 // Tokens of the samples (or of `members` of them), padded with the tokenizer's pad id to the
 // longest, or to pad_to when > 0. Throws Error(invalid_argument) when a caption is longer than
 // pad_to or a member is out of range.

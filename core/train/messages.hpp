@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/common/error.hpp"
+#include "core/common/host_buffer.hpp"
 #include "core/runtime/communicator.hpp"
 
 namespace braid::train {
@@ -36,8 +37,8 @@ inline int message_tag(Message kind, int microbatch, int group = 0) {
 
 class PendingSends {
  public:
-  void isend(runtime::Communicator& comm, std::vector<float> data, int peer, int tag) {
-    buffers_.push_back(std::make_unique<std::vector<float>>(std::move(data)));
+  void isend(runtime::Communicator& comm, HostBuffer data, int peer, int tag) {
+    buffers_.push_back(std::make_unique<HostBuffer>(std::move(data)));
     requests_.push_back(comm.isend(std::as_bytes(std::span<const float>(*buffers_.back())), peer, tag));
   }
   // Bytes of the sends posted and not yet waited for (their buffers are alive until then).
@@ -57,7 +58,7 @@ class PendingSends {
 
  private:
   std::vector<runtime::Request> requests_;
-  std::vector<std::unique_ptr<std::vector<float>>> buffers_;
+  std::vector<std::unique_ptr<HostBuffer>> buffers_;
 };
 
 }  // namespace braid::train

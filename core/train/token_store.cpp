@@ -30,9 +30,9 @@ bool TokenStore::has(int microbatch, std::span<const std::size_t> positions, boo
   return true;
 }
 
-std::vector<float> TokenStore::pack(int microbatch, std::span<const std::size_t> positions, bool grads) const {
+HostBuffer TokenStore::pack(int microbatch, std::span<const std::size_t> positions, bool grads) const {
   const auto& rows = (grads ? grads_ : tokens_)[static_cast<std::size_t>(microbatch)];
-  std::vector<float> out;
+  HostBuffer out;
   for (std::size_t q : positions) {
     if (rows[q].empty())
       throw Error(Status::internal, std::string("token store: the ") + (grads ? "gradient" : "tokens") + " of sample " +

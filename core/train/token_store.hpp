@@ -9,6 +9,8 @@
 #include <span>
 #include <vector>
 
+#include "core/common/host_buffer.hpp"
+
 namespace braid::train {
 
 class TokenStore {
@@ -23,7 +25,7 @@ class TokenStore {
   // Whether every one of `positions` has its tokens (or gradients).
   bool has(int microbatch, std::span<const std::size_t> positions, bool grads) const;
   // The rows of `positions`, concatenated (a message); Error(internal) when one is missing.
-  std::vector<float> pack(int microbatch, std::span<const std::size_t> positions, bool grads) const;
+  HostBuffer pack(int microbatch, std::span<const std::size_t> positions, bool grads) const;
   // A buffer the size of pack()'s, for a receive.
   std::vector<float> buffer(int microbatch, std::span<const std::size_t> positions) const;
   // Splits a message back into the rows of `positions`.

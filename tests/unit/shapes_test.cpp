@@ -383,6 +383,21 @@ TEST(Shapes, BatchesPadTokensAndGroupBySide) {
     EXPECT_TRUE(sides[g].pixels.empty());
   }
   test::expect_error([&] { data::group_by_side(described); }, Status::invalid_argument, {"pixel values for side"});
+
+  // A share of the batch picked by position groups as the same samples copied out would.
+  const std::vector<std::size_t> picked = {17, 3, 8, 3, 20, 11};
+  std::vector<Sample> copied;
+  for (std::size_t i : picked) copied.push_back(batch[i]);
+  const auto share = data::group_by_side(batch, picked), want = data::group_by_side(copied);
+  ASSERT_EQ(share.size(), want.size());
+  for (std::size_t g = 0; g < share.size(); ++g) {
+    EXPECT_EQ(share[g].side, want[g].side);
+    EXPECT_EQ(share[g].members, want[g].members);
+    EXPECT_TRUE(share[g].pixels == want[g].pixels);
+  }
+  const std::vector<std::size_t> outside = {2, 24};
+  test::expect_error([&] { data::group_by_side(batch, outside); }, Status::invalid_argument,
+                     {"position 24 of a batch of 24 samples"});
 }
 
 TEST(Shapes, DescribedSamplesAreTheRenderedOnesWithoutTheImage) {
