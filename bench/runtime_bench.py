@@ -14,7 +14,9 @@ from the summary line `braid train` writes to its metrics file; the simulated st
 the same run computes for its program, replayed on the images the steps trained; "at the mean"
 is the same program with every microbatch at the mean of the trained images, as it was priced;
 "compute m/s" is the compute per rank and step, measured over simulated (`braid train`'s compute
-lines): how well the instructions are priced, apart from the waits between them):
+lines): how well the instructions are priced, apart from the waits between them; "probe" is the
+host's speed at one calibrated GEMM case before and after the run against its calibration
+(`braid train`'s host speed probe: 1.00 is the host as calibrated, 1.20 a host 20% slower):
 
   mllm-2     tiny-mllm-4px, colocated (Optimus): the encoder on both ranks, the llm in 2 stages;
              encoder-first, optimus-coarse, optimus-fine, optimus-online
@@ -174,6 +176,8 @@ def schedules_case(name, ranks, schedules, runs):
                    "priced_step_s": summary["priced_step_s"],
                    "measured_over_simulated": summary["measured_over_simulated"],
                    "compute_measured_over_simulated": compute_ratio(summary),
+                   # The host's GEMM speed around the run against its calibration (1: as calibrated).
+                   "probe": [summary.get("probe_before", 0), summary.get("probe_after", 0)],
                    "measured_idle_s": summary["measured_idle_s"], "losses": losses}
     if len(rows) > 1:
         same_training(rows, name)
@@ -261,11 +265,12 @@ def main():
         print(f"\n{name}: {case['ranks']} ranks" + (f" (more ranks than cores: they take turns{bound}, as they did "
                                                       "while calibrating)" if crowded else ""))
         print(f"  {'schedule':<16} {'measured':>10} {'simulated':>10} {'measured/sim':>13} {'at the mean':>12} "
-              f"{'compute m/s':>12}")
+              f"{'compute m/s':>12} {'probe':>10}")
         for s, r in case["schedules"].items():
+            probe = "/".join(f"{p:.2f}" for p in r["probe"]) if all(r["probe"]) else "-"
             print(f"  {s:<16} {r['measured_step_s'] * 1e3:>8.2f}ms {r['simulated_step_s'] * 1e3:>8.2f}ms "
                   f"{r['measured_over_simulated']:>13.2f} {r['priced_step_s'] * 1e3:>10.2f}ms "
-                  f"{r['compute_measured_over_simulated']:>12.2f}")
+                  f"{r['compute_measured_over_simulated']:>12.2f} {probe:>10}")
         if len(case["schedules"]) > 1:
             print(f"  ranking of the schedules agrees: {'yes' if case['ranking_agrees'] else 'no'}")
         print(f"  every schedule within {WITHIN:.0%}: {'yes' if case['within_15_percent'] else 'no'}")

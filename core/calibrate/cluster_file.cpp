@@ -203,6 +203,13 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
     y += "  render_pixel_ns: " + num(f.render_pixel_s * 1e9) + "\n";
     y += "  describe_sample_us: " + num(f.describe_sample_s * 1e6) + "\n";
   }
+  if (c.probe_seconds > 0) {
+    y += "# One GEMM case (the linear op of rows x width activations through a width x width weight),\n";
+    y += "# the slowest process's time: braid train times it again before its first step and after\n";
+    y += "# its last, and prints how fast the host ran then against now.\n";
+    y += "probe: {rows: " + std::to_string(c.probe_shape.rows) + ", width: " + std::to_string(c.probe_shape.width) +
+         ", seconds: " + num(c.probe_seconds) + "}\n";
+  }
   y += "# Resident memory of one process before it held any tensor (runtime, MPI, OpenBLAS).\n";
   y += "memory_reserved_gib: " + num(c.reserved_bytes / kGiB) + "\n";
   // The host's cores whenever they compute (not a GPU's): what the processes' threads leave
@@ -273,6 +280,9 @@ nlohmann::ordered_json to_json(const Calibration& c, const Fitted& f) {
                   {"memory", timings({c.memory})},     {"elementwise", timings(c.elementwise)},
                   {"attention", timings(c.attention)}, {"samples", timings(c.samples)},
                   {"intra_node", links(c.intra)},      {"inter_node", links(c.inter)}};
+  if (c.probe_seconds > 0)
+    j["timings"]["probe"] = {
+        {"rows", c.probe_shape.rows}, {"width", c.probe_shape.width}, {"seconds", c.probe_seconds}};
   return j;
 }
 

@@ -11,6 +11,7 @@
 
 #include "core/calibrate/links.hpp"
 #include "core/calibrate/measure.hpp"
+#include "core/calibrate/probe.hpp"
 
 namespace braid::calibrate {
 
@@ -34,6 +35,8 @@ struct Calibration {
   Timing memory;
   std::vector<Timing> samples;           // braid's dataset on one core: rendered by side, described
   std::vector<LinkTiming> intra, inter;  // inter: empty on one host
+  ProbeShape probe_shape;                // the host probe braid train repeats (probe.hpp)
+  double probe_seconds = 0;              // its time, the slowest process's; 0: not measured
 };
 
 // The cost-model figures derived from the timings.

@@ -134,7 +134,6 @@ int compute_case_count(const ComputeOptions& o) {
 }
 
 std::vector<Timing> measure_gemms(const ComputeOptions& o, const CaseHook& between) {
-  const Runner run(o);
   std::vector<Timing> out;
   const auto shapes = gemm_shapes(o);
   int index = 0;
@@ -142,18 +141,22 @@ std::vector<Timing> measure_gemms(const ComputeOptions& o, const CaseHook& betwe
     const std::string what =
         "gemm " + std::to_string(s.rows) + "x" + std::to_string(s.width) + "x" + std::to_string(s.width);
     between(index++, static_cast<int>(shapes.size()), what);
-    nn::Tensor x = run.on(filled({s.rows, s.width})), w = run.on(filled({s.width, s.width})), y, dx;
-    nn::Tensor dy = run.on(filled({s.rows, s.width})), dw = run.on(nn::Tensor({s.width, s.width}));
-    double t = time_call(
-        [&] {
-          run.ops->linear_forward(x, w, nullptr, y);
-          run.ops->linear_backward(x, w, dy, &dx, &dw, nullptr);
-          run.wait();
-        },
-        min_seconds(o), batches(o));
-    out.push_back({what, 6.0 * static_cast<double>(s.rows) * s.width * s.width, t});
+    out.push_back({what, 6.0 * static_cast<double>(s.rows) * s.width * s.width, time_linear(o, s.rows, s.width)});
   }
   return out;
+}
+
+double time_linear(const ComputeOptions& o, int64_t rows, int64_t width) {
+  const Runner run(o);
+  nn::Tensor x = run.on(filled({rows, width})), w = run.on(filled({width, width})), y, dx;
+  nn::Tensor dy = run.on(filled({rows, width})), dw = run.on(nn::Tensor({width, width}));
+  return time_call(
+      [&] {
+        run.ops->linear_forward(x, w, nullptr, y);
+        run.ops->linear_backward(x, w, dy, &dx, &dw, nullptr);
+        run.wait();
+      },
+      min_seconds(o), batches(o));
 }
 
 Timing measure_memory_bandwidth(const ComputeOptions& o, const CaseHook& between) {

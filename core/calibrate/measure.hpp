@@ -5,6 +5,7 @@
 // show in the figures as they do in a training step.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -46,6 +47,9 @@ double time_call(const std::function<void()>& run, double min_seconds, int batch
 // Forward + backward of the linear op (y = x W^T; dx and dW) at a ladder of shapes, from
 // the per-head products of small attention up to the largest layers a host trains.
 std::vector<Timing> measure_gemms(const ComputeOptions& o, const CaseHook& between);
+// One case of that ladder: the linear op's forward + backward (no bias) of `rows` x `width`
+// activations through a `width` x `width` weight, in seconds.
+double time_linear(const ComputeOptions& o, std::int64_t rows, std::int64_t width);
 // Triad a = b + s c over arrays far larger than the caches: bytes/s of one process (on a
 // GPU, a device-to-device copy of 1 GiB: bytes read and written).
 Timing measure_memory_bandwidth(const ComputeOptions& o, const CaseHook& between);

@@ -98,7 +98,7 @@ EfficiencyTable parse_efficiency(const Node& n) {
 
 ClusterSpec parse_cluster(const Node& root) {
   root.expect_keys({"name", "description", "nodes", "devices_per_node", "device", "links", "efficiency",
-                    "memory_reserved_gib", "shared_cores", "data"});
+                    "memory_reserved_gib", "shared_cores", "data", "probe"});
   ClusterSpec c;
   c.source = root.source();
   c.name = root.at("name").as_string();
@@ -146,6 +146,12 @@ ClusterSpec parse_cluster(const Node& root) {
     c.data.render_sample_s = at_least_zero("render_sample_us", 1e-6);
     c.data.render_pixel_s = at_least_zero("render_pixel_ns", 1e-9);
     c.data.describe_sample_s = at_least_zero("describe_sample_us", 1e-6);
+  }
+  if (auto probe = root.find("probe")) {
+    probe->expect_keys({"rows", "width", "seconds"});
+    c.probe.rows = probe->at("rows").as_int_at_least(1);
+    c.probe.width = probe->at("width").as_int_at_least(1);
+    c.probe.seconds = probe->at("seconds").as_positive();
   }
   return c;
 }

@@ -3,6 +3,7 @@
 // that turns peak figures into time.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,6 +59,14 @@ struct SampleRates {
   double render_sample_s = 0, render_pixel_s = 0, describe_sample_s = 0;
 };
 
+// The GEMM case `braid calibrate` timed for braid train to time again before its first step
+// and after its last (calibrate/probe.hpp): the linear op of rows x width activations through a
+// width x width weight, seconds the slowest process took. 0 seconds: none (a nominal file).
+struct HostProbe {
+  std::int64_t rows = 0, width = 0;
+  double seconds = 0;
+};
+
 struct ClusterSpec {
   std::string name;
   std::string source;
@@ -81,6 +90,7 @@ struct ClusterSpec {
   int threads_per_device = 1;
   double shared_core_efficiency = 1;  // of the cores' time, when more threads than cores compute
   SampleRates data;
+  HostProbe probe;
 
   int devices() const { return nodes * devices_per_node; }
   // Whether a node's processes leave a core for the threads that render the next steps'

@@ -215,7 +215,11 @@ std::string format_comparison(const StepComparison& c) {
          seconds(c.simulated_data_s) + "\n" +
          (c.host_waits_per_step < 0
               ? std::string()
-              : "host waits for the device per step " + fixed(c.host_waits_per_step, 1) + " (the most of any rank)\n");
+              : "host waits for the device per step " + fixed(c.host_waits_per_step, 1) + " (the most of any rank)\n") +
+         (c.probe_before > 0 && c.probe_after > 0
+              ? "host speed probe (the cluster file's GEMM case), now/calibrated: " + fixed(c.probe_before, 2) +
+                    " before the steps, " + fixed(c.probe_after, 2) + " after (1.00: the host as calibrated)\n"
+              : std::string());
 }
 
 std::string comparison_json(const StepComparison& c, std::int64_t step) {
@@ -240,6 +244,10 @@ std::string comparison_json(const StepComparison& c, std::int64_t step) {
                            {"measured_compute_s", compute_json(c.measured_compute_s)},
                            {"simulated_compute_s", compute_json(c.simulated_compute_s)}};
   if (c.host_waits_per_step >= 0) j["host_waits_per_step"] = c.host_waits_per_step;
+  if (c.probe_before > 0 && c.probe_after > 0) {
+    j["probe_before"] = c.probe_before;
+    j["probe_after"] = c.probe_after;
+  }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 

@@ -60,6 +60,11 @@ struct StepComparison {
   // critical path is, even when their sum is right).
   std::array<double, pipeline::kComputeKinds> measured_compute_s{}, simulated_compute_s{};
   double host_waits_per_step = -1;  // the most of any rank; -1: no device
+  // The host's speed before the first step and after the last (calibrate/probe.hpp): the
+  // cluster file's probe (a GEMM case) timed again over its calibrated time, the slowest
+  // rank's; 1 is the host as calibrated, 1.2 a host 20% slower. 0: not probed (no probe in
+  // the file).
+  double probe_before = 0, probe_after = 0;
   double ratio() const { return simulated_step_s > 0 ? measured_step_s / simulated_step_s : 0; }
 };
 

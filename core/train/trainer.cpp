@@ -9,6 +9,7 @@
 #include <thread>
 #include <utility>
 
+#include "core/calibrate/probe.hpp"
 #include "core/common/error.hpp"
 #include "core/nn/blas.hpp"
 #include "core/nn/host_memory.hpp"
@@ -233,6 +234,16 @@ void restore_resharded(const std::vector<CheckpointContents>& shards, const std:
   }
 }
 
+// The host's speed now against its calibration (calibrate/probe.hpp): the cluster file's probe
+// timed again, over its time there; 0 for a file without one. Collective.
+double probe_host(const spec::ClusterSpec& cluster, runtime::Communicator& comm, const runtime::World& world,
+                  int threads, const std::shared_ptr<nn::DeviceBackend>& backend) {
+  if (cluster.probe.seconds <= 0) return 0;
+  const calibrate::ComputeOptions o{threads, true, backend};
+  const calibrate::ProbeShape shape{cluster.probe.rows, cluster.probe.width};
+  return calibrate::probe_linear(comm, world.local_rank(), world.local_size(), o, shape) / cluster.probe.seconds;
+}
+
 }  // namespace
 
 double learning_rate(const spec::TrainerSpec& t, std::int64_t step, std::int64_t total) {
@@ -379,6 +390,8 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   };
   report.summary.first_step = first;
   report.summary.total_steps = total;
+  const bool steps_to_run = total >= first;  // the same on every rank
+  const double probe_before = steps_to_run ? probe_host(run.cluster, comm, world, threads, device.backend) : 0;
   const std::int64_t eval_every = run.trainer.eval_every, ckpt_every = run.trainer.checkpoint_every;
   for (std::int64_t step = first; step <= total; ++step) {
     const std::uint64_t waits_before = device.backend ? device.backend->host_waits() : 0;
@@ -439,7 +452,11 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   // every core of the node held by the ranks' threads.
   TrainedLoad load(cost, o.plan, executor.program(), o.data_workers == 0 || !run.cluster.spare_core_for_data());
   report.comparison = compare_with_simulation(measured, executor.program().program, comm, &load);
-  const bool trained = total >= first;  // the same on every rank: a resumed run may have nothing left
+  const bool trained = steps_to_run;  // a resumed run may have nothing left
+  if (trained) {
+    report.comparison.probe_before = probe_before;
+    report.comparison.probe_after = probe_host(run.cluster, comm, world, threads, device.backend);
+  }
   if (trained) report.memory = compare_with_prediction(executor.memory(), run, o.plan, comm);
   if (rank == 0) {
     end_live_line();

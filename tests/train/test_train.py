@@ -943,15 +943,33 @@ class Calibrate(unittest.TestCase):
             self.assertRegex(text, r"# Measured by `braid calibrate` on \S+ at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
             self.assertIn("2 process(es) on 1 host(s)", text)
             self.assertIn("devices_per_node: 2", text)
+            probe = report["timings"]["probe"]
+            self.assertGreater(probe["seconds"], 0)
+            self.assertIn(f"probe: {{rows: {probe['rows']}, width: {probe['width']}, seconds: ", text)
+            # A file whose probe took 10x as long: the host now runs it about a tenth of that.
+            slow = os.path.join(d, "slow.yaml")
+            with open(slow, "w") as f:
+                f.write(re.sub(r"seconds: [\d.e-]+\}", f"seconds: {10 * probe['seconds']}}}", text))
             # The trainer's simulated step moves with the cluster it is priced on.
-            steps = {}
-            for name, extra in [("nominal", []), ("calibrated", ["--cluster", path])]:
+            steps, summaries = {}, {}
+            for name, extra in [("nominal", []), ("calibrated", ["--cluster", path]), ("slow", ["--cluster", slow])]:
                 metrics = os.path.join(d, name + ".jsonl")
-                check(self, train(2, "--config", CLIP, "--steps", "2", "--quiet", "--metrics", metrics, *extra))
+                r = train(2, "--config", CLIP, "--steps", "2", "--metrics", metrics, *extra)
+                check(self, r)
                 with open(metrics) as f:
-                    summary = [json.loads(line) for line in f if '"summary"' in line][-1]
-                steps[name] = summary["simulated_step_s"]
+                    summaries[name] = [json.loads(line) for line in f if '"summary"' in line][-1]
+                steps[name] = summaries[name]["simulated_step_s"]
+                # The host probe: only where the file has one (a calibrated file).
+                if name == "nominal":
+                    self.assertNotIn("probe_before", summaries[name])
+                    self.assertNotIn("host speed probe", r.stdout)
+                else:
+                    self.assertRegex(r.stdout, r"\nhost speed probe \(the cluster file's GEMM case\), now/calibrated: "
+                                               r"[\d.]+ before the steps, [\d.]+ after")
             self.assertNotAlmostEqual(steps["nominal"], steps["calibrated"], places=6)
+            for when in ("probe_before", "probe_after"):
+                self.assertGreater(summaries["calibrated"][when], 0)
+                self.assertLess(summaries["slow"][when], 0.5)
             # plan and simulate take it too.
             r = subprocess.run([CLI, "simulate", "--config", CLIP, "--cluster", path, "--strategy", "megatron",
                                 "--tp", "1", "--pp", "1", "--format", "json"], cwd=SOURCE_DIR, capture_output=True,

@@ -111,6 +111,8 @@ calibrate::Calibration made_up() {
         {std::string(calibrate::kRenderSample) + " " + std::to_string(side), pixels, 3e-6 + 5e-9 * pixels});
   }
   c.samples.push_back({calibrate::kDescribeSample, 1, 1e-6});
+  c.probe_shape = {1024, 128};
+  c.probe_seconds = 1.25e-3;
   return c;
 }
 
@@ -123,6 +125,14 @@ TEST(Calibrate, TheClusterFilePricesTheMeasuredCasesAsMeasured) {
   const spec::ClusterSpec cluster = spec::parse_cluster(spec::parse_document(yaml, "<calibrated>"));
   EXPECT_EQ(cluster.name, "made-up");
   EXPECT_EQ(cluster.devices_per_node, 2);
+  // The probe braid train repeats, as timed.
+  EXPECT_EQ(cluster.probe.rows, 1024);
+  EXPECT_EQ(cluster.probe.width, 128);
+  EXPECT_DOUBLE_EQ(cluster.probe.seconds, 1.25e-3);
+  std::string bad = yaml;
+  bad.replace(bad.find("seconds: 0.00125"), 16, "seconds: 0");
+  test::expect_error([&] { spec::parse_cluster(spec::parse_document(bad, "<calibrated>")); }, Status::bad_config,
+                     {"<calibrated>:", "probe.seconds: must be positive"});
   const cost::DeviceModel device(cluster, spec::Precision::bf16);
   // Each GEMM case is three GEMMs of rows x width x width (the linear op's forward and backward).
   for (std::size_t i = 0; i < c.gemms.size(); ++i) {
@@ -229,6 +239,7 @@ TEST(Calibrate, TheJsonCarriesEveryTimingAndFit) {
   const calibrate::Calibration c = made_up();
   const auto j = calibrate::to_json(c, calibrate::fit(c));
   EXPECT_EQ(j["timings"]["gemm"].size(), c.gemms.size());
+  EXPECT_DOUBLE_EQ(j["timings"]["probe"]["seconds"].get<double>(), 1.25e-3);
   EXPECT_EQ(j["timings"]["intra_node"].size(), c.intra.size());
   EXPECT_DOUBLE_EQ(j["fitted"]["peak_flops"].get<double>(), 80e9);
   EXPECT_FALSE(j["fitted"].contains("inter_node"));  // one host

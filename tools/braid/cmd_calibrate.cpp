@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/calibrate/cluster_file.hpp"
+#include "core/calibrate/turns.hpp"
 #include "core/common/error.hpp"
 #include "core/common/file.hpp"
 #include "core/nn/blas.hpp"
@@ -124,39 +125,6 @@ class Progress {
   bool show_, live_;
   int total_, done_ = 0;
   std::string phase_;
-};
-
-// Processes that take turns on their host's cores while they measure compute: with more
-// processes x threads on a host than it has cores, `per_turn` of them measure a case at
-// once while the others wait in a barrier, sleeping (BRAID_MPI_WAIT=sleep, set for the
-// turns only), so the figures are those of a process with cores of its own; the cluster file's
-// `shared_cores` lets the simulator slow down what runs side by side. Every case is
-// `turns` barrier-separated phases; the rank measures in phase `mine`.
-class Turns {
- public:
-  // `turns` must be the same on every process of the world (the most any host needs).
-  Turns(runtime::Communicator& all, int turns, int mine) : all_(all), turns_(turns), mine_(mine) {}
-  int turns() const { return turns_; }
-  // Before case: finish the previous case's phases after this rank's, then wait out the
-  // phases before it (the first case starts with every process in step).
-  void before_case() {
-    barriers(started_ ? turns_ - mine_ : 1);
-    barriers(mine_);
-    started_ = true;
-  }
-  // After the last case of a measurement.
-  void end() {
-    if (started_) barriers(turns_ - mine_);
-    started_ = false;
-  }
-
- private:
-  void barriers(int n) {
-    for (int i = 0; i < n; ++i) all_.barrier();
-  }
-  runtime::Communicator& all_;
-  int turns_, mine_;
-  bool started_ = false;
 };
 
 // Each process's figures averaged over the world: what one process achieves while all run.
@@ -303,11 +271,8 @@ int run_calibrate(const std::vector<std::string>& args) {
     const std::vector<int>& mates = ranks_on[host_of[static_cast<std::size_t>(rank)]];
     const int here = static_cast<int>(mates.size());
     const int local_index = static_cast<int>(std::find(mates.begin(), mates.end(), rank) - mates.begin());
-    const int per_turn_here = std::min(here, std::max(1, c.cores / c.threads));
-    int most_turns[1] = {(here + per_turn_here - 1) / per_turn_here};
-    all.allreduce(std::span<int>(most_turns), runtime::ReduceOp::max);
-    Turns turns(all, most_turns[0], local_index / per_turn_here);
-    c.per_turn = per_turn_here;
+    calibrate::Turns turns = calibrate::Turns::on_host(all, local_index, here, c.cores, c.threads);
+    c.per_turn = turns.per_turn();
     c.shared = turns.turns() > 1;
     const calibrate::ComputeOptions compute{c.threads, c.quick, backend};
     const int link_sets = (local.size() >= 2 ? 1 : 0) + (firsts.size() >= 2 ? 1 : 0);
@@ -341,6 +306,9 @@ int run_calibrate(const std::vector<std::string>& args) {
     turns.end();
     c.samples = calibrate::measure_samples(compute, hook("samples", Together::in_turns));
     turns.end();
+    const calibrate::ComputeOptions probing{c.threads, true, backend};  // as braid train probes
+    c.probe_shape = calibrate::probe_shape(probing);
+    c.probe_seconds = calibrate::probe_linear(all, local_index, here, probing, c.probe_shape);
     if (c.shared && !wait_chosen) ::unsetenv("BRAID_MPI_WAIT");
     for (auto* timings : {&c.gemms, &c.crowded_gemms, &c.elementwise, &c.attention, &c.samples})
       average_seconds(all, *timings);
