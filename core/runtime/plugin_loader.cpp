@@ -64,6 +64,23 @@ void DevicePlugin::self_test(int index) const {
   }
 }
 
+namespace {
+
+// The file of the binary that holds this code. dladdr names a shared library by its path, but
+// the main program as it was started (argv[0]): a bare name, `braid` found on PATH, would
+// resolve against the working directory, so the kernel is asked where the program is.
+std::filesystem::path binary_holding_this_code() {
+  Dl_info info{};
+  if (!dladdr(reinterpret_cast<void*>(&binary_holding_this_code), &info) || !info.dli_fname) return {};
+  const std::string name = info.dli_fname;
+  if (name.find('/') != std::string::npos) return std::filesystem::absolute(name);
+  std::error_code error;
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? std::filesystem::path() : exe;
+}
+
+}  // namespace
+
 std::vector<std::string> plugin_search_path() {
   std::vector<std::string> dirs;
   if (const char* env = std::getenv("BRAID_PLUGIN_PATH")) {
@@ -78,9 +95,8 @@ std::vector<std::string> plugin_search_path() {
   // Next to the binary that holds this code: build/tools/braid and build/capi/libbraid.so
   // find build/plugins; an installed <libdir>/libbraid.so finds <libdir>/braid, and
   // <bindir>/braid finds it through the install layout's relative path (../lib/braid).
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&plugin_search_path), &info) && info.dli_fname) {
-    auto here = std::filesystem::absolute(info.dli_fname).parent_path();
+  if (const std::filesystem::path binary = binary_holding_this_code(); !binary.empty()) {
+    const auto here = binary.parent_path();
     for (const char* rel : {"../plugins", "braid", BRAID_PLUGIN_DIR_FROM_BINDIR}) {
       auto dir = (here / rel).lexically_normal().string();
       if (std::filesystem::is_directory(dir) && std::find(dirs.begin(), dirs.end(), dir) == dirs.end()) {

@@ -100,6 +100,22 @@ class HelpTest(CliTestCase):
         self.assertIsInstance(info["cuda"], bool)
         self.assertRegex(info["version"], r"^\d+\.\d+\.\d+$")
 
+    def test_started_from_path_it_finds_its_plugins_next_to_itself(self):
+        # `braid` found on PATH is started by a bare name: the plugins are still found next to
+        # the binary, not under the working directory.
+        env = {k: v for k, v in os.environ.items() if k != "BRAID_PLUGIN_PATH"}
+        env["PATH"] = os.path.dirname(os.path.abspath(CLI)) + os.pathsep + env.get("PATH", "")
+        with tempfile.TemporaryDirectory() as elsewhere:
+            result = subprocess.run([os.path.basename(CLI), "info", "--format", "json"], cwd=elsewhere, env=env,
+                                    capture_output=True, text=True, timeout=120)
+        self.assertExit(result, 0)
+        info = json.loads(result.stdout)
+        here = braid("info", "--format", "json")
+        self.assertTrue(info["plugin_path"], info)
+        self.assertEqual(info["plugin_path"], json.loads(here.stdout)["plugin_path"])
+        mpi = [p for p in info["plugins"] if p["name"] == "mpi"][0]
+        self.assertTrue(mpi["path"].endswith("/libbraid-mpi.so"), mpi)
+
     def test_info_check_runs_the_host_backend_through_its_op_table(self):
         result = braid("info", "--check", "--format", "json")
         host = [p for p in json.loads(result.stdout)["plugins"] if p["name"] == "host"][0]

@@ -73,11 +73,11 @@ with_pkg_config() {  # PREFIX
   run_consumer "$out/consumer" "$libdir"
 }
 
-check_cli() {  # PREFIX: the installed CLI finds the installed plugins by itself
+check_cli() {  # PREFIX: the installed CLI, started from PATH elsewhere, finds the installed plugins by itself
   local prefix=$1 info plugin_dir
   plugin_dir=$(dirname "$(find "$prefix" -name 'libbraid-mpi.so' | head -n 1)")
-  step "installed CLI: $prefix/bin/braid info"
-  info=$(env -u BRAID_PLUGIN_PATH "$prefix/bin/braid" info --format json)
+  step "installed CLI: braid info, $prefix/bin on PATH, from /"
+  info=$(cd / && env -u BRAID_PLUGIN_PATH PATH="$prefix/bin:$PATH" braid info --format json)
   python3 - "$plugin_dir" "$info" <<'PY'
 import json, sys
 plugin_dir, info = sys.argv[1], json.loads(sys.argv[2])
