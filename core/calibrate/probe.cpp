@@ -1,5 +1,6 @@
 #include "core/calibrate/probe.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <optional>

@@ -45,6 +45,8 @@ const char* kCalibrateUsage =
     "  - attention: the host's materialised softmax attention, forward and backward;\n"
     "  - samples of braid's dataset, rendered at a ladder of image sides and described, on one\n"
     "    host core as braid train's data workers make them (priced where a step makes them);\n"
+    "  - a probe: one GEMM case that braid train times again before and after its steps, to\n"
+    "    say how fast the host ran then against its calibration (priced nowhere);\n"
     "  - links: p2p ping-pong, all-reduce and all-gather through the communication plugin\n"
     "    (MPI), fitted to the cost model's alpha-beta formulas; between hosts too when the\n"
     "    launch spans several.\n"
