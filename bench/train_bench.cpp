@@ -74,7 +74,6 @@
 #include <vector>
 
 #include "bench/peer_support.hpp"
-#include "bench/timed_ops.hpp"
 #include "core/common/error.hpp"
 #include "core/cost/cost_model.hpp"
 #include "core/nn/blas.hpp"
@@ -83,6 +82,7 @@
 #include "core/nn/host_memory.hpp"
 #include "core/nn/host_ops.hpp"
 #include "core/nn/modules/model.hpp"
+#include "core/nn/timed_ops.hpp"
 #include "core/spec/run.hpp"
 
 #ifndef BRAID_BENCH_PYTHON3
@@ -453,18 +453,18 @@ struct Row {
   }
 };
 
-void print_profile(const Workload& w, int threads, const BraidTrainer& trainer, const bench::TimedOps& timed,
-                   int steps) {
+void print_profile(const Workload& w, int threads, const BraidTrainer& trainer, const nn::TimedOps& timed, int steps) {
   std::printf("\nbraid %s, %d threads: per step (mean of %d), forward+backward %.3f ms, AdamW + clamp %.3f ms\n",
               w.name.c_str(), threads, steps, 1e3 * trainer.forward_backward_s / steps,
               1e3 * trainer.optimizer_s / steps);
-  std::vector<std::pair<std::string, std::pair<double, long>>> ops(timed.totals().begin(), timed.totals().end());
-  std::sort(ops.begin(), ops.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  const auto by_op = timed.by_op();
+  std::vector<std::pair<std::string, nn::OpTimes>> ops(by_op.begin(), by_op.end());
+  std::sort(ops.begin(), ops.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
   double total = 0.0;
-  for (const auto& op : ops) total += op.second.first;
+  for (const auto& op : ops) total += op.second.seconds;
   for (const auto& [name, t] : ops)
-    std::printf("  %-28s %8.3f ms %5.1f%%  %5ld calls\n", name.c_str(), 1e3 * t.first / steps, 100.0 * t.first / total,
-                t.second / steps);
+    std::printf("  %-28s %8.3f ms %5.1f%%  %5ld calls\n", name.c_str(), 1e3 * t.seconds / steps,
+                100.0 * t.seconds / total, t.calls / steps);
 }
 
 }  // namespace
@@ -532,7 +532,7 @@ int main(int argc, char** argv) {
         if (o.profile) {  // a second model, so the timed run starts from the same weights
           BraidTrainer profiled(w.run.model);
           profiled.place(ops, w);
-          bench::TimedOps timed(ops, [&device] { device.wait(); });
+          nn::TimedOps timed(ops, [&device] { device.wait(); });
           for (int i = 0; i < warmup; ++i) profiled.step(ops, w, device);
           profiled.forward_backward_s = profiled.optimizer_s = 0.0;
           for (int i = 0; i < steps; ++i) profiled.step(timed, w, device);

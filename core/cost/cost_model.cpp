@@ -247,14 +247,16 @@ StateBytes CostModel::state_bytes(int m, int dp) const {
   return s;
 }
 
+double adamw_bytes_per_parameter(spec::Precision precision) {
+  // AdamW reads master weight, moments and gradient, writes them back (+ the bf16 copy).
+  return precision == spec::Precision::fp32 ? 32 : 28;
+}
+
 double CostModel::optimizer_seconds(int m, double params, int dp) const {
   const auto& mod = run_->model.modules[static_cast<std::size_t>(m)];
   if (mod.frozen) return 0;
-  const bool mixed = run_->training.precision != spec::Precision::fp32;
   double local = run_->training.zero_stage >= 1 ? params / dp : params;
-  // AdamW reads master weight, moments and gradient, writes them back (+ the bf16 copy).
-  double bytes = mixed ? 28 : 32;
-  return device_.optimizer_memory_seconds(local * bytes);
+  return device_.optimizer_memory_seconds(local * adamw_bytes_per_parameter(run_->training.precision));
 }
 
 double CostModel::data_seconds(const std::vector<int>& rendered_sides, std::int64_t described) const {

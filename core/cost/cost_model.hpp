@@ -49,6 +49,9 @@ struct TrainedImages {
   std::vector<int> sides;  // pixels, of consecutive training samples
 };
 
+// Bytes an AdamW step moves per parameter it updates, at the run's precision.
+double adamw_bytes_per_parameter(spec::Precision precision);
+
 class CostModel {
  public:
   explicit CostModel(const spec::RunSpec& run);

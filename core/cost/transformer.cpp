@@ -75,6 +75,43 @@ double tp_all_reduce(double bytes, const BlockContext& ctx) {
 
 }  // namespace
 
+BlockCost elementwise_op(double bytes, const BlockContext& ctx) {
+  BlockCost c;
+  add_elementwise(c, bytes, ctx);
+  return c;
+}
+
+BlockCost residual_op(double bytes, const BlockContext& ctx) {
+  BlockCost c;
+  add_residual(c, bytes, ctx);
+  return c;
+}
+
+BlockCost attention_core(double sq, double sk, double d, double heads, bool causal, bool dropout,
+                         const BlockContext& ctx) {
+  const auto& train = *ctx.training;
+  const double E = ctx.device->element_bytes();
+  BlockCost c;
+  if (train.attention == spec::Attention::flash) {
+    double fl = 4 * sq * sk * d * heads * (causal ? 0.5 : 1.0);
+    c.flops_forward = fl;
+    c.forward_s = ctx.device->flash_attention_seconds(fl, false);
+    if (ctx.grads.any()) {
+      c.flops_backward = 2 * fl;
+      // The fused backward recomputes the scores: 5 matmuls against the forward's 2.
+      c.backward_s = ctx.device->flash_attention_seconds(2.5 * fl, true);
+    }
+    return c;
+  }
+  add_gemm(c, sq, sk, d, heads, false, ctx);  // scores
+  add_gemm(c, sq, d, sk, heads, false, ctx);  // context
+  const double probs = heads * sq * sk;
+  add_elementwise(c, 2 * probs * E + (dropout ? probs * (2 * E + 1) : 0), ctx);  // softmax (+ dropout)
+  // Unfused: scale, mask and softmax as three kernels (Megatron's --no-masked-softmax-fusion).
+  if (!train.fused_kernels) add_elementwise(c, 4 * probs * E, ctx);
+  return c;
+}
+
 double transformer_layer_forward_flops(const spec::ModuleSpec& m, double s, spec::Attention attention) {
   const double h = m.hidden, f = m.ffn, kv = double(m.hidden) * m.kv_groups / m.heads;
   double gemms = 2 * s * h * (h + 2 * kv) + 2 * s * h * h + (m.mlp == spec::Mlp::swiglu ? 3.0 : 2.0) * 2 * s * h * f;
@@ -111,23 +148,7 @@ std::vector<LayerKernel> transformer_layer_kernels(const spec::ModuleSpec& m, do
 
   // Attention core: softmax(QK^T) V over the local heads.
   const double heads_local = a / t * b;
-  if (train.attention == spec::Attention::flash) {
-    double fl = 4 * s * s * d * heads_local * (m.causal ? 0.5 : 1.0);
-    core.cost.flops_forward = fl;
-    core.cost.forward_s = ctx.device->flash_attention_seconds(fl, false);
-    if (ctx.grads.any()) {
-      core.cost.flops_backward = 2 * fl;
-      // The fused backward recomputes the scores: 5 matmuls against the forward's 2.
-      core.cost.backward_s = ctx.device->flash_attention_seconds(2.5 * fl, true);
-    }
-  } else {
-    add_gemm(core.cost, s, s, d, heads_local, false, ctx);  // scores
-    add_gemm(core.cost, s, d, s, heads_local, false, ctx);  // context
-    double probs = heads_local * s * s;
-    add_elementwise(core.cost, 2 * probs * E + (dropout ? probs * (2 * E + 1) : 0), ctx);  // softmax (+ dropout)
-    // Unfused: scale, mask and softmax as three kernels (Megatron's --no-masked-softmax-fusion).
-    if (!train.fused_kernels) add_elementwise(core.cost, 4 * probs * E, ctx);
-  }
+  core.cost = attention_core(s, s, d, heads_local, m.causal, dropout, ctx);
 
   // Layer norms and residual adds (+ dropout), one of each per half; the MLP activation.
   // This is the fused pricing (Megatron-LM since SC'21, sec. 4.2: bias+GeLU and
@@ -135,16 +156,17 @@ std::vector<LayerKernel> transformer_layer_kernels(const spec::ModuleSpec& m, do
   // (read + write) before the activation and before dropout, and dropout is a pass of its
   // own before the residual add: 4 more element passes per half, 2 more on the MLP
   // intermediate.
-  double norm = (2 * sbh * E + (dropout ? sbh : 0)) / sp;
-  const double residual = 3 * sbh * E / sp;
-  double activation = (swiglu ? 3 : 2) * M * f / t * E;
+  double norm = (norm_bytes(sbh, E) + (dropout ? sbh : 0)) / sp;
+  const double residual = residual_bytes(sbh, E) / sp;
+  double activation = activation_bytes(M * f / t, swiglu, E);
   if (!train.fused_kernels) {
     norm += 4 * sbh * E / sp;
     activation += 2 * M * f / t * E;
   }
   add_elementwise(norm_attention.cost, norm, ctx);
   add_residual(norm_attention.cost, residual, ctx);
-  add_elementwise(norm_mlp.cost, norm + activation, ctx);
+  add_elementwise(norm_mlp.cost, norm, ctx);  // two kernels, each at its own size's rate
+  add_elementwise(norm_mlp.cost, activation, ctx);
   add_residual(norm_mlp.cost, residual, ctx);
 
   // Two TP all-reduces each way (attention out, MLP out; their input gradients); with
@@ -224,9 +246,9 @@ BlockCost token_embedding(const spec::ModuleSpec& m, double s, double b, const B
   const double E = ctx.device->element_bytes(), M = s * b, h = m.hidden;
   BlockCost c;
   // Gather rows, then all-reduce the vocab-parallel partial results.
-  c.forward_s = ctx.device->memory_seconds(2 * M * h * E);
+  c.forward_s = ctx.device->memory_seconds(embedding_bytes(M, h, E));
   c.comm_forward_s = tp_all_reduce(M * h * E, ctx);
-  if (ctx.grads.weights) c.backward_s = ctx.device->memory_seconds(2 * M * h * E);  // scatter-add
+  if (ctx.grads.weights) c.backward_s = ctx.device->memory_seconds(embedding_bytes(M, h, E));  // scatter-add
   return c;
 }
 
@@ -234,21 +256,23 @@ BlockCost patch_embedding(const spec::ModuleSpec& m, double s, double b, const B
   const double E = ctx.device->element_bytes(), M = s * b;
   const double patch = double(m.patch_size) * m.patch_size * m.channels;
   BlockCost c;
-  GradNeeds saved = ctx.grads;
-  BlockContext local = ctx;
-  local.grads = GradNeeds{saved.weights, false};  // pixels need no gradient
-  add_gemm(c, M, m.hidden, patch, 1, true, local);
-  if (local.grads.any()) c.activation_bytes = M * patch * E;
+  const double flops = 2 * M * m.hidden * patch;
+  c.flops_forward = flops;
+  c.forward_s = ctx.device->gemm_seconds(M, m.hidden, patch);
+  if (ctx.grads.weights) {  // the weight's gradient alone: pixels need none
+    c.flops_backward = flops;
+    c.backward_s = ctx.device->gemm_seconds(patch, m.hidden, M);
+    c.activation_bytes = M * patch * E;
+  }
   return c;
 }
 
 BlockCost lm_head(const spec::ModuleSpec& m, double s, double b, const BlockContext& ctx) {
   const double E = ctx.device->element_bytes(), M = s * b, h = m.hidden, v = double(m.vocab) / ctx.tp;
   BlockCost c;
-  add_elementwise(c, 2 * M * h * E, ctx);  // final norm
+  add_elementwise(c, norm_bytes(M * h, E), ctx);  // final norm
   add_gemm(c, M, v, h, 1, true, ctx);
-  // Cross-entropy on fp32 logits: cast, max, exp-sum, normalise (Megatron's vocab-parallel loss).
-  add_elementwise(c, M * v * (E + 4 + 8), ctx);
+  add_elementwise(c, cross_entropy_bytes(M, v, E), ctx);
   c.comm_forward_s = 2 * tp_all_reduce(M * 4, ctx);  // row max and row sum across vocab shards
   if (ctx.grads.any()) {
     c.comm_backward_s = tp_all_reduce(M * h * E, ctx);  // gradient of the head's input
@@ -281,7 +305,7 @@ BlockCost linear_stack(const spec::ModuleSpec& m, double in_width, double s, dou
   for (int l = 0; l < m.layers; ++l) {
     double out = (l + 1 == m.layers) ? m.hidden : m.ffn;
     add_gemm(c, M, out, width, 1, true, ctx);
-    if (l + 1 < m.layers) add_elementwise(c, 2 * M * out * E, ctx);  // GELU
+    if (l + 1 < m.layers) add_elementwise(c, activation_bytes(M * out, false, E), ctx);  // GELU
     if (ctx.grads.any()) c.activation_bytes += M * width * E + (l + 1 < m.layers ? M * out * E : 0);
     width = out;
   }

@@ -64,6 +64,24 @@ BlockCost generator_head(const spec::ModuleSpec& m, double tokens, double sample
 BlockCost linear_stack(const spec::ModuleSpec& m, double in_width, double tokens, double samples,
                        const BlockContext& ctx);
 
+// The kernels the blocks above are made of, each priced as they price it, for pricing one
+// op call apart (braid train --profile-ops): an element-wise kernel charged `bytes` forward
+// (and twice that backward); a residual add that streams `bytes`; the attention core over
+// `heads` (batch x local heads) of `sq` queries and `sk` keys of size `d`.
+BlockCost elementwise_op(double bytes, const BlockContext& ctx);
+BlockCost residual_op(double bytes, const BlockContext& ctx);
+BlockCost attention_core(double sq, double sk, double d, double heads, bool causal, bool dropout,
+                         const BlockContext& ctx);
+// Bytes those kernels are charged over `elements` of `E` bytes (a pass reads and writes):
+// a layer norm; an activation (a gated one reads two inputs); a residual add (two read, one
+// written); an embedding lookup or its scatter-add over `rows` of `width`; cross-entropy on
+// fp32 logits (cast, max, exp-sum, normalise: Megatron's vocab-parallel loss).
+inline double norm_bytes(double elements, double E) { return 2 * elements * E; }
+inline double activation_bytes(double elements, bool gated, double E) { return (gated ? 3 : 2) * elements * E; }
+inline double residual_bytes(double elements, double E) { return 3 * elements * E; }
+inline double embedding_bytes(double rows, double width, double E) { return 2 * rows * width * E; }
+inline double cross_entropy_bytes(double rows, double vocab, double E) { return rows * vocab * (E + 4 + 8); }
+
 // FLOPs of one transformer layer's forward for `tokens` tokens of one sequence,
 // unsharded (for reports and hand checks): GEMMs + attention scores and context.
 double transformer_layer_forward_flops(const spec::ModuleSpec& m, double tokens, spec::Attention attention);

@@ -15,6 +15,7 @@
 #include "core/nn/host_memory.hpp"
 #include "core/nn/host_ops.hpp"
 #include "core/nn/modules/model.hpp"
+#include "core/nn/timed_ops.hpp"
 #include "core/plan/evaluate.hpp"
 #include "core/runtime/groups.hpp"
 #include "core/train/checkpoint.hpp"
@@ -288,7 +289,16 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   nn::set_blas_threads(threads);
   nn::keep_freed_host_memory();  // activations are reallocated every step
   TrainDevice device = open_train_device(o.device, threads, world.local_rank());
-  nn::Ops& ops = *device.ops;
+  // --profile-ops: every op through a timer that records inside the timed steps alone (a
+  // device's stream is synchronized after each op, so the time is the op's, not its launch's).
+  std::optional<nn::TimedOps> timed_ops;
+  if (o.profile_ops) {
+    std::function<void()> wait;
+    if (device.backend) wait = [backend = device.backend] { backend->synchronize(); };
+    timed_ops.emplace(*device.ops, std::move(wait));
+    timed_ops->set_recording(false);
+  }
+  nn::Ops& ops = timed_ops ? static_cast<nn::Ops&>(*timed_ops) : *device.ops;
   if (rank == 0 && device.backend) out << "device: " << device.description << "\n" << std::flush;
   std::string no_device_collectives;
   const std::unique_ptr<DeviceCollectives> collectives =
@@ -395,10 +405,13 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   const std::int64_t eval_every = run.trainer.eval_every, ckpt_every = run.trainer.checkpoint_every;
   for (std::int64_t step = first; step <= total; ++step) {
     const std::uint64_t waits_before = device.backend ? device.backend->host_waits() : 0;
-    const StepResult r = executor.step(step, learning_rate(run.trainer, step, total));
-    report.wait_seconds += r.wait_seconds;
     // The first step this process runs warms up allocators and caches: it is not timed, unless it is all there is.
-    if (step > first || total == first) {
+    const bool timed_step = step > first || total == first;
+    if (timed_ops) timed_ops->set_recording(timed_step);
+    const StepResult r = executor.step(step, learning_rate(run.trainer, step, total));
+    if (timed_ops) timed_ops->set_recording(false);
+    report.wait_seconds += r.wait_seconds;
+    if (timed_step) {
       measured.add(r);
       if (device.backend) measured.host_waits += static_cast<std::int64_t>(device.backend->host_waits() - waits_before);
     }
@@ -458,14 +471,21 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
     report.comparison.probe_after = probe_host(run.cluster, comm, world, threads, device.backend);
   }
   if (trained) report.memory = compare_with_prediction(executor.memory(), run, o.plan, comm);
+  if (timed_ops && measured.steps > 0) report.ops = gather_op_profile(timed_ops->calls(), measured.steps, cost, comm);
   if (rank == 0) {
     end_live_line();
     if (metrics && measured.steps > 0)
       metrics->write_line(comparison_json(report.comparison, report.summary.last_step));
     if (metrics && trained) metrics->write_line(memory_json(report.memory, report.summary.last_step));
+    if (metrics && report.ops) metrics->write_line(op_profile_json(*report.ops, report.summary.last_step));
     out << format_summary(report.summary);
     out << device_memory_line(device);
     if (measured.steps > 0) out << format_comparison(report.comparison);
+    if (report.ops) {
+      double compute = 0;
+      for (double c : report.comparison.measured_compute_s) compute += c;
+      out << format_op_profile(*report.ops, compute);
+    }
     if (trained) out << format_memory_comparison(report.memory);
     if (!o.trace_path.empty()) out << "trace of the last step as measured: " << o.trace_path << "\n";
     out << std::flush;

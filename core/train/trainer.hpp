@@ -18,6 +18,7 @@
 #include "core/spec/run.hpp"
 #include "core/train/memory_meter.hpp"
 #include "core/train/metrics.hpp"
+#include "core/train/op_profile.hpp"
 #include "core/train/timing.hpp"
 
 namespace braid::train {
@@ -35,6 +36,7 @@ struct TrainOptions {
   int data_workers = 1;                    // threads rendering the next steps' samples ahead (0: none)
   std::optional<spec::Schedule> schedule;  // the program's schedule (nullopt: the plan's default)
   std::string trace_path;                  // "": none; else a Chrome trace of the last step as measured
+  bool profile_ops = false;                // time every op of the timed steps against its price (op_profile.hpp)
   // Called with an error thrown inside a step while its messages are still pending (the CLI
   // reports it and aborts the world); the error is rethrown when it returns.
   std::function<void(const std::exception_ptr&)> on_fatal;
@@ -48,10 +50,11 @@ struct TrainReport {
   RunSummary summary;
   std::vector<StepMetrics> steps;
   std::vector<EvalMetrics> evals;
-  double wait_seconds = 0;    // this rank's time blocked in receives and collectives
-  std::string layout;         // this rank's part
-  StepComparison comparison;  // measured against simulated, every rank's steps
-  MemoryComparison memory;    // every rank's peak memory by kind against the cost model's (empty: no step ran)
+  double wait_seconds = 0;       // this rank's time blocked in receives and collectives
+  std::string layout;            // this rank's part
+  StepComparison comparison;     // measured against simulated, every rank's steps
+  MemoryComparison memory;       // every rank's peak memory by kind against the cost model's (empty: no step ran)
+  std::optional<OpProfile> ops;  // with TrainOptions::profile_ops and a step timed
 };
 
 // The learning rate of `step` (1-based): linear warm-up, then cosine to min_lr_ratio.

@@ -133,7 +133,7 @@ def metrics(path):
 
 
 def losses(path):
-    return [m["loss"] for m in metrics(path) if not m.get("eval") and not m.get("summary") and not m.get("memory")]
+    return [m["loss"] for m in metrics(path) if not any(m.get(k) for k in ("eval", "summary", "memory", "op_profile"))]
 
 
 def read_checkpoint(path, shapes=False):
@@ -670,6 +670,38 @@ class Cli(unittest.TestCase):
             for key in [(64, "0"), (2, "1")]:
                 self.assertGreaterEqual(summaries[key]["simulated_data_s"], floor)
                 self.assertGreater(summaries[key]["simulated_step_s"], summaries[64, "1"]["simulated_step_s"])
+
+    def test_profile_ops_times_every_op_against_its_price_without_changing_the_run(self):
+        with tempfile.TemporaryDirectory() as d:
+            runs = {}
+            for name, extra in [("plain", []), ("profiled", ["--profile-ops"])]:
+                r = train(2, "--config", MLLM, "--pp", "2", "--steps", "3", "--quiet", "--metrics",
+                          f"{d}/{name}.jsonl", *extra)
+                check(self, r)
+                runs[name] = r
+            self.assertEqual(losses(f"{d}/plain.jsonl"), losses(f"{d}/profiled.jsonl"))
+            self.assertNotIn("ops per rank and step", runs["plain"].stdout)
+            out = runs["profiled"].stdout
+            self.assertIn("ops per rank and step (mean of 2 steps and 2 ranks), measured and as the cost model "
+                          "prices the same calls:\n", out)
+            self.assertRegex(out, r"\nlinear_forward +[\d.]+ +[\d.]+ [mu]?s +[\d.]+ [mu]?s +\d+\.\d\d\n")
+            self.assertRegex(out, r"\npriced ops: measured [\d.]+ [mu]?s, priced [\d.]+ [mu]?s: measured/priced "
+                                  r"[\d.]+; all ops [\d.]+ [mu]?s of the instructions' measured compute [\d.]+ [mu]?s")
+            profile = [m for m in metrics(f"{d}/profiled.jsonl") if m.get("op_profile")]
+            self.assertEqual(len(profile), 1)
+            self.assertEqual((profile[0]["steps"], profile[0]["ranks"]), (2, 2))
+            ops = {o["op"]: o for o in profile[0]["ops"]}
+            # The llm's stages: GEMMs, norms, attention, the loss, the optimizer; all priced.
+            for op in ("linear_forward", "linear_backward", "layernorm_forward", "attention_backward",
+                       "cross_entropy", "adamw_step"):
+                self.assertGreater(ops[op]["calls"], 0, op)
+                self.assertGreater(ops[op]["measured_s"], 0, op)
+                self.assertGreater(ops[op]["priced_s"], 0, op)
+            self.assertNotIn("contrastive_loss", ops)
+            # CLIP on one process: its loss runs, and the model has no price for it.
+            r = train(1, "--config", CLIP, "--steps", "2", "--quiet", "--profile-ops")
+            check(self, r)
+            self.assertRegex(r.stdout, r"\ncontrastive_loss +1\.0 +[\d.]+ [mu]?s +- +-\n")
 
     def test_schedule_must_be_one_the_plan_runs(self):
         r = train(1, "--config", MLLM, "--steps", "1", "--schedule", "two-phase")

@@ -82,6 +82,10 @@ int run_train(const std::vector<std::string>& args) {
       "encoder tasks)")("trace", po::value(&trace)->value_name("FILE"),
                         "write the last step, as every rank executed it, as a Chrome trace (the format of braid "
                         "simulate --trace)")(
+      "profile-ops",
+      "time every op of the timed steps (forward, backward and optimizer; a GPU waits for each) and print them "
+      "by op against what the cost model charges for the same calls on the cluster file (with --cluster, a "
+      "calibrated one): which kernels a step measured off its simulation misprices; slows the steps a little")(
       "no-reorder", "keep the loader's sample order (no DistTrain reordering over DP replicas)")(
       "data-workers", po::value(&data_workers)->value_name("N"),
       "threads rendering the next steps' samples ahead of training (default 1; 0: render them in the training "
@@ -153,6 +157,7 @@ int run_train(const std::vector<std::string>& args) {
     o.reorder = !vm.count("no-reorder");
     o.data_workers = data_workers;
     o.trace_path = trace;
+    o.profile_ops = vm.count("profile-ops") > 0;
     o.threads = threads;
     o.device = device;
     // Inside a step, before its pending messages are torn down (they would wait for peers
