@@ -76,9 +76,9 @@ TransformerBlock::TransformerBlock(ParameterStore& store, std::string name, cons
     adopt(*part);
 }
 
-Tensor TransformerBlock::forward(Ops& ops, const Tensor& x, BlockCache& c, const TensorParallel& tp) const {
+Tensor TransformerBlock::forward(Ops& ops, Tensor x, BlockCache& c, const TensorParallel& tp) const {
   check_input(x, shape_.hidden, name());
-  c.x = x;
+  c.x = std::move(x);
   for (int k = 0; k < kKernels; ++k) forward_kernel(ops, k, c, tp);
   return std::move(c.y);
 }
@@ -103,9 +103,9 @@ void TransformerBlock::forward_kernel(Ops& ops, int kernel, BlockCache& c, const
       c.partial = tp.splits_sequence() ? row_parallel_forward_scatter(ops, out_, c.attn, tp)
                                        : row_parallel_forward(ops, out_, c.attn, tp);
       return;
-    case 4:
-      c.x2 = c.x;
-      ops.add(c.x2, c.partial);
+    case 4:  // added into the row-parallel output, which is not kept: no copy of x (the same bits)
+      ops.add(c.partial, c.x);
+      c.x2 = std::move(c.partial);
       c.partial = Tensor();
       return;
     case 5:
@@ -120,8 +120,8 @@ void TransformerBlock::forward_kernel(Ops& ops, int kernel, BlockCache& c, const
                                        : row_parallel_forward(ops, fc2_, c.g, tp);
       return;
     case 8:
-      c.y = c.x2;
-      ops.add(c.y, c.partial);
+      ops.add(c.partial, c.x2);
+      c.y = std::move(c.partial);
       c.partial = Tensor();
       return;
     default:
@@ -275,7 +275,7 @@ Tensor Transformer::forward_blocks(Ops& ops, const Tensor& x, int first, int las
   for (int l = first; l < last; ++l) {
     const TransformerBlock& b = blocks_[static_cast<std::size_t>(l)];
     if (hooks_) hooks_->before_block(b, false);
-    h = b.forward(ops, h, cache.blocks[static_cast<std::size_t>(l - first)], group);
+    h = b.forward(ops, std::move(h), cache.blocks[static_cast<std::size_t>(l - first)], group);
     if (hooks_) hooks_->after_block(b, false);
   }
   if (cache.split) h = resize_sequences(sequence_allgather(h, tp), cache.positions, tp);

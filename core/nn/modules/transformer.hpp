@@ -41,7 +41,8 @@ class TransformerBlock : public Module {
   // x (B, S, hidden) -> (B, S, hidden). With tp.size > 1 (Megatron): q, k, v and fc1
   // column-parallel (q, k, v by heads), out and fc2 row-parallel; one all-reduce after each
   // row-parallel layer. tp.size == 1 is the plain block.
-  Tensor forward(Ops& ops, const Tensor& x, BlockCache& cache, const TensorParallel& tp = {}) const;
+  // x becomes the cache's (what the backward reads): pass it moved where the caller is done with it.
+  Tensor forward(Ops& ops, Tensor x, BlockCache& cache, const TensorParallel& tp = {}) const;
   // dy (B, S, hidden) -> dx; adds the parameter gradients (sharded ones into this rank's
   // slice). With tp.size > 1, one all-reduce of the MLP's and one of the attention's input
   // gradient.
