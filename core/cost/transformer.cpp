@@ -87,6 +87,14 @@ BlockCost residual_op(double bytes, const BlockContext& ctx) {
   return c;
 }
 
+BlockCost embedding_op(double rows, double width, const BlockContext& ctx) {
+  BlockCost c;
+  const double bytes = embedding_bytes(rows, width, ctx.device->element_bytes());
+  c.forward_s = ctx.device->stream_seconds(bytes);
+  if (ctx.grads.weights) c.backward_s = ctx.device->stream_seconds(bytes);  // the scatter-add
+  return c;
+}
+
 BlockCost attention_core(double sq, double sk, double d, double heads, bool causal, bool dropout,
                          const BlockContext& ctx) {
   const auto& train = *ctx.training;
@@ -244,11 +252,9 @@ BlockCost transformer_layer(const spec::ModuleSpec& m, double s, double b, const
 
 BlockCost token_embedding(const spec::ModuleSpec& m, double s, double b, const BlockContext& ctx) {
   const double E = ctx.device->element_bytes(), M = s * b, h = m.hidden;
-  BlockCost c;
   // Gather rows, then all-reduce the vocab-parallel partial results.
-  c.forward_s = ctx.device->memory_seconds(embedding_bytes(M, h, E));
+  BlockCost c = embedding_op(M, h, ctx);
   c.comm_forward_s = tp_all_reduce(M * h * E, ctx);
-  if (ctx.grads.weights) c.backward_s = ctx.device->memory_seconds(embedding_bytes(M, h, E));  // scatter-add
   return c;
 }
 

@@ -70,6 +70,9 @@ BlockCost linear_stack(const spec::ModuleSpec& m, double in_width, double tokens
 // `heads` (batch x local heads) of `sq` queries and `sk` keys of size `d`.
 BlockCost elementwise_op(double bytes, const BlockContext& ctx);
 BlockCost residual_op(double bytes, const BlockContext& ctx);
+// An embedding lookup of `rows` of `width` (a row gather) and its scatter-add: copies, which
+// stream at the triad's rate (on a host the element-wise table is that of norms and GELU).
+BlockCost embedding_op(double rows, double width, const BlockContext& ctx);
 BlockCost attention_core(double sq, double sk, double d, double heads, bool causal, bool dropout,
                          const BlockContext& ctx);
 // Bytes those kernels are charged over `elements` of `E` bytes (a pass reads and writes):

@@ -29,8 +29,8 @@ std::optional<double> priced_call(const cost::CostModel& cost, const nn::OpCall&
     const cost::BlockCost c = cost::attention_core(d(1), d(2), d(3), d(0), call.dims[4] != 0, false, ctx);
     return op == "attention_forward" ? c.forward_s : c.backward_s;
   }
-  if (op == "embedding_forward" || op == "embedding_backward")
-    return dev.memory_seconds(cost::embedding_bytes(d(0), d(1), E));
+  if (op == "embedding_forward") return cost::embedding_op(d(0), d(1), ctx).forward_s;
+  if (op == "embedding_backward") return cost::embedding_op(d(0), d(1), ctx).backward_s;
   // Patches [m, features of a patch] through the weight to [m, n]; backward the weight's
   // gradient alone (pixels need none), as cost::patch_embedding prices it.
   if (op == "patch_embedding_forward") return dev.gemm_seconds(d(0), d(1), d(2));

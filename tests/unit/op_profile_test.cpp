@@ -82,6 +82,7 @@ TEST(OpProfile, CallsArePricedAsTheBlocksPriceTheirKernels) {
   EXPECT_DOUBLE_EQ(*price("linear_backward", {256, 512, 128, 2}), dev.gemm_seconds(128, 512, 256));
   EXPECT_DOUBLE_EQ(*price("add", {1000}), dev.stream_seconds(3 * 1000 * E));
   EXPECT_DOUBLE_EQ(*price("adamw_step", {1000}), dev.optimizer_memory_seconds(32 * 1000));
+  EXPECT_DOUBLE_EQ(*price("embedding_forward", {192, 64}), dev.stream_seconds(2 * 192 * 64 * E));  // a row gather
   EXPECT_GT(*price("layernorm_backward", {4096}), 0);
   EXPECT_FALSE(price("contrastive_loss", {16, 128, 32, 1}));
   EXPECT_FALSE(price("scale", {100}));
