@@ -95,6 +95,18 @@ BlockCost embedding_op(double rows, double width, const BlockContext& ctx) {
   return c;
 }
 
+BlockCost patch_projection_op(double m, double n, double k, const BlockContext& ctx) {
+  BlockCost c;
+  const double flops = 2 * m * n * k;
+  c.flops_forward = flops;
+  c.forward_s = ctx.device->gemm_seconds(m, n, k);
+  if (ctx.grads.weights) {  // the weight's gradient alone: pixels need none
+    c.flops_backward = flops;
+    c.backward_s = ctx.device->gemm_seconds(k, n, m);
+  }
+  return c;
+}
+
 BlockCost attention_core(double sq, double sk, double d, double heads, bool causal, bool dropout,
                          const BlockContext& ctx) {
   const auto& train = *ctx.training;
@@ -261,15 +273,8 @@ BlockCost token_embedding(const spec::ModuleSpec& m, double s, double b, const B
 BlockCost patch_embedding(const spec::ModuleSpec& m, double s, double b, const BlockContext& ctx) {
   const double E = ctx.device->element_bytes(), M = s * b;
   const double patch = double(m.patch_size) * m.patch_size * m.channels;
-  BlockCost c;
-  const double flops = 2 * M * m.hidden * patch;
-  c.flops_forward = flops;
-  c.forward_s = ctx.device->gemm_seconds(M, m.hidden, patch);
-  if (ctx.grads.weights) {  // the weight's gradient alone: pixels need none
-    c.flops_backward = flops;
-    c.backward_s = ctx.device->gemm_seconds(patch, m.hidden, M);
-    c.activation_bytes = M * patch * E;
-  }
+  BlockCost c = patch_projection_op(M, m.hidden, patch, ctx);
+  if (ctx.grads.weights) c.activation_bytes = M * patch * E;
   return c;
 }
 

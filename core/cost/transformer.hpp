@@ -73,6 +73,9 @@ BlockCost residual_op(double bytes, const BlockContext& ctx);
 // An embedding lookup of `rows` of `width` (a row gather) and its scatter-add: copies, which
 // stream at the triad's rate (on a host the element-wise table is that of norms and GELU).
 BlockCost embedding_op(double rows, double width, const BlockContext& ctx);
+// A patch embedding's GEMM, `m` patches of `k` pixel values each to `n` features; its
+// backward computes the weight's gradient alone (pixels need none).
+BlockCost patch_projection_op(double m, double n, double k, const BlockContext& ctx);
 BlockCost attention_core(double sq, double sk, double d, double heads, bool causal, bool dropout,
                          const BlockContext& ctx);
 // Bytes those kernels are charged over `elements` of `E` bytes (a pass reads and writes):

@@ -31,10 +31,9 @@ std::optional<double> priced_call(const cost::CostModel& cost, const nn::OpCall&
   }
   if (op == "embedding_forward") return cost::embedding_op(d(0), d(1), ctx).forward_s;
   if (op == "embedding_backward") return cost::embedding_op(d(0), d(1), ctx).backward_s;
-  // Patches [m, features of a patch] through the weight to [m, n]; backward the weight's
-  // gradient alone (pixels need none), as cost::patch_embedding prices it.
-  if (op == "patch_embedding_forward") return dev.gemm_seconds(d(0), d(1), d(2));
-  if (op == "patch_embedding_backward") return call.dims[3] ? dev.gemm_seconds(d(2), d(1), d(0)) : 0.0;
+  if (op == "patch_embedding_forward") return cost::patch_projection_op(d(0), d(1), d(2), ctx).forward_s;
+  if (op == "patch_embedding_backward")
+    return call.dims[3] ? cost::patch_projection_op(d(0), d(1), d(2), ctx).backward_s : 0.0;
   if (op == "cross_entropy") {  // the loss and, in the same call, its gradient
     const cost::BlockCost c = cost::elementwise_op(cost::cross_entropy_bytes(d(0), d(1), E), ctx);
     return c.forward_s + (call.dims[2] ? c.backward_s : 0.0);

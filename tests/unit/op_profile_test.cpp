@@ -83,6 +83,10 @@ TEST(OpProfile, CallsArePricedAsTheBlocksPriceTheirKernels) {
   EXPECT_DOUBLE_EQ(*price("add", {1000}), dev.stream_seconds(3 * 1000 * E));
   EXPECT_DOUBLE_EQ(*price("adamw_step", {1000}), dev.optimizer_memory_seconds(32 * 1000));
   EXPECT_DOUBLE_EQ(*price("embedding_forward", {192, 64}), dev.stream_seconds(2 * 192 * 64 * E));  // a row gather
+  // A patch embedding's backward is its weight's gradient: no GEMM for the pixels'.
+  EXPECT_DOUBLE_EQ(*price("patch_embedding_forward", {144, 64, 192, 0}), dev.gemm_seconds(144, 64, 192));
+  EXPECT_DOUBLE_EQ(*price("patch_embedding_backward", {144, 64, 192, 1}), dev.gemm_seconds(192, 64, 144));
+  EXPECT_DOUBLE_EQ(*price("patch_embedding_backward", {144, 64, 192, 0}), 0.0);
   EXPECT_GT(*price("layernorm_backward", {4096}), 0);
   EXPECT_FALSE(price("contrastive_loss", {16, 128, 32, 1}));
   EXPECT_FALSE(price("scale", {100}));
