@@ -59,7 +59,8 @@ void for_each_patch_run(const PatchGrid& g, Copy copy) {
 }
 
 Tensor patchify(const PatchGrid& g, const Tensor& image) {
-  Tensor patches({g.images * g.patches(), g.patch_features()});
+  Tensor patches;  // every element is written below: no fill first
+  prepare_output(patches, {g.images * g.patches(), g.patch_features()});
   for_each_patch_run(g, [&](int64_t at_image, int64_t at_patch) {
     std::copy(image.ptr() + at_image, image.ptr() + at_image + g.patch, patches.ptr() + at_patch);
   });

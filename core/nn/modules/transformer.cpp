@@ -53,6 +53,15 @@ Tensor layernorm_backward_summed(Ops& ops, const LayerNorm& ln, const Tensor& x,
   return dx;
 }
 
+// `t`, or under sequence parallelism its all-gather over the group (held in `gathered`): a
+// reference either way, so the path without it copies nothing (a `?:` of a gathered
+// temporary and `t` would copy `t`).
+const Tensor& whole_sequence(const Tensor& t, const TensorParallel& tp, Tensor& gathered) {
+  if (!tp.splits_sequence()) return t;
+  gathered = sequence_allgather(t, tp);
+  return gathered;
+}
+
 }  // namespace
 
 TransformerBlock::TransformerBlock(ParameterStore& store, std::string name, const TransformerShape& shape, bool frozen)
@@ -89,7 +98,8 @@ void TransformerBlock::forward_kernel(Ops& ops, int kernel, BlockCache& c, const
       c.h1 = ln1_.forward(ops, c.x, c.ln1);
       return;
     case 1: {  // column-parallel by heads: this rank's q, k, v hold heads [rank, rank + 1) * heads / size
-      const Tensor h1 = tp.splits_sequence() ? sequence_allgather(c.h1, tp) : c.h1;
+      Tensor gathered;
+      const Tensor& h1 = whole_sequence(c.h1, tp, gathered);
       c.q = column_parallel_forward(ops, q_, h1, tp);
       c.k = column_parallel_forward(ops, k_, h1, tp);
       c.v = column_parallel_forward(ops, v_, h1, tp);
@@ -111,10 +121,12 @@ void TransformerBlock::forward_kernel(Ops& ops, int kernel, BlockCache& c, const
     case 5:
       c.h2 = ln2_.forward(ops, c.x2, c.ln2);
       return;
-    case 6:
-      c.f = column_parallel_forward(ops, fc1_, tp.splits_sequence() ? sequence_allgather(c.h2, tp) : c.h2, tp);
+    case 6: {
+      Tensor gathered;
+      c.f = column_parallel_forward(ops, fc1_, whole_sequence(c.h2, tp, gathered), tp);
       ops.gelu_forward(c.f, c.g);
       return;
+    }
     case 7:
       c.partial = tp.splits_sequence() ? row_parallel_forward_scatter(ops, fc2_, c.g, tp)
                                        : row_parallel_forward(ops, fc2_, c.g, tp);
@@ -145,14 +157,17 @@ void TransformerBlock::backward_kernel(Ops& ops, int kernel, const BlockCache& c
     case 8:  // the residual: dy flows to x2 as it is (kernel 5) and into fc2
     case 4:  // the same for the attention's residual (kernel 0)
       return;
-    case 7:  // under sequence parallelism the whole dy (the reduce-scatter's backward)
-      g.dg = row_parallel_backward(ops, fc2_, c.g, sp ? sequence_allgather(*g.dy, tp) : *g.dy, tp);
+    case 7: {  // under sequence parallelism the whole dy (the reduce-scatter's backward)
+      Tensor gathered;
+      g.dg = row_parallel_backward(ops, fc2_, c.g, whole_sequence(*g.dy, tp, gathered), tp);
       return;
+    }
     case 6: {
       Tensor df;
       ops.gelu_backward(c.f, g.dg, df);
       g.dg = Tensor();
-      g.dh2 = column_parallel_backward(ops, fc1_, sp ? sequence_allgather(c.h2, tp) : c.h2, df, tp);
+      Tensor gathered;
+      g.dh2 = column_parallel_backward(ops, fc1_, whole_sequence(c.h2, tp, gathered), df, tp);
       // Each rank had the part through its ffn columns (and, split, keeps its positions).
       if (sp)
         g.dh2 = sequence_reduce_scatter(g.dh2, tp);
@@ -166,17 +181,19 @@ void TransformerBlock::backward_kernel(Ops& ops, int kernel, const BlockCache& c
       g.dh2 = Tensor();
       ops.add(g.dx2, *g.dy);
       return;
-    case 3:  // dx2 also flows down the residual (kernel 0)
-      g.dattn = row_parallel_backward(ops, out_, c.attn, sp ? sequence_allgather(g.dx2, tp) : g.dx2, tp);
+    case 3: {  // dx2 also flows down the residual (kernel 0)
+      Tensor gathered;
+      g.dattn = row_parallel_backward(ops, out_, c.attn, whole_sequence(g.dx2, tp, gathered), tp);
       return;
+    }
     case 2:
       ops.attention_backward(c.q, c.k, c.v, AttentionOptions{shape_.heads / tp.size, shape_.causal}, c.attention,
                              g.dattn, g.dq, g.dk, g.dv);
       g.dattn = Tensor();
       return;
     case 1: {
-      const Tensor h1 = sp ? sequence_allgather(c.h1, tp) : Tensor();
-      const Tensor& input = sp ? h1 : c.h1;
+      Tensor gathered;
+      const Tensor& input = whole_sequence(c.h1, tp, gathered);
       g.dh1 = column_parallel_backward(ops, q_, input, g.dq, tp);
       ops.add(g.dh1, column_parallel_backward(ops, k_, input, g.dk, tp));
       ops.add(g.dh1, column_parallel_backward(ops, v_, input, g.dv, tp));
