@@ -8,6 +8,8 @@
 
 namespace braid::train {
 
+// Each call as the op runs it: fused, without dropout (the reference ops have neither the
+// unfused kernels' extra passes nor dropout, which the blocks price where a run asks for them).
 std::optional<double> priced_call(const cost::CostModel& cost, const nn::OpCall& call) {
   const cost::DeviceModel& dev = cost.device();
   const cost::BlockContext ctx{&dev, &cost.comm(), &cost.run().training, 1, {}, cost::GradNeeds{}};

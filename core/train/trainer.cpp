@@ -290,11 +290,17 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   nn::keep_freed_host_memory();  // activations are reallocated every step
   TrainDevice device = open_train_device(o.device, threads, world.local_rank());
   // --profile-ops: every op through a timer that records inside the timed steps alone (a
-  // device's stream is synchronized after each op, so the time is the op's, not its launch's).
+  // device's stream is synchronized after each op, so the time is the op's, not its launch's;
+  // those waits are the profile's, not the step's, and are left out of its host waits).
+  std::uint64_t profile_waits = 0;
   std::optional<nn::TimedOps> timed_ops;
   if (o.profile_ops) {
     std::function<void()> wait;
-    if (device.backend) wait = [backend = device.backend] { backend->synchronize(); };
+    if (device.backend)
+      wait = [backend = device.backend, &profile_waits] {
+        backend->synchronize();
+        ++profile_waits;
+      };
     timed_ops.emplace(*device.ops, std::move(wait));
     timed_ops->set_recording(false);
   }
@@ -404,7 +410,8 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   const double probe_before = steps_to_run ? probe_host(run.cluster, comm, world, threads, device.backend) : 0;
   const std::int64_t eval_every = run.trainer.eval_every, ckpt_every = run.trainer.checkpoint_every;
   for (std::int64_t step = first; step <= total; ++step) {
-    const std::uint64_t waits_before = device.backend ? device.backend->host_waits() : 0;
+    const std::uint64_t waits_before = device.backend ? device.backend->host_waits() : 0,
+                        profile_waits_before = profile_waits;
     // The first step this process runs warms up allocators and caches: it is not timed, unless it is all there is.
     const bool timed_step = step > first || total == first;
     if (timed_ops) timed_ops->set_recording(timed_step);
@@ -413,7 +420,9 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
     report.wait_seconds += r.wait_seconds;
     if (timed_step) {
       measured.add(r);
-      if (device.backend) measured.host_waits += static_cast<std::int64_t>(device.backend->host_waits() - waits_before);
+      if (device.backend)
+        measured.host_waits += static_cast<std::int64_t>(device.backend->host_waits() - waits_before -
+                                                         (profile_waits - profile_waits_before));
     }
     const StepMetrics sm{step, r.loss, r.seconds > 0 ? static_cast<double>(r.samples) / r.seconds : 0};
     report.steps.push_back(sm);

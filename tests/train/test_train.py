@@ -702,6 +702,15 @@ class Cli(unittest.TestCase):
             r = train(1, "--config", CLIP, "--steps", "2", "--quiet", "--profile-ops")
             check(self, r)
             self.assertRegex(r.stdout, r"\ncontrastive_loss +1\.0 +[\d.]+ [mu]?s +- +-\n")
+            # On a device the profile waits for the stream after each op: its own waits, not
+            # the step's, so the host waits per step read as without it.
+            waits = {}
+            for name, extra in [("emulated", []), ("emulated-profiled", ["--profile-ops"])]:
+                check(self, train(1, "--config", CLIP, "--steps", "3", "--quiet", "--device", "emulated",
+                                  "--metrics", f"{d}/{name}.jsonl", *extra))
+                waits[name] = [m for m in metrics(f"{d}/{name}.jsonl") if m.get("summary")][0]["host_waits_per_step"]
+            self.assertGreater(waits["emulated"], 0)
+            self.assertEqual(waits["emulated"], waits["emulated-profiled"])
 
     def test_schedule_must_be_one_the_plan_runs(self):
         r = train(1, "--config", MLLM, "--steps", "1", "--schedule", "two-phase")

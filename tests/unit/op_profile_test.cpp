@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <set>
 
 #include "core/cost/cost_model.hpp"
 #include "core/nn/host_ops.hpp"
@@ -90,7 +91,20 @@ TEST(OpProfile, CallsArePricedAsTheBlocksPriceTheirKernels) {
   EXPECT_GT(*price("layernorm_backward", {4096}), 0);
   EXPECT_FALSE(price("contrastive_loss", {16, 128, 32, 1}));
   EXPECT_FALSE(price("scale", {100}));
-  for (std::string_view op : nn::kTimedOps) price(op, {8, 8, 8, 1, 0});  // every op has an answer
+  // Exactly these ops have a price; the rest are outside the model.
+  std::set<std::string_view> priced;
+  for (std::string_view op : nn::kTimedOps) {
+    const auto p = price(op, {8, 8, 8, 1, 1});
+    if (p) {
+      EXPECT_GT(*p, 0) << op;
+      priced.insert(op);
+    }
+  }
+  EXPECT_EQ(priced, (std::set<std::string_view>{"linear_forward", "linear_backward", "layernorm_forward",
+                                                "layernorm_backward", "gelu_forward", "gelu_backward", "add",
+                                                "attention_forward", "attention_backward", "embedding_forward",
+                                                "embedding_backward", "patch_embedding_forward",
+                                                "patch_embedding_backward", "cross_entropy", "adamw_step"}));
 
   // The attention core of a call is the layer kernel the simulator charges for it, and the
   // layer's norms and GELU are what their calls are priced: the same rules, not a copy.
@@ -106,6 +120,10 @@ TEST(OpProfile, CallsArePricedAsTheBlocksPriceTheirKernels) {
   EXPECT_NEAR(*price("layernorm_forward", {tokens * m.hidden}) + *price("gelu_forward", {tokens * m.ffn}),
               kernels[5].cost.forward_s - dev.stream_seconds(cost::residual_bytes(tokens * m.hidden, E)),
               1e-12);  // kernel 5: the MLP's norm and activation, and its residual add
+  // Backward: the norm's and the activation's, and the residual's gradient as two adds.
+  EXPECT_NEAR(*price("layernorm_backward", {tokens * m.hidden}) + *price("gelu_backward", {tokens * m.ffn}) +
+                  2 * *price("add", {tokens * m.hidden}),
+              kernels[5].cost.backward_s, 1e-12);
 }
 
 TEST(OpProfile, TheTableSaysWhatIsPricedAndWhatRunsBetweenTheOps) {
