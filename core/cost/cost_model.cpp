@@ -11,11 +11,12 @@ using spec::Role;
 
 CostModel::CostModel(const spec::RunSpec& run) : CostModel(run, TrainedImages{}) {}
 
-CostModel::CostModel(const spec::RunSpec& run, TrainedImages images)
+CostModel::CostModel(const spec::RunSpec& run, TrainedImages images, Kernels kernels)
     : run_(&run),
       device_(run.cluster, run.training.precision, run.training.fp8),
       comm_(run.cluster),
-      images_(std::move(images)) {
+      images_(std::move(images)),
+      kernels_(kernels) {
   const auto& model = run.model;
   const auto& data = run.data;
   const std::size_t n = model.modules.size();
@@ -109,7 +110,7 @@ std::size_t CostModel::for_each_pass(
         if (!slot.second) {
           slot.first = std::make_unique<spec::RunSpec>(*run_);
           slot.first->data.image_resolution = side;
-          slot.second = std::make_unique<CostModel>(*slot.first);
+          slot.second = std::make_unique<CostModel>(*slot.first, TrainedImages{}, kernels_);
         }
         at_side = slot.second.get();
       }
@@ -161,17 +162,21 @@ ModuleCost CostModel::build(int mi, int tp, int samples, const GroupShape& tp_gr
   const auto& model = run_->model;
   const auto& m = model.modules[static_cast<std::size_t>(mi)];
   if (tp < 1) throw Error(Status::internal, "tensor-parallel width must be positive");
-  BlockContext ctx{&device_, &comm_, &run_->training, tp, tp_group, grads(mi)};
+  BlockContext ctx{&device_, &comm_, &run_->training, tp, tp_group, grads(mi), kernels_};
   const double s = tokens(mi), b = samples, E = device_.element_bytes();
   ModuleCost c;
   switch (m.role) {
-    case Role::encoder:
+    case Role::encoder: {
+      const bool image = m.modality == spec::Modality::image;
       c.layers = m.layers;
       c.layer = transformer_layer(m, s, b, ctx);
-      c.first = m.modality == spec::Modality::image ? patch_embedding(m, s, b, ctx) : token_embedding(m, s, b, ctx);
-      if (m.embed_dim > 0) c.last = embedding_projection(m, b, ctx);
+      c.first = image ? patch_embedding(m, s, b, ctx) : token_embedding(m, s, b, ctx);
+      c.first += position_tables(image ? 2 : 1, s, b, m.hidden, ctx);  // an image's row and column tables
+      c.last = encoder_tail(m, s, b, ctx);
+      if (m.embed_dim > 0) c.last += embedding_projection(m, b, ctx);
       c.output_bytes = m.embed_dim > 0 ? b * m.embed_dim * E : b * s * m.hidden * E;
       break;
+    }
     case Role::projector: {
       const auto& producer = model.modules[static_cast<std::size_t>(model.index_of(m.inputs.front()))];
       // Projectors are small: their work is priced as if each TP rank ran all of it.
@@ -181,13 +186,17 @@ ModuleCost CostModel::build(int mi, int tp, int samples, const GroupShape& tp_gr
       c.output_bytes = b * s * m.hidden * E;
       break;
     }
-    case Role::llm:
+    case Role::llm: {
+      const double text = run_->data.text_tokens;
       c.layers = m.layers;
       c.layer = transformer_layer(m, s, b, ctx);
-      c.first = token_embedding(m, double(run_->data.text_tokens), b, ctx);
-      c.last = lm_head(m, s, b, ctx);
+      c.first = token_embedding(m, text, b, ctx);
+      c.first += decoder_input(s, text, b, m.hidden, ctx);
+      c.first += position_tables(1, s, b, m.hidden, ctx);
+      c.last = lm_head(m, s, text, b, ctx);
       c.output_bytes = b * s * m.hidden * E;
       break;
+    }
     case Role::generator:
       c.layers = m.layers;
       c.layer = transformer_layer(m, s, b, ctx);
@@ -225,8 +234,8 @@ std::vector<LayerKernel> CostModel::layer_kernels(int mi, int tp, int samples) c
     for (auto& k : mean) k.cost = k.cost.times(1.0 / static_cast<double>(count));
     if (count > 0) return mean;
   }
-  BlockContext ctx{&device_, &comm_, &run_->training, tp, group_shape(0, 1, tp, run_->cluster.devices_per_node),
-                   grads(mi)};
+  BlockContext ctx{&device_,  &comm_,  &run_->training, tp, group_shape(0, 1, tp, run_->cluster.devices_per_node),
+                   grads(mi), kernels_};
   return transformer_layer_kernels(m, tokens(mi), samples, ctx);
 }
 
@@ -256,7 +265,11 @@ double CostModel::optimizer_seconds(int m, double params, int dp) const {
   const auto& mod = run_->model.modules[static_cast<std::size_t>(m)];
   if (mod.frozen) return 0;
   double local = run_->training.zero_stage >= 1 ? params / dp : params;
-  return device_.optimizer_memory_seconds(local * adamw_bytes_per_parameter(run_->training.precision));
+  double s = device_.optimizer_memory_seconds(local * adamw_bytes_per_parameter(run_->training.precision));
+  if (kernels_ == Kernels::reference) {  // the trainer's gradient norm and zeroing, a pass each over its gradients
+    s += squared_norm_seconds(params, kernel_context()) + zero_seconds(params, kernel_context());
+  }
+  return s;
 }
 
 double CostModel::data_seconds(const std::vector<int>& rendered_sides, std::int64_t described) const {

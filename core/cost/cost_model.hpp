@@ -56,12 +56,19 @@ class CostModel {
  public:
   explicit CostModel(const spec::RunSpec& run);
   // Prices the modules that see image tokens as the trainer runs `images` (the mean over the
-  // microbatches they make of each pass's cost); the planner's nominal sizes elsewhere.
-  CostModel(const spec::RunSpec& run, TrainedImages images);
+  // microbatches they make of each pass's cost); the planner's nominal sizes elsewhere. With
+  // Kernels::reference, every module as braid's reference modules run it (braid train).
+  CostModel(const spec::RunSpec& run, TrainedImages images, Kernels kernels = Kernels::megatron);
   CostModel(const CostModel&) = delete;
   CostModel& operator=(const CostModel&) = delete;
 
   const spec::RunSpec& run() const { return *run_; }
+  Kernels kernels() const { return kernels_; }
+  // The context of a kernel priced on its own (one device, every gradient), with this
+  // model's device, links, settings and kernels.
+  BlockContext kernel_context() const {
+    return BlockContext{&device_, &comm_, &run_->training, 1, {}, GradNeeds{}, kernels_};
+  }
   const DeviceModel& device() const { return device_; }
   const CommModel& comm() const { return comm_; }
   double element_bytes() const { return device_.element_bytes(); }
@@ -86,7 +93,8 @@ class CostModel {
 
   // Training state per parameter of module `m`, with ZeRO sharding over `dp` replicas.
   StateBytes state_bytes(int m, int dp) const;
-  // Optimizer step time for `params` local parameters (memory bound).
+  // Optimizer step time for `params` local parameters (memory bound); reference, with the
+  // gradients' squared norm (for clipping) and their zeroing for the next step.
   double optimizer_seconds(int m, double params, int dp) const;
   // What one host core takes to make a step's samples of braid's dataset: one rendered image
   // of each of `rendered_sides` (pixels on a side) and `described` samples without one, at the
@@ -128,6 +136,7 @@ class CostModel {
   std::vector<double> params_;
   std::vector<bool> sees_images_;  // an image encoder, or fed by one
   TrainedImages images_;
+  Kernels kernels_;
   // The run at each trained side, and its cost model (nominal pricing), built on demand.
   mutable std::map<int, std::pair<std::unique_ptr<spec::RunSpec>, std::unique_ptr<CostModel>>> at_side_;
   mutable std::mutex side_mutex_;  // guards at_side_ (node-stable: models stay valid)

@@ -87,23 +87,48 @@ BlockCost residual_op(double bytes, const BlockContext& ctx) {
   return c;
 }
 
+double rows_copy_seconds(double rows, double width, const BlockContext& ctx) {
+  return ctx.device->stream_seconds(embedding_bytes(rows, width, ctx.device->element_bytes()));
+}
+
+double zero_seconds(double elements, const BlockContext& ctx) {
+  return ctx.device->stream_seconds(elements * ctx.device->element_bytes());
+}
+
+double scale_seconds(double elements, const BlockContext& ctx) {
+  return ctx.device->stream_seconds(2 * elements * ctx.device->element_bytes());
+}
+
+double squared_norm_seconds(double elements, const BlockContext& ctx) {
+  return ctx.device->stream_seconds(elements * ctx.device->element_bytes());
+}
+
 BlockCost embedding_op(double rows, double width, const BlockContext& ctx) {
   BlockCost c;
-  const double bytes = embedding_bytes(rows, width, ctx.device->element_bytes());
-  c.forward_s = ctx.device->stream_seconds(bytes);
-  if (ctx.grads.weights) c.backward_s = ctx.device->stream_seconds(bytes);  // the scatter-add
+  c.forward_s = rows_copy_seconds(rows, width, ctx);
+  if (ctx.grads.weights) c.backward_s = rows_copy_seconds(rows, width, ctx);  // the scatter-add
   return c;
 }
 
 BlockCost patch_projection_op(double m, double n, double k, const BlockContext& ctx) {
   BlockCost c;
   const double flops = 2 * m * n * k;
+  // braid's patch embedding copies each patch's pixels into a row before the GEMM, again
+  // for the weight's gradient (a convolution reads them in place).
+  const double patchify = ctx.kernels == Kernels::reference ? rows_copy_seconds(m, k, ctx) : 0.0;
   c.flops_forward = flops;
-  c.forward_s = ctx.device->gemm_seconds(m, n, k);
+  c.forward_s = ctx.device->gemm_seconds(m, n, k) + patchify;
   if (ctx.grads.weights) {  // the weight's gradient alone: pixels need none
     c.flops_backward = flops;
-    c.backward_s = ctx.device->gemm_seconds(k, n, m);
+    c.backward_s = ctx.device->gemm_seconds(k, n, m) + patchify;
   }
+  return c;
+}
+
+BlockCost contrastive_loss_op(double local, double all, double dim, const BlockContext& ctx) {
+  BlockCost c;
+  c.flops_forward = 3 * 2 * local * all * dim;
+  c.forward_s = 3 * ctx.device->gemm_seconds(local, all, dim);
   return c;
 }
 
@@ -161,7 +186,15 @@ std::vector<LayerKernel> transformer_layer_kernels(const spec::ModuleSpec& m, do
               out = kernel("attention out"), reduce_attention = kernel("tp all-reduce (attention)", true),
               norm_mlp = kernel("norm+residual+activation (mlp)"), up = kernel("mlp up"), down = kernel("mlp down"),
               reduce_mlp = kernel("tp all-reduce (mlp)", true);
-  add_linear(qkv.cost, M, (h + 2 * kv) / t, h, ctx);         // fused QKV projection (column parallel)
+  if (ctx.kernels == Kernels::reference) {  // nn::TransformerBlock: q, k and v apart...
+    add_linear(qkv.cost, M, h / t, h, ctx);
+    add_linear(qkv.cost, M, kv / t, h, ctx);
+    add_linear(qkv.cost, M, kv / t, h, ctx);
+    // ...so their input's gradient is three GEMMs' outputs, added
+    if (ctx.grads.any()) qkv.cost.backward_s += 2 * ctx.device->stream_seconds(residual_bytes(sbh, E));
+  } else {
+    add_linear(qkv.cost, M, (h + 2 * kv) / t, h, ctx);  // fused QKV projection (column parallel)
+  }
   add_linear(out.cost, M, h, h / t, ctx);                    // attention output (row parallel)
   add_linear(up.cost, M, (swiglu ? 2 : 1) * f / t, h, ctx);  // MLP up (+ gate)
   add_linear(down.cost, M, h, f / t, ctx);                   // MLP down
@@ -278,16 +311,22 @@ BlockCost patch_embedding(const spec::ModuleSpec& m, double s, double b, const B
   return c;
 }
 
-BlockCost lm_head(const spec::ModuleSpec& m, double s, double b, const BlockContext& ctx) {
+BlockCost lm_head(const spec::ModuleSpec& m, double s, double text, double b, const BlockContext& ctx) {
   const double E = ctx.device->element_bytes(), M = s * b, h = m.hidden, v = double(m.vocab) / ctx.tp;
+  const bool reference = ctx.kernels == Kernels::reference;
+  const double R = reference ? text * b : M;  // the rows scored
   BlockCost c;
   add_elementwise(c, norm_bytes(M * h, E), ctx);  // final norm
-  add_gemm(c, M, v, h, 1, true, ctx);
-  add_elementwise(c, cross_entropy_bytes(M, v, E), ctx);
-  c.comm_forward_s = 2 * tp_all_reduce(M * 4, ctx);  // row max and row sum across vocab shards
+  if (reference) {  // the text's rows out of the sequence, and their gradients back into a zeroed one
+    c.forward_s += rows_copy_seconds(R, h, ctx);
+    if (ctx.grads.any()) c.backward_s += zero_seconds(M * h, ctx) + rows_copy_seconds(R, h, ctx);
+  }
+  add_gemm(c, R, v, h, 1, true, ctx);
+  add_elementwise(c, cross_entropy_bytes(R, v, E), ctx);
+  c.comm_forward_s = 2 * tp_all_reduce(R * 4, ctx);  // row max and row sum across vocab shards
   if (ctx.grads.any()) {
-    c.comm_backward_s = tp_all_reduce(M * h * E, ctx);  // gradient of the head's input
-    c.activation_bytes = M * v * 4 + M * h * E;
+    c.comm_backward_s = tp_all_reduce(R * h * E, ctx);  // gradient of the head's input
+    c.activation_bytes = R * v * 4 + M * h * E;
   }
   return c;
 }
@@ -295,7 +334,48 @@ BlockCost lm_head(const spec::ModuleSpec& m, double s, double b, const BlockCont
 BlockCost embedding_projection(const spec::ModuleSpec& m, double b, const BlockContext& ctx) {
   BlockCost c;
   add_gemm(c, b, m.embed_dim, m.hidden, 1, true, ctx);
+  if (ctx.kernels == Kernels::reference)  // nn::ClipHead's L2 normalisation
+    add_elementwise(c, norm_bytes(b * m.embed_dim, ctx.device->element_bytes()), ctx);
   if (ctx.grads.any()) c.activation_bytes = b * m.hidden * ctx.device->element_bytes();
+  return c;
+}
+
+BlockCost position_tables(double tables, double s, double b, double h, const BlockContext& ctx) {
+  BlockCost c;
+  if (ctx.kernels != Kernels::reference) return c;
+  const double M = s * b;
+  const double lookup =
+      rows_copy_seconds(M, h, ctx) + ctx.device->stream_seconds(residual_bytes(M * h, ctx.device->element_bytes()));
+  c.forward_s = tables * lookup;
+  if (ctx.grads.weights) c.backward_s = tables * rows_copy_seconds(M, h, ctx);  // scatter-adds into the tables
+  return c;
+}
+
+BlockCost encoder_tail(const spec::ModuleSpec& m, double s, double b, const BlockContext& ctx) {
+  BlockCost c;
+  if (ctx.kernels != Kernels::reference) return c;
+  const double E = ctx.device->element_bytes(), M = s * b, h = m.hidden;
+  add_elementwise(c, norm_bytes(M * h, E), ctx);  // the final norm, over every token
+  if (m.modality == spec::Modality::image) {
+    // The mean over each image's patches: rows scatter-added into a zeroed (b, h), scaled;
+    // backward each patch gets its image's gradient row, scaled.
+    c.forward_s += zero_seconds(b * h, ctx) + rows_copy_seconds(M, h, ctx) + scale_seconds(b * h, ctx);
+    if (ctx.grads.any()) c.backward_s += rows_copy_seconds(M, h, ctx) + scale_seconds(M * h, ctx);
+  } else {
+    // The last token's row of each sequence; backward scattered into a zeroed sequence.
+    c.forward_s += rows_copy_seconds(b, h, ctx);
+    if (ctx.grads.any()) c.backward_s += zero_seconds(M * h, ctx) + rows_copy_seconds(b, h, ctx);
+  }
+  return c;
+}
+
+BlockCost decoder_input(double s, double text, double b, double h, const BlockContext& ctx) {
+  BlockCost c;
+  if (ctx.kernels != Kernels::reference) return c;
+  const double prefix = (s - text) * b, words = text * b;
+  // [prefix ; text] scattered into a zeroed sequence; backward both gathered out of its gradient.
+  c.forward_s = zero_seconds(s * b * h, ctx) + rows_copy_seconds(prefix, h, ctx) + rows_copy_seconds(words, h, ctx);
+  if (ctx.grads.any()) c.backward_s = rows_copy_seconds(words, h, ctx) + rows_copy_seconds(prefix, h, ctx);
   return c;
 }
 

@@ -22,6 +22,17 @@ struct GradNeeds {
   bool any() const { return weights || inputs; }
 };
 
+// Whose kernels the blocks are priced as.
+//  - megatron: Megatron-Core's, with the run's settings (what the planner plans for): q, k
+//    and v in one GEMM, no position tables (rotary or none), an encoder's final norm and
+//    pooling left to its head, the LM head over every position.
+//  - reference: braid's own modules (core/nn/modules) as `braid train` runs them: q, k and v
+//    as three GEMMs whose input gradients are added, learned position tables, each
+//    encoder's final norm over all its tokens and its pooling, a decoder's head on its text
+//    rows alone, an image's patches gathered before their GEMM, the gradients' norm and
+//    zeroing once a step.
+enum class Kernels { megatron, reference };
+
 struct BlockContext {
   const DeviceModel* device;
   const CommModel* comm;
@@ -29,6 +40,7 @@ struct BlockContext {
   int tp = 1;
   GroupShape tp_group;
   GradNeeds grads;
+  Kernels kernels = Kernels::megatron;
 };
 
 // One kernel of a transformer layer (a GEMM, the attention core, a norm, a TP
@@ -54,10 +66,20 @@ BlockCost transformer_layer(const spec::ModuleSpec& m, double tokens, double sam
 BlockCost token_embedding(const spec::ModuleSpec& m, double tokens, double samples, const BlockContext& ctx);
 // Patchify GEMM of an image encoder (or a generator's latent patchify).
 BlockCost patch_embedding(const spec::ModuleSpec& m, double tokens, double samples, const BlockContext& ctx);
-// Final norm + LM head GEMM (vocab-parallel) + softmax cross-entropy on fp32 logits.
-BlockCost lm_head(const spec::ModuleSpec& m, double tokens, double samples, const BlockContext& ctx);
-// Final norm + pooled projection to the contrastive embedding.
+// Final norm + LM head GEMM (vocab-parallel) + softmax cross-entropy on fp32 logits, over
+// every position (megatron) or over the `text` tokens of each sequence alone (reference).
+BlockCost lm_head(const spec::ModuleSpec& m, double tokens, double text, double samples, const BlockContext& ctx);
+// The pooled projection to the contrastive embedding (and, reference, its L2 normalisation).
 BlockCost embedding_projection(const spec::ModuleSpec& m, double samples, const BlockContext& ctx);
+// What braid's reference modules run around their blocks (Kernels::reference; zero for
+// megatron). Position tables: `tables` lookups of a row per token, each added to the
+// hidden, their gradients scattered back into the tables (an image's row and column tables
+// are two, a text's one). An encoder's tail: its final norm over every token and the pooled
+// row of each sample (an image's mean over its patches, a text's last token). A decoder's
+// input: the prefix and the text's embeddings scattered into one sequence, and back.
+BlockCost position_tables(double tables, double tokens, double samples, double hidden, const BlockContext& ctx);
+BlockCost encoder_tail(const spec::ModuleSpec& m, double tokens, double samples, const BlockContext& ctx);
+BlockCost decoder_input(double tokens, double text, double samples, double hidden, const BlockContext& ctx);
 // A generator's unpatchify projection and its regression loss.
 BlockCost generator_head(const spec::ModuleSpec& m, double tokens, double samples, const BlockContext& ctx);
 // A stack of linear layers with GELU between them (projector): in -> ffn ... -> hidden.
@@ -74,8 +96,18 @@ BlockCost residual_op(double bytes, const BlockContext& ctx);
 // stream at the triad's rate (on a host the element-wise table is that of norms and GELU).
 BlockCost embedding_op(double rows, double width, const BlockContext& ctx);
 // A patch embedding's GEMM, `m` patches of `k` pixel values each to `n` features; its
-// backward computes the weight's gradient alone (pixels need none).
+// backward computes the weight's gradient alone (pixels need none). Reference: the patches
+// are first copied out of the image, again in backward.
 BlockCost patch_projection_op(double m, double n, double k, const BlockContext& ctx);
+// Copies and fills that stream at the triad's rate: `rows` of `width` gathered or scattered
+// (forward_s); `elements` zeroed, scaled in place, or read for a squared norm.
+double rows_copy_seconds(double rows, double width, const BlockContext& ctx);
+double zero_seconds(double elements, const BlockContext& ctx);
+double scale_seconds(double elements, const BlockContext& ctx);
+double squared_norm_seconds(double elements, const BlockContext& ctx);
+// The CLIP loss of `local` rows against `all` rows of `dim` (logits, then the gradients of
+// both sides): three GEMMs, priced in forward_s.
+BlockCost contrastive_loss_op(double local, double all, double dim, const BlockContext& ctx);
 BlockCost attention_core(double sq, double sk, double d, double heads, bool causal, bool dropout,
                          const BlockContext& ctx);
 // Bytes those kernels are charged over `elements` of `E` bytes (a pass reads and writes):

@@ -111,10 +111,13 @@ void HostOps::patch_embedding_backward(const Tensor& image, int64_t patch, const
   Shape out_shape = {g.patches(), weight.dim(0)};
   if (image.rank() == 4) out_shape.insert(out_shape.begin(), g.images);
   expect_shape(dout, out_shape, "patch_embedding_backward", "dout");
-  Tensor dy = dout;
-  dy.reshape({g.images * g.patches(), weight.dim(0)});
+  // The patches take dout's leading shape (the same rows in the same order), so dout needs
+  // no copy to be flattened.
+  Tensor patches = patchify(g, image);
+  out_shape.back() = g.patch_features();
+  patches.reshape(out_shape);
   Tensor dpatches;
-  linear_backward(patchify(g, image), weight, dy, dimage ? &dpatches : nullptr, dweight, dbias);
+  linear_backward(patches, weight, dout, dimage ? &dpatches : nullptr, dweight, dbias);
   if (dimage) {
     reset(*dimage, image.shape);
     for_each_patch_run(g, [&](int64_t at_image, int64_t at_patch) {

@@ -66,7 +66,8 @@ void finish_estimate(Estimate& e, const cost::CostModel& cost, int devices, doub
 double batch_sync_seconds(const cost::CostModel& cost, double embed_bytes, double dim, const cost::GroupShape& group,
                           int devices) {
   const double rows = double(cost.run().training.contrastive_batch);
-  double loss = 3 * cost.device().gemm_seconds(std::max(1.0, rows / devices), rows, dim);
+  const double loss =
+      cost::contrastive_loss_op(std::max(1.0, rows / devices), rows, dim, cost.kernel_context()).forward_s;
   return cost.comm().all_gather(embed_bytes, group) + cost.comm().reduce_scatter(embed_bytes, group) + loss;
 }
 

@@ -12,7 +12,7 @@ namespace braid::train {
 // unfused kernels' extra passes nor dropout, which the blocks price where a run asks for them).
 std::optional<double> priced_call(const cost::CostModel& cost, const nn::OpCall& call) {
   const cost::DeviceModel& dev = cost.device();
-  const cost::BlockContext ctx{&dev, &cost.comm(), &cost.run().training, 1, {}, cost::GradNeeds{}};
+  const cost::BlockContext ctx = cost.kernel_context();
   const double E = dev.element_bytes();
   const auto d = [&](std::size_t i) { return static_cast<double>(call.dims[i]); };
   const std::string_view op = call.op;
@@ -42,6 +42,14 @@ std::optional<double> priced_call(const cost::CostModel& cost, const nn::OpCall&
   }
   if (op == "adamw_step")
     return dev.optimizer_memory_seconds(d(0) * cost::adamw_bytes_per_parameter(cost.run().training.precision));
+  if (op == "zero") return cost::zero_seconds(d(0), ctx);
+  if (op == "scale") return cost::scale_seconds(d(0), ctx);
+  if (op == "squared_norm") return cost::squared_norm_seconds(d(0), ctx);
+  if (op == "l2_normalize_forward") return cost::elementwise_op(cost::norm_bytes(d(0), E), ctx).forward_s;
+  if (op == "l2_normalize_backward") return cost::elementwise_op(cost::norm_bytes(d(0), E), ctx).backward_s;
+  if (op == "contrastive_loss")  // with gradients: the three GEMMs the batch-sync step prices
+    return call.dims[3] ? cost::contrastive_loss_op(d(0), d(1), d(2), ctx).forward_s
+                        : cost.device().gemm_seconds(d(0), d(1), d(2));
   return std::nullopt;
 }
 

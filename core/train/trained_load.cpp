@@ -49,7 +49,7 @@ const std::vector<StageSeconds>& TrainedLoad::seconds_on(std::vector<int> sides)
   // The microbatch as the whole of the trained images: each module that sees them is priced on
   // exactly these. (A module whose microbatches are of another size keeps its nominal price
   // here; it is not read for these sides: its ranks recorded their own microbatches.)
-  const cost::CostModel cost(cost_.run(), cost::TrainedImages{sides});
+  const cost::CostModel cost(cost_.run(), cost::TrainedImages{sides}, cost_.kernels());
   return seconds_.emplace(std::move(sides), stage_seconds(cost, plan_, program_.program.schedule)).first->second;
 }
 

@@ -340,7 +340,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       save(o.gradients_dir, step, rank, size, meta, *executor_ptr, false, world.communicator(), 0);
     };
   }
-  const cost::CostModel cost(run, trained_images(dataset));
+  const cost::CostModel cost(run, trained_images(dataset), cost::Kernels::reference);
   Executor executor(run, cost, o.plan, model, dataset, topology, layouts[static_cast<std::size_t>(rank)], world, ops,
                     eo);
   executor_ptr = &executor;

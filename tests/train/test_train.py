@@ -701,7 +701,8 @@ class Cli(unittest.TestCase):
             # CLIP on one process: its loss runs, and the model has no price for it.
             r = train(1, "--config", CLIP, "--steps", "2", "--quiet", "--profile-ops")
             check(self, r)
-            self.assertRegex(r.stdout, r"\ncontrastive_loss +1\.0 +[\d.]+ [mu]?s +- +-\n")
+            self.assertRegex(r.stdout, r"\ncontrastive_loss +1\.0 +[\d.]+ [mu]?s +[\d.]+ [mu]?s +[\d.]+\n")
+            self.assertRegex(r.stdout, r"\ncopy to host +[\d.]+ +[\d.]+ [mu]?s +- +-\n")
             # On a device the profile waits for the stream after each op: its own waits, not
             # the step's, so the host waits per step read as without it.
             waits = {}
@@ -711,6 +712,28 @@ class Cli(unittest.TestCase):
                 waits[name] = [m for m in metrics(f"{d}/{name}.jsonl") if m.get("summary")][0]["host_waits_per_step"]
             self.assertGreater(waits["emulated"], 0)
             self.assertEqual(waits["emulated"], waits["emulated-profiled"])
+
+    def test_the_simulated_compute_is_what_the_ops_the_ranks_ran_are_priced(self):
+        """One source: the program's durations price braid's own modules (cost::Kernels::reference),
+        so the compute the simulator gives a step is what --profile-ops prices that step's op calls
+        at, call by call. Every image at the nominal side and no clipping (a pass only when the norm
+        is over), so nothing of the data changes the ops; what is left is the text, priced at its
+        nominal length and run padded to each microbatch's longest caption."""
+        with tempfile.TemporaryDirectory() as d:
+            for base, ranks, extra in [(CLIP, 1, []), (MLLM, 2, ["--pp", "2"])]:
+                path = variant(d, base, "fixed.yaml", grad_clip=0)
+                with open(path) as f:
+                    text = re.sub(r"\n +distribution: .*", "", f.read())
+                with open(path, "w") as f:
+                    f.write(text)
+                m = os.path.join(d, os.path.basename(base) + ".jsonl")
+                check(self, train(ranks, "--config", path, "--steps", "3", "--quiet", "--profile-ops", "--metrics", m,
+                                  *extra))
+                summary = [x for x in metrics(m) if x.get("summary")][0]
+                profile = [x for x in metrics(m) if x.get("op_profile")][0]
+                simulated = sum(summary["simulated_compute_s"].values())
+                priced = sum(o.get("priced_s", 0.0) for o in profile["ops"])
+                self.assertAlmostEqual(priced / simulated, 1.0, delta=0.025, msg=base)
 
     def test_schedule_must_be_one_the_plan_runs(self):
         r = train(1, "--config", MLLM, "--steps", "1", "--schedule", "two-phase")
