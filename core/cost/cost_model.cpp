@@ -9,13 +9,19 @@ namespace braid::cost {
 
 using spec::Role;
 
-CostModel::CostModel(const spec::RunSpec& run) : CostModel(run, TrainedImages{}) {}
+std::vector<TrainedSample> at_sides(const std::vector<int>& sides) {
+  std::vector<TrainedSample> out;
+  for (int side : sides) out.push_back({side, 0});
+  return out;
+}
 
-CostModel::CostModel(const spec::RunSpec& run, TrainedImages images, Kernels kernels)
+CostModel::CostModel(const spec::RunSpec& run) : CostModel(run, TrainedSamples{}) {}
+
+CostModel::CostModel(const spec::RunSpec& run, TrainedSamples trained, Kernels kernels)
     : run_(&run),
       device_(run.cluster, run.training.precision, run.training.fp8),
       comm_(run.cluster),
-      images_(std::move(images)),
+      trained_(std::move(trained)),
       kernels_(kernels) {
   const auto& model = run.model;
   const auto& data = run.data;
@@ -24,6 +30,7 @@ CostModel::CostModel(const spec::RunSpec& run, TrainedImages images, Kernels ker
   grads_.assign(n, GradNeeds{});
   params_.assign(n, 0);
   sees_images_.assign(n, false);
+  sees_text_.assign(n, false);
   for (std::size_t i = 0; i < n; ++i) {
     const auto& m = model.modules[i];
     params_[i] = spec::module_parameters(model, m);
@@ -58,6 +65,7 @@ CostModel::CostModel(const spec::RunSpec& run, TrainedImages images, Kernels ker
     tokens_[i] = t;
     // A generator's tokens come from the image it generates, not from the input images.
     sees_images_[i] = m.role == Role::encoder && m.modality == spec::Modality::image;
+    sees_text_[i] = (m.role == Role::encoder && m.modality == spec::Modality::text) || m.role == Role::llm;
     if (m.role != Role::loss && m.role != Role::generator)
       for (const auto& in : m.inputs)
         sees_images_[i] = sees_images_[i] || sees_images_[static_cast<std::size_t>(model.index_of(in))];
@@ -88,45 +96,59 @@ const ModuleCost& CostModel::module(int m, int tp, int samples, const GroupShape
   std::lock_guard<std::mutex> lock(cache_mutex_);
   auto it = cache_.find(key);
   if (it != cache_.end()) return it->second;
-  const bool by_side = !images_.sides.empty() && sees_images_[static_cast<std::size_t>(m)];
-  return cache_.emplace(key, by_side ? build_by_side(m, tp, samples, g) : build(m, tp, samples, g)).first->second;
+  return cache_.emplace(key, by_sample(m) ? build_by_sample(m, tp, samples, g) : build(m, tp, samples, g))
+      .first->second;
+}
+
+bool CostModel::by_sample(int m) const {
+  const auto i = static_cast<std::size_t>(m);
+  return !trained_.samples.empty() && (sees_images_[i] || sees_text_[i]);
 }
 
 std::size_t CostModel::for_each_pass(
-    int samples,
-    const std::function<void(const CostModel& at_side, int members, std::size_t microbatch)>& visit) const {
+    int m, int samples,
+    const std::function<void(const CostModel& at_size, int members, std::size_t microbatch)>& visit) const {
   // Up to 64 microbatches of consecutive samples: enough for a mean within a few percent.
   constexpr std::size_t kMicrobatches = 64;
+  const bool images = sees_images_[static_cast<std::size_t>(m)], text = sees_text_[static_cast<std::size_t>(m)];
+  const auto& trained = trained_.samples;
   const std::size_t per = static_cast<std::size_t>(std::max(1, samples));
   std::size_t count = 0;
-  for (std::size_t start = 0; start + per <= images_.sides.size() && count < kMicrobatches; start += per, ++count) {
-    std::map<int, int> members;  // side -> samples of this microbatch at that side
-    for (std::size_t i = start; i < start + per; ++i) ++members[images_.sides[i]];
-    for (const auto& [side, n] : members) {
-      const CostModel* at_side = nullptr;
+  for (std::size_t start = 0; start + per <= trained.size() && count < kMicrobatches; start += per, ++count) {
+    // Side (0: one pass whatever the images) -> samples of this microbatch at it, and their
+    // longest caption (0: the nominal text, for a module that sees none).
+    std::map<int, std::pair<int, int>> passes;
+    for (std::size_t i = start; i < start + per; ++i) {
+      auto& [members, longest] = passes[images ? trained[i].side : 0];
+      ++members;
+      if (text) longest = std::max(longest, trained[i].caption);
+    }
+    for (const auto& [side, pass] : passes) {
+      const CostModel* at_size = nullptr;
       {
-        std::lock_guard<std::mutex> lock(side_mutex_);
-        auto& slot = at_side_[side];
+        std::lock_guard<std::mutex> lock(size_mutex_);
+        auto& slot = at_size_[{side, pass.second}];
         if (!slot.second) {
           slot.first = std::make_unique<spec::RunSpec>(*run_);
-          slot.first->data.image_resolution = side;
-          slot.second = std::make_unique<CostModel>(*slot.first, TrainedImages{}, kernels_);
+          if (side > 0) slot.first->data.image_resolution = side;
+          if (pass.second > 0) slot.first->data.text_tokens = pass.second;
+          slot.second = std::make_unique<CostModel>(*slot.first, TrainedSamples{}, kernels_);
         }
-        at_side = slot.second.get();
+        at_size = slot.second.get();
       }
-      visit(*at_side, n, count);
+      visit(*at_size, pass.first, count);
     }
   }
   return count;
 }
 
-ModuleCost CostModel::build_by_side(int mi, int tp, int samples, const GroupShape& tp_group) const {
+ModuleCost CostModel::build_by_sample(int mi, int tp, int samples, const GroupShape& tp_group) const {
   ModuleCost mean;
   // Activations are kept for the largest microbatch, not the mean one: per microbatch, the
   // sum of its passes'; the most of any.
   std::size_t current = 0;
   double layer = 0, first = 0, last = 0, most_layer = 0, most_first = 0, most_last = 0;
-  const std::size_t count = for_each_pass(samples, [&](const CostModel& at_side, int n, std::size_t microbatch) {
+  const std::size_t count = for_each_pass(mi, samples, [&](const CostModel& at_side, int n, std::size_t microbatch) {
     if (microbatch != current) {
       current = microbatch;
       layer = first = last = 0;
@@ -220,9 +242,9 @@ std::vector<LayerKernel> CostModel::layer_kernels(int mi, int tp, int samples) c
   const auto& m = run_->model.modules[static_cast<std::size_t>(mi)];
   if (m.role == Role::projector || m.role == Role::loss || tp < 1)
     throw Error(Status::internal, m.name + " has no transformer layers to split into kernels");
-  if (!images_.sides.empty() && sees_images_[static_cast<std::size_t>(mi)]) {
+  if (by_sample(mi)) {
     std::vector<LayerKernel> mean;
-    const std::size_t count = for_each_pass(samples, [&](const CostModel& at_side, int n, std::size_t) {
+    const std::size_t count = for_each_pass(mi, samples, [&](const CostModel& at_side, int n, std::size_t) {
       const auto pass = at_side.layer_kernels(mi, tp, n);
       if (mean.empty()) mean = std::vector<LayerKernel>(pass.size());
       for (std::size_t k = 0; k < pass.size(); ++k) {

@@ -41,12 +41,23 @@ struct StateBytes {
   double total() const { return weights + gradients + optimizer; }
 };
 
-// The images a run trains on, as its dataset draws them: the side of each of its first
-// training samples. A microbatch runs one pass per distinct side (patch sequences of
-// different lengths do not stack), so the modules that see image tokens cost the sum of
-// those passes rather than one pass at the nominal size.
-struct TrainedImages {
-  std::vector<int> sides;  // pixels, of consecutive training samples
+// One training sample as it sizes the work: its image's side in pixels and its caption's
+// tokens (0: the run's nominal text length).
+struct TrainedSample {
+  int side = 0;
+  int caption = 0;
+  auto operator<=>(const TrainedSample&) const = default;
+};
+// Samples of these sides, their captions at the nominal length.
+std::vector<TrainedSample> at_sides(const std::vector<int>& sides);
+
+// The samples a run trains on, as its dataset draws them: its first training samples, in
+// order. A microbatch runs one pass per distinct image side (patch sequences of different
+// lengths do not stack), its text padded to the pass's longest caption (a text tower's to the
+// microbatch's), so the modules that see image tokens or text cost the sum of those passes
+// rather than one pass at the nominal sizes.
+struct TrainedSamples {
+  std::vector<TrainedSample> samples;
 };
 
 // Bytes an AdamW step moves per parameter it updates, at the run's precision.
@@ -55,10 +66,11 @@ double adamw_bytes_per_parameter(spec::Precision precision);
 class CostModel {
  public:
   explicit CostModel(const spec::RunSpec& run);
-  // Prices the modules that see image tokens as the trainer runs `images` (the mean over the
-  // microbatches they make of each pass's cost); the planner's nominal sizes elsewhere. With
-  // Kernels::reference, every module as braid's reference modules run it (braid train).
-  CostModel(const spec::RunSpec& run, TrainedImages images, Kernels kernels = Kernels::megatron);
+  // Prices the modules that see image tokens or text as the trainer runs `trained` (the mean
+  // over the microbatches they make of each pass's cost); the planner's nominal sizes
+  // elsewhere. With Kernels::reference, every module as braid's reference modules run it
+  // (braid train).
+  CostModel(const spec::RunSpec& run, TrainedSamples trained, Kernels kernels = Kernels::megatron);
   CostModel(const CostModel&) = delete;
   CostModel& operator=(const CostModel&) = delete;
 
@@ -118,15 +130,18 @@ class CostModel {
 
  private:
   ModuleCost build(int m, int tp, int samples, const GroupShape& tp_group) const;
-  // Calls `visit` for each pass (one image side, its members) of the trained microbatches of
-  // `samples`, with the cost model of that side and the microbatch's index; returns how many
-  // microbatches it covered.
+  // Whether module `m` is priced on the trained samples: it sees image tokens or text.
+  bool by_sample(int m) const;
+  // Calls `visit` for each pass of module `m` (one image side where it sees images, and its
+  // members; the text at their longest caption where it sees text) of the trained
+  // microbatches of `samples`, with the cost model of those sizes and the microbatch's index;
+  // returns how many microbatches it covered.
   std::size_t for_each_pass(
-      int samples,
-      const std::function<void(const CostModel& at_side, int members, std::size_t microbatch)>& visit) const;
-  // The mean over the trained microbatches of `samples` of their passes by image side (times,
+      int m, int samples,
+      const std::function<void(const CostModel& at_size, int members, std::size_t microbatch)>& visit) const;
+  // The mean over the trained microbatches of `samples` of their passes (times,
   // FLOPs); the largest microbatch's activations.
-  ModuleCost build_by_side(int m, int tp, int samples, const GroupShape& tp_group) const;
+  ModuleCost build_by_sample(int m, int tp, int samples, const GroupShape& tp_group) const;
 
   const spec::RunSpec* run_;
   DeviceModel device_;
@@ -135,11 +150,12 @@ class CostModel {
   std::vector<GradNeeds> grads_;
   std::vector<double> params_;
   std::vector<bool> sees_images_;  // an image encoder, or fed by one
-  TrainedImages images_;
+  std::vector<bool> sees_text_;    // a text encoder, or an llm
+  TrainedSamples trained_;
   Kernels kernels_;
-  // The run at each trained side, and its cost model (nominal pricing), built on demand.
-  mutable std::map<int, std::pair<std::unique_ptr<spec::RunSpec>, std::unique_ptr<CostModel>>> at_side_;
-  mutable std::mutex side_mutex_;  // guards at_side_ (node-stable: models stay valid)
+  // The run at each trained (side, caption), and its cost model (nominal pricing), built on demand.
+  mutable std::map<std::pair<int, int>, std::pair<std::unique_ptr<spec::RunSpec>, std::unique_ptr<CostModel>>> at_size_;
+  mutable std::mutex size_mutex_;  // guards at_size_ (node-stable: models stay valid)
   double model_flops_per_sample_ = 0;
   mutable std::mutex cache_mutex_;
   mutable std::map<std::tuple<int, int, int, int, int>, ModuleCost> cache_;  // node-stable: references stay valid

@@ -300,13 +300,14 @@ void ChainStage::begin_step(std::int64_t step, StepResult& r) {
   auto req = comm_->iallreduce(std::span<std::int64_t>(count));
   r.idle[static_cast<std::size_t>(sim::Cause::dp_start)] += req.wait();
   normalizer_ = count[0];
-  r.microbatch_sides.clear();
-  r.encoder_microbatch_sides.clear();
+  r.microbatch_samples.clear();
+  r.encoder_microbatch_samples.clear();
   const auto positions = encoder_stage_ ? fan_positions(encoder_part_) : all_positions();
   for (int i = 0; i < microbatches_; ++i) {
     // A chain's encoder replica encodes its share of each microbatch; every other rank all of it.
-    auto& sides = r.microbatch_sides.emplace_back();
-    for (std::size_t q : positions) sides.push_back(samples_[static_cast<std::size_t>(i * microbatch_) + q].side);
+    auto& ran = r.microbatch_samples.emplace_back();
+    for (std::size_t q : positions)
+      ran.push_back(trained_sample(samples_[static_cast<std::size_t>(i * microbatch_) + q]));
   }
   if (!model_.chain->vision) return;
   std::vector<std::vector<std::int64_t>> floats(static_cast<std::size_t>(microbatches_));
@@ -316,7 +317,7 @@ void ChainStage::begin_step(std::int64_t step, StepResult& r) {
   store_.reset(std::move(floats));
   if (encoder_) {
     encoder_->begin_step(samples_, store_);
-    r.encoder_microbatch_sides = encoder_->microbatch_sides();
+    r.encoder_microbatch_samples = encoder_->microbatch_samples();
   }
 }
 

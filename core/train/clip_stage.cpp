@@ -245,11 +245,11 @@ void ClipStage::begin_step(std::int64_t step, StepResult& r) {
   }
   // Both towers of a rank run the same samples; the image tower's sides set its work.
   const Tower& sized = towers_[0].here ? towers_[0] : towers_[1];
-  r.microbatch_sides.clear();
+  r.microbatch_samples.clear();
   for (std::size_t k = 0; k < sized.mbs.size(); ++k) {
-    auto& sides = r.microbatch_sides.emplace_back();
+    auto& ran = r.microbatch_samples.emplace_back();
     for (std::size_t q = 0; q < static_cast<std::size_t>(sized.microbatch); ++q)
-      sides.push_back(sized.samples[k * static_cast<std::size_t>(sized.microbatch) + q].side);
+      ran.push_back(trained_sample(sized.samples[k * static_cast<std::size_t>(sized.microbatch) + q]));
   }
 }
 

@@ -43,12 +43,12 @@ ColocatedEncoder::ColocatedEncoder(const bubble::Colocated& layout, int stage, c
     if (program.units[static_cast<std::size_t>(t.unit)].kind == UnitKind::encoder_head) has_head_ = true;
 }
 
-std::vector<std::vector<int>> ColocatedEncoder::microbatch_sides() const {
-  std::vector<std::vector<int>> out;
+std::vector<std::vector<cost::TrainedSample>> ColocatedEncoder::microbatch_samples() const {
+  std::vector<std::vector<cost::TrainedSample>> out;
   for (const auto& mb : mbs_) {
-    auto& sides = out.emplace_back();
+    auto& ran = out.emplace_back();
     for (const auto& [i, q] : mb.entries)
-      sides.push_back(samples_[static_cast<std::size_t>(i * llm_microbatch_) + q].side);
+      ran.push_back(trained_sample(samples_[static_cast<std::size_t>(i * llm_microbatch_) + q]));
   }
   return out;
 }

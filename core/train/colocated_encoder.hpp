@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/bubble/encoder_tasks.hpp"
+#include "core/cost/cost_model.hpp"
 #include "core/data/shapes.hpp"
 #include "core/nn/modules/image_encoder.hpp"
 #include "core/pipeline/program.hpp"
@@ -41,7 +42,7 @@ class ColocatedEncoder {
   // `llm_samples` stays the caller's, alive and unchanged until the next begin_step.
   void begin_step(std::span<const data::Sample> llm_samples, TokenStore& store);
   // The image sides of each of this step's encoder microbatches (an EncoderTask's microbatch).
-  std::vector<std::vector<int>> microbatch_sides() const;
+  std::vector<std::vector<cost::TrainedSample>> microbatch_samples() const;
   // One EncoderTask.
   void run(const pipeline::Instruction& task);
   // Whether a task's inputs are there (a backward needs its tokens' gradients in the store).

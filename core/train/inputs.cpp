@@ -50,6 +50,8 @@ nn::Tokens tokens_of(std::span<const data::Sample> samples, std::int64_t pad_to)
   return t;
 }
 
+cost::TrainedSample trained_sample(const data::Sample& s) { return {s.side, static_cast<int>(s.tokens.size())}; }
+
 std::int64_t counted_tokens(std::span<const data::Sample> samples) {
   std::int64_t n = 0;
   for (const auto& s : samples) n += std::max<std::int64_t>(0, static_cast<std::int64_t>(s.tokens.size()) - 1);

@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "core/cost/cost_model.hpp"
 #include "core/data/shapes.hpp"
 #include "core/nn/modules/layers.hpp"
 
@@ -28,6 +29,8 @@ std::vector<SideGroup> side_groups(std::span<const data::Sample> samples, std::s
 nn::Tokens tokens_of(std::span<const data::Sample> samples, std::int64_t pad_to = 0);
 nn::Tokens tokens_of(std::span<const data::Sample> samples, std::span<const std::size_t> members,
                      std::int64_t pad_to = 0);
+// A sample as it sizes the work the cost model prices: its image's side, its caption's tokens.
+cost::TrainedSample trained_sample(const data::Sample& s);
 // Text positions the LM loss counts (each sample's tokens but its last: nn::next_token_targets),
 // summed.
 std::int64_t counted_tokens(std::span<const data::Sample> samples);

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cost/cost_model.hpp"
 #include "core/nn/modules/parameter.hpp"
 #include "core/nn/modules/tensor_parallel_group.hpp"
 #include "core/nn/optim.hpp"
@@ -42,10 +43,12 @@ struct StepResult {
   // instructions took, less what they waited.
   std::array<double, pipeline::kComputeKinds> compute{};
   std::int64_t samples = 0;  // the global batch
-  // Per microbatch of this rank's stage (the program's numbering), the image sides of the
-  // samples this rank ran in it: what the step's work depended on (trained_load.hpp).
-  std::vector<std::vector<int>> microbatch_sides;
-  std::vector<std::vector<int>> encoder_microbatch_sides;  // the same of a colocated encoder's microbatches
+  // Per microbatch of this rank's stage (the program's numbering), the image side and caption
+  // length of the samples this rank ran in it: what the step's work depended on
+  // (trained_load.hpp).
+  std::vector<std::vector<cost::TrainedSample>> microbatch_samples;
+  // The same of a colocated encoder's microbatches.
+  std::vector<std::vector<cost::TrainedSample>> encoder_microbatch_samples;
   // The samples made for this rank's step (by its data worker ahead of it, or in take_samples):
   // the image sides of those rendered, and how many were described (no image).
   std::vector<int> rendered_sides;

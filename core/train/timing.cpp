@@ -19,7 +19,7 @@ void MeasuredSteps::add(const StepResult& r) {
   for (std::size_t c = 0; c < idle.size(); ++c) idle[c] += r.idle[c];
   for (std::size_t k = 0; k < compute.size(); ++k) compute[k] += r.compute[k];
   if (std::binary_search(replayed.begin(), replayed.end(), steps - 1))
-    sides.push_back({r.microbatch_sides, r.encoder_microbatch_sides, r.rendered_sides, r.described});
+    sides.push_back({r.microbatch_samples, r.encoder_microbatch_samples, r.rendered_sides, r.described});
 }
 
 std::vector<std::int64_t> replayed_steps(std::int64_t steps) {
@@ -37,6 +37,24 @@ void put(const std::vector<std::vector<int>>& mbs, std::vector<std::int32_t>& fl
   for (const auto& sides : mbs) {
     flat.push_back(static_cast<std::int32_t>(sides.size()));
     flat.insert(flat.end(), sides.begin(), sides.end());
+  }
+}
+// The same of microbatches of samples: each sample's side, then its caption's length.
+void put(const std::vector<std::vector<cost::TrainedSample>>& mbs, std::vector<std::int32_t>& flat) {
+  flat.push_back(static_cast<std::int32_t>(mbs.size()));
+  for (const auto& samples : mbs) {
+    flat.push_back(static_cast<std::int32_t>(samples.size()));
+    for (const auto& s : samples) flat.insert(flat.end(), {s.side, s.caption});
+  }
+}
+void take(const std::int32_t*& at, std::vector<std::vector<cost::TrainedSample>>& mbs) {
+  mbs.resize(static_cast<std::size_t>(*at++));
+  for (auto& samples : mbs) {
+    samples.resize(static_cast<std::size_t>(*at++));
+    for (auto& s : samples) {
+      s.side = *at++;
+      s.caption = *at++;
+    }
   }
 }
 void take(const std::int32_t*& at, std::vector<std::vector<int>>& mbs) {

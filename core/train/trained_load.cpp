@@ -42,19 +42,21 @@ TrainedLoad::TrainedLoad(const cost::CostModel& cost, const plan::Plan& plan, co
       samples_in_step_(samples_in_step),
       base_(stage_seconds(cost, plan, program.program.schedule)) {}
 
-const std::vector<StageSeconds>& TrainedLoad::seconds_on(std::vector<int> sides) {
-  std::sort(sides.begin(), sides.end());  // a microbatch runs one pass per side: order does not matter
-  auto it = seconds_.find(sides);
+const std::vector<StageSeconds>& TrainedLoad::seconds_on(std::vector<cost::TrainedSample> samples) {
+  // A microbatch runs one pass per side, its text at the longest caption: order does not matter.
+  std::sort(samples.begin(), samples.end());
+  auto it = seconds_.find(samples);
   if (it != seconds_.end()) return it->second;
-  // The microbatch as the whole of the trained images: each module that sees them is priced on
-  // exactly these. (A module whose microbatches are of another size keeps its nominal price
-  // here; it is not read for these sides: its ranks recorded their own microbatches.)
-  const cost::CostModel cost(cost_.run(), cost::TrainedImages{sides}, cost_.kernels());
-  return seconds_.emplace(std::move(sides), stage_seconds(cost, plan_, program_.program.schedule)).first->second;
+  // The microbatch as the whole of the trained samples: each module that sees images or text is
+  // priced on exactly these. (A module whose microbatches are of another size keeps its nominal
+  // price here; it is not read for these samples: its ranks recorded their own microbatches.)
+  const cost::CostModel cost(cost_.run(), cost::TrainedSamples{samples}, cost_.kernels());
+  return seconds_.emplace(std::move(samples), stage_seconds(cost, plan_, program_.program.schedule)).first->second;
 }
 
 std::vector<double> TrainedLoad::loads(int stage, double base, double StageSeconds::*part,
-                                       std::vector<std::vector<int>> RankSides::*ran, const StepSides& step) {
+                                       std::vector<std::vector<cost::TrainedSample>> RankSides::*ran,
+                                       const StepSides& step) {
   const auto& st = program_.program.stages[static_cast<std::size_t>(stage)];
   std::vector<double> out;
   if (base <= 0) return out;  // no such work on the stage: nothing scales
@@ -66,7 +68,7 @@ std::vector<double> TrainedLoad::loads(int stage, double base, double StageSecon
       if (mbs.size() != slots)
         throw Error(Status::invalid_argument, "stage '" + st.name + "': its ranks ran " + std::to_string(slots) +
                                                   " and " + std::to_string(mbs.size()) + " microbatches");
-      for (std::size_t k = 0; k < slots; ++k) {  // no images recorded: the program's price
+      for (std::size_t k = 0; k < slots; ++k) {  // no samples recorded: the program's price
         const double load = mbs[k].empty() ? 1.0 : seconds_on(mbs[k])[static_cast<std::size_t>(stage)].*part / base;
         double& at = out[static_cast<std::size_t>(r) * slots + k];
         at = std::max(at, load);

@@ -1,10 +1,10 @@
-// The program's work on the images a run trained. `braid train` prices its program at the
-// trained images' mean (cost::TrainedImages): every microbatch of every replica as long as
-// the average one. The steps it runs are not: a microbatch of larger images takes longer, and
-// where replicas or stages meet (a batch-sync, a DP reduction, the next pipeline stage) the
-// slowest sets the pace, which a program of equal microbatches does not see. This prices each
-// microbatch each rank ran on its own images, as StageProgram::work_scale and task_scale, so
-// the simulator replays the steps the ranks trained.
+// The program's work on the samples a run trained. `braid train` prices its program at the
+// trained samples' mean (cost::TrainedSamples): every microbatch of every replica as long as
+// the average one. The steps it runs are not: a microbatch of larger images or longer captions
+// takes longer, and where replicas or stages meet (a batch-sync, a DP reduction, the next
+// pipeline stage) the slowest sets the pace, which a program of equal microbatches does not
+// see. This prices each microbatch each rank ran on its own images and captions, as
+// StageProgram::work_scale and task_scale, so the simulator replays the steps the ranks trained.
 #pragma once
 
 #include <map>
@@ -18,12 +18,12 @@
 
 namespace braid::train {
 
-// The image sides of what one rank ran in a step, as its StepResult records them.
+// The image sides and captions of what one rank ran in a step, as its StepResult records them.
 struct RankSides {
-  std::vector<std::vector<int>> microbatches;          // per microbatch of its stage
-  std::vector<std::vector<int>> encoder_microbatches;  // per microbatch of its colocated encoder
-  std::vector<int> rendered;                           // the samples made for its step: rendered ...
-  std::int64_t described = 0;                          // ... and described
+  std::vector<std::vector<cost::TrainedSample>> microbatches;          // per microbatch of its stage
+  std::vector<std::vector<cost::TrainedSample>> encoder_microbatches;  // per microbatch of its colocated encoder
+  std::vector<int> rendered;   // the samples made for its step: the sides of those rendered ...
+  std::int64_t described = 0;  // ... and how many were described
 };
 using StepSides = std::vector<RankSides>;  // one step, per rank
 
@@ -41,7 +41,7 @@ std::vector<StageSeconds> stage_seconds(const cost::CostModel& cost, const plan:
 class TrainedLoad {
  public:
   // `program` is the one the ranks ran, built by orchestrate::build_program from `cost` (the
-  // trained images' mean) and `plan`; all three outlive this. `samples_in_step`: the ranks
+  // trained samples' mean) and `plan`; all three outlive this. `samples_in_step`: the ranks
   // made their samples in the step's time (no data worker, or no core left for one).
   TrainedLoad(const cost::CostModel& cost, const plan::Plan& plan, const RankProgram& program,
               bool samples_in_step = false);
@@ -56,23 +56,23 @@ class TrainedLoad {
   // stage ran different numbers of microbatches.
   void apply(const StepSides& step, pipeline::Program& scaled);
 
-  // Distinct sets of image sides priced so far (each a cost model and a program).
+  // Distinct microbatches priced so far (each a cost model and a program).
   std::size_t priced() const { return seconds_.size(); }
 
  private:
-  // stage_seconds of a program built as the run's, by a cost model whose trained images are
-  // one microbatch of `sides`. Memoised by the sorted sides.
-  const std::vector<StageSeconds>& seconds_on(std::vector<int> sides);
+  // stage_seconds of a program built as the run's, by a cost model whose trained samples are
+  // one microbatch of `samples`. Memoised by the sorted samples.
+  const std::vector<StageSeconds>& seconds_on(std::vector<cost::TrainedSample> samples);
   // One stage's loads: per replica, per microbatch of `ran`, `part` of its price over `base`.
   std::vector<double> loads(int stage, double base, double StageSeconds::*part,
-                            std::vector<std::vector<int>> RankSides::*ran, const StepSides& step);
+                            std::vector<std::vector<cost::TrainedSample>> RankSides::*ran, const StepSides& step);
 
   const cost::CostModel& cost_;
   const plan::Plan& plan_;
   const RankProgram& program_;
   bool samples_in_step_;
   std::vector<StageSeconds> base_;  // the program as it was priced
-  std::map<std::vector<int>, std::vector<StageSeconds>> seconds_;
+  std::map<std::vector<cost::TrainedSample>, std::vector<StageSeconds>> seconds_;
 };
 
 }  // namespace braid::train

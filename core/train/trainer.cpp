@@ -22,6 +22,7 @@
 #include "core/train/evaluate.hpp"
 #include "core/train/executor.hpp"
 #include "core/train/host_staging.hpp"
+#include "core/train/inputs.hpp"
 #include "core/train/sharded_state.hpp"
 #include "core/train/train_device.hpp"
 #include "core/train/zero.hpp"
@@ -46,15 +47,16 @@ data::ShapesDataset make_dataset(const spec::RunSpec& run, std::uint64_t seed) {
       data::shapes_config(data, encoder.patch_size, std::max(8, min_side), encoder.max_image_size));
 }
 
-// The images the trainer trains on, for the cost model that prices its program: the dataset
-// draws each image's side, and a microbatch runs one pass per side, so the program's
-// durations come from those passes rather than from the run's nominal size (what the planner
-// plans for; for the reference runs, the largest).
-cost::TrainedImages trained_images(const data::ShapesDataset& dataset) {
+// The samples the trainer trains on, for the cost model that prices its program: the dataset
+// draws each image's side and caption, and a microbatch runs one pass per side with its text
+// padded to the longest caption, so the program's durations come from those passes rather
+// than from the run's nominal sizes (what the planner plans for; for the reference runs, the
+// largest).
+cost::TrainedSamples trained_samples(const data::ShapesDataset& dataset) {
   constexpr std::int64_t kSamples = 4096;
-  cost::TrainedImages images;
-  for (std::int64_t i = 0; i < kSamples; ++i) images.sides.push_back(dataset.side(i));
-  return images;
+  cost::TrainedSamples trained;
+  for (std::int64_t i = 0; i < kSamples; ++i) trained.samples.push_back(trained_sample(dataset.describe(i)));
+  return trained;
 }
 
 // Where a tower's replica 0 lives: the lowest rank holding the module.
@@ -340,7 +342,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       save(o.gradients_dir, step, rank, size, meta, *executor_ptr, false, world.communicator(), 0);
     };
   }
-  const cost::CostModel cost(run, trained_images(dataset), cost::Kernels::reference);
+  const cost::CostModel cost(run, trained_samples(dataset), cost::Kernels::reference);
   Executor executor(run, cost, o.plan, model, dataset, topology, layouts[static_cast<std::size_t>(rank)], world, ops,
                     eo);
   executor_ptr = &executor;

@@ -271,12 +271,12 @@ TEST(Cost, TrainedImagesArePricedAsTheirPassesBySide) {
   const int image = run.model.index_of("image_encoder"), text = run.model.index_of("text_encoder");
   const cost::CostModel nominal(run);
   // Every image at the nominal side: one pass per microbatch, the nominal price.
-  const cost::CostModel same(run, cost::TrainedImages{std::vector<int>(64, 32)});
+  const cost::CostModel same(run, cost::TrainedSamples{cost::at_sides(std::vector<int>(64, 32))});
   EXPECT_DOUBLE_EQ(same.module(image, 1, 16).layer.forward_s, nominal.module(image, 1, 16).layer.forward_s);
   // Microbatches alternately all 16 px and all 32 px: the mean of the two prices, the 32 px one's activations.
   std::vector<int> sides;
   for (int mb = 0; mb < 4; ++mb) sides.insert(sides.end(), 16, mb % 2 ? 32 : 16);
-  const cost::CostModel mixed(run, cost::TrainedImages{sides});
+  const cost::CostModel mixed(run, cost::TrainedSamples{cost::at_sides(sides)});
   auto small_run = run;
   small_run.data.image_resolution = 16;
   const cost::CostModel small(small_run);
@@ -289,7 +289,7 @@ TEST(Cost, TrainedImagesArePricedAsTheirPassesBySide) {
   // One microbatch of both sides: two passes of 8, each its own smaller GEMMs.
   std::vector<int> halves(8, 16);
   halves.insert(halves.end(), 8, 32);
-  const cost::CostModel split(run, cost::TrainedImages{halves});
+  const cost::CostModel split(run, cost::TrainedSamples{cost::at_sides(halves)});
   EXPECT_NEAR(split.module(image, 1, 16).layer.forward_s,
               nominal.module(image, 1, 8).layer.forward_s + small.module(image, 1, 8).layer.forward_s, 1e-12);
   // The text tower sees no image.
@@ -298,6 +298,40 @@ TEST(Cost, TrainedImagesArePricedAsTheirPassesBySide) {
   double kernels = 0;
   for (const auto& k : mixed.layer_kernels(image, 1, 16)) kernels += k.cost.forward_s;
   EXPECT_NEAR(kernels, got.forward_s, 1e-12);
+}
+
+// The trainer's captions: a text runs padded to the longest caption of its batch, the whole
+// microbatch for a text tower, each image side's pass for an llm (tokens_of per side group).
+TEST(Cost, TrainedCaptionsArePricedAtTheirBatchesLongest) {
+  auto run = test::load("tiny-clip.yaml");  // 12 text tokens nominal, microbatches of 16
+  const int image = run.model.index_of("image_encoder"), text = run.model.index_of("text_encoder");
+  const cost::CostModel nominal(run);
+  // Captions of 5 tokens but one of 8 in each microbatch: the text tower runs 8 positions.
+  std::vector<cost::TrainedSample> samples;
+  for (int i = 0; i < 64; ++i) samples.push_back({32, i % 16 == 3 ? 8 : 5});
+  const cost::CostModel trained(run, cost::TrainedSamples{samples});
+  spec::RunSpec eight = run;
+  eight.data.text_tokens = 8;
+  const cost::CostModel at_eight(eight);
+  EXPECT_NEAR(trained.module(text, 1, 16).layer.forward_s, at_eight.module(text, 1, 16).layer.forward_s, 1e-15);
+  EXPECT_LT(trained.module(text, 1, 16).layer.forward_s, nominal.module(text, 1, 16).layer.forward_s);
+  // The image tower sees no text.
+  EXPECT_DOUBLE_EQ(trained.module(image, 1, 16).layer.forward_s, nominal.module(image, 1, 16).layer.forward_s);
+
+  // An llm: each image side's pass pads its own captions (16 px images with 4-token captions,
+  // 32 px ones with 10-token captions, in each microbatch of 4).
+  auto mllm = test::load("tiny-mllm.yaml");
+  const int llm = mllm.model.index_of("llm");
+  std::vector<cost::TrainedSample> mixed;
+  for (int i = 0; i < 64; ++i) mixed.push_back(i % 2 ? cost::TrainedSample{32, 10} : cost::TrainedSample{16, 4});
+  const cost::CostModel priced(mllm, cost::TrainedSamples{mixed});
+  auto pass = [&](int side, int tokens) {
+    spec::RunSpec r = mllm;
+    r.data.image_resolution = side;
+    r.data.text_tokens = tokens;
+    return cost::CostModel(r).module(llm, 1, 2).layer.forward_s;
+  };
+  EXPECT_NEAR(priced.module(llm, 1, 4).layer.forward_s, pass(16, 4) + pass(32, 10), 1e-15);
 }
 
 }  // namespace

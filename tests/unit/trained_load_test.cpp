@@ -33,7 +33,7 @@ struct Clip4 {
       run));
   // Priced as the trainer prices: every microbatch half 16 px, half 32 px.
   std::vector<int> mean_sides = halves();
-  cost::CostModel cost{run, cost::TrainedImages{repeat(mean_sides, 64)}};
+  cost::CostModel cost{run, cost::TrainedSamples{cost::at_sides(repeat(mean_sides, 64))}};
   RankProgram program = rank_program(cost, plan, std::nullopt, runtime::build_groups(run.model, plan, 4), 0);
 
   plan::Plan fixed(const plan::Plan& parsed) const {
@@ -56,7 +56,8 @@ struct Clip4 {
     StepSides out(4);
     for (int rank = 0; rank < 4; ++rank) {
       const auto place = program.program.place_of(rank);
-      out[static_cast<std::size_t>(rank)].microbatches.assign(16, place.replica == odd ? odd_sides : sides);
+      out[static_cast<std::size_t>(rank)].microbatches.assign(16,
+                                                              cost::at_sides(place.replica == odd ? odd_sides : sides));
     }
     return out;
   }
@@ -91,7 +92,7 @@ TEST(TrainedLoad, TheReplicaOnLargerImagesSetsThePace) {
   TrainedLoad load(c.cost, c.plan, c.program);
   const std::vector<int> large(8, 32), small(8, 16);
   const pipeline::Program skewed = c.scaled(load, c.step(small, 1, large));
-  const cost::CostModel at_large(c.run, cost::TrainedImages{large});
+  const cost::CostModel at_large(c.run, cost::TrainedSamples{cost::at_sides(large)});
   const auto large_seconds = stage_seconds(at_large, c.plan, c.program.program.schedule);
   const auto mean_seconds = stage_seconds(c.cost, c.plan, c.program.program.schedule);
   for (std::size_t s = 0; s < skewed.stages.size(); ++s) {
@@ -117,20 +118,21 @@ TEST(TrainedLoad, AColocatedEncodersTasksScaleByTheirOwnImages) {
   ASSERT_EQ(plan.layout, plan::Layout::colocated);
   std::vector<int> mean;  // llm microbatches of 4, encoder microbatches of 4 images
   for (int k = 0; k < 64; ++k) mean.push_back(k % 2 ? 32 : 16);
-  const cost::CostModel cost(run, cost::TrainedImages{mean});
+  const cost::CostModel cost(run, cost::TrainedSamples{cost::at_sides(mean)});
   const RankProgram program =
       rank_program(cost, plan, spec::Schedule::optimus_fine, runtime::build_groups(run.model, plan, 2), 0);
   TrainedLoad load(cost, plan, program);
   const std::vector<int> even{16, 32, 16, 32}, large(4, 32);
   StepSides step(2);
   for (auto& rank : step) {
-    rank.microbatches.assign(4, even);
-    rank.encoder_microbatches.assign(2, even);
+    rank.microbatches.assign(4, cost::at_sides(even));
+    rank.encoder_microbatches.assign(2, cost::at_sides(even));
   }
-  step[1].encoder_microbatches[0] = large;  // stage 1's first encoder microbatch: the largest images
+  step[1].encoder_microbatches[0] = cost::at_sides(large);  // stage 1's first encoder microbatch: the largest images
   pipeline::Program scaled = program.program;
   load.apply(step, scaled);
-  const auto at_large = stage_seconds(cost::CostModel(run, {large}), plan, spec::Schedule::optimus_fine);
+  const auto at_large =
+      stage_seconds(cost::CostModel(run, {cost::at_sides(large)}), plan, spec::Schedule::optimus_fine);
   const auto priced = stage_seconds(cost, plan, spec::Schedule::optimus_fine);
   // The encoder's price is what its tasks of one microbatch run in the program, layer by layer.
   for (std::size_t s = 0; s < 2; ++s) {
@@ -168,8 +170,8 @@ TEST(TrainedLoad, ATensorParallelReplicaRunsAtItsSlowestRanksLoad) {
   ASSERT_EQ(program.program.stages[0].devices_per_replica, 2);
   TrainedLoad load(c.cost, tp2, program);
   StepSides step(4);
-  for (auto& rank : step) rank.microbatches.assign(8, Clip4::halves());
-  step[static_cast<std::size_t>(program.rank_of(0, 1, 1))].microbatches[3] = std::vector<int>(8, 32);
+  for (auto& rank : step) rank.microbatches.assign(8, cost::at_sides(Clip4::halves()));
+  step[static_cast<std::size_t>(program.rank_of(0, 1, 1))].microbatches[3] = cost::at_sides(std::vector<int>(8, 32));
   pipeline::Program scaled = program.program;
   load.apply(step, scaled);
   const auto& w = scaled.stages[0].work_scale;
@@ -182,7 +184,7 @@ TEST(TrainedLoad, ATensorParallelReplicaRunsAtItsSlowestRanksLoad) {
 TEST(TrainedLoad, SamplesMadeInTheStepDelayTheirRanks) {
   Clip4 c;
   c.run.cluster.data = {3e-6, 5e-9, 1e-6};  // as braid calibrate measures them
-  const cost::CostModel cost{c.run, cost::TrainedImages{Clip4::repeat(Clip4::halves(), 64)}};
+  const cost::CostModel cost{c.run, cost::TrainedSamples{cost::at_sides(Clip4::repeat(Clip4::halves(), 64))}};
   StepSides step = c.step(Clip4::halves());
   for (int rank = 0; rank < 4; ++rank) {  // the first stage renders its replica's 64, the second describes them
     RankSides& r = step[static_cast<std::size_t>(rank)];
@@ -208,7 +210,8 @@ TEST(TrainedLoad, SamplesMadeInTheStepDelayTheirRanks) {
 TEST(TrainedLoad, StepsOfAnotherWorldOrRaggedReplicasAreRefused) {
   Clip4 c;
   TrainedLoad load(c.cost, c.plan, c.program);
-  StepSides three(3, RankSides{std::vector<std::vector<int>>(16, Clip4::halves()), {}, {}, 0});
+  StepSides three(
+      3, RankSides{std::vector<std::vector<cost::TrainedSample>>(16, cost::at_sides(Clip4::halves())), {}, {}, 0});
   test::expect_error([&] { c.scaled(load, three); }, Status::invalid_argument, {"3 ranks", "world of 4"});
   StepSides ragged = c.step(Clip4::halves());
   ragged[static_cast<std::size_t>(c.program.rank_of(0, 1, 0))].microbatches.pop_back();
