@@ -191,7 +191,7 @@ std::vector<LayerKernel> transformer_layer_kernels(const spec::ModuleSpec& m, do
     add_linear(qkv.cost, M, kv / t, h, ctx);
     add_linear(qkv.cost, M, kv / t, h, ctx);
     // ...so their input's gradient is three GEMMs' outputs, added
-    if (ctx.grads.any()) qkv.cost.backward_s += 2 * ctx.device->stream_seconds(residual_bytes(sbh, E));
+    if (ctx.grads.any()) qkv.cost.backward_s += 2 * residual_op(residual_bytes(sbh, E), ctx).forward_s;
   } else {
     add_linear(qkv.cost, M, (h + 2 * kv) / t, h, ctx);  // fused QKV projection (column parallel)
   }
@@ -344,8 +344,8 @@ BlockCost position_tables(double tables, double s, double b, double h, const Blo
   BlockCost c;
   if (ctx.kernels != Kernels::reference) return c;
   const double M = s * b;
-  const double lookup =
-      rows_copy_seconds(M, h, ctx) + ctx.device->stream_seconds(residual_bytes(M * h, ctx.device->element_bytes()));
+  const double added = residual_op(residual_bytes(M * h, ctx.device->element_bytes()), ctx).forward_s;
+  const double lookup = rows_copy_seconds(M, h, ctx) + added;
   c.forward_s = tables * lookup;
   if (ctx.grads.weights) c.backward_s = tables * rows_copy_seconds(M, h, ctx);  // scatter-adds into the tables
   return c;

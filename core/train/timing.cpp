@@ -31,39 +31,26 @@ std::vector<std::int64_t> replayed_steps(std::int64_t steps) {
 
 namespace {
 
-// Appends `mbs` to `flat` (their count, then each one's count and sides), and reads it back.
-void put(const std::vector<std::vector<int>>& mbs, std::vector<std::int32_t>& flat) {
-  flat.push_back(static_cast<std::int32_t>(mbs.size()));
-  for (const auto& sides : mbs) {
-    flat.push_back(static_cast<std::int32_t>(sides.size()));
-    flat.insert(flat.end(), sides.begin(), sides.end());
-  }
+// Appends a value, a sample (its side, then its caption's length) or a list of them (its
+// count, then each) to `flat`, and reads it back.
+void put(int v, std::vector<std::int32_t>& flat) { flat.push_back(v); }
+void put(const cost::TrainedSample& s, std::vector<std::int32_t>& flat) {
+  flat.insert(flat.end(), {s.side, s.caption});
 }
-// The same of microbatches of samples: each sample's side, then its caption's length.
-void put(const std::vector<std::vector<cost::TrainedSample>>& mbs, std::vector<std::int32_t>& flat) {
-  flat.push_back(static_cast<std::int32_t>(mbs.size()));
-  for (const auto& samples : mbs) {
-    flat.push_back(static_cast<std::int32_t>(samples.size()));
-    for (const auto& s : samples) flat.insert(flat.end(), {s.side, s.caption});
-  }
+template <class T>
+void put(const std::vector<T>& items, std::vector<std::int32_t>& flat) {
+  flat.push_back(static_cast<std::int32_t>(items.size()));
+  for (const auto& item : items) put(item, flat);
 }
-void take(const std::int32_t*& at, std::vector<std::vector<cost::TrainedSample>>& mbs) {
-  mbs.resize(static_cast<std::size_t>(*at++));
-  for (auto& samples : mbs) {
-    samples.resize(static_cast<std::size_t>(*at++));
-    for (auto& s : samples) {
-      s.side = *at++;
-      s.caption = *at++;
-    }
-  }
+void take(const std::int32_t*& at, int& v) { v = *at++; }
+void take(const std::int32_t*& at, cost::TrainedSample& s) {
+  s.side = *at++;
+  s.caption = *at++;
 }
-void take(const std::int32_t*& at, std::vector<std::vector<int>>& mbs) {
-  mbs.resize(static_cast<std::size_t>(*at++));
-  for (auto& sides : mbs) {
-    const auto n = static_cast<std::size_t>(*at++);
-    sides.assign(at, at + n);
-    at += n;
-  }
+template <class T>
+void take(const std::int32_t*& at, std::vector<T>& items) {
+  items.resize(static_cast<std::size_t>(*at++));
+  for (auto& item : items) take(at, item);
 }
 
 // Every rank's images of the steps it kept: per step, per rank.
@@ -72,7 +59,7 @@ std::vector<StepSides> gather_sides(const MeasuredSteps& mine, runtime::Communic
   for (const RankSides& step : mine.sides) {
     put(step.microbatches, flat);
     put(step.encoder_microbatches, flat);
-    put({step.rendered}, flat);
+    put(step.rendered, flat);
     flat.push_back(static_cast<std::int32_t>(step.described));
   }
   std::int64_t width[1] = {static_cast<std::int64_t>(flat.size())};
@@ -86,9 +73,7 @@ std::vector<StepSides> gather_sides(const MeasuredSteps& mine, runtime::Communic
     for (auto& step : out) {
       take(at, step[rank].microbatches);
       take(at, step[rank].encoder_microbatches);
-      std::vector<std::vector<int>> rendered;
-      take(at, rendered);
-      step[rank].rendered = rendered.empty() ? std::vector<int>{} : std::move(rendered.front());
+      take(at, step[rank].rendered);
       step[rank].described = *at++;
     }
   }
