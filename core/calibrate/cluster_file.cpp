@@ -108,10 +108,11 @@ Fitted fit(const Calibration& c) {
   f.optimizer = table(optimizer);
   f.elementwise = table(elementwise);
   f.elementwise_backward = table(elementwise_backward);
-  std::vector<double> forward, backward;
-  for (const auto& t : c.attention) (is_backward(t) ? backward : forward).push_back(t.work / t.seconds / f.peak_flops);
-  f.attention_forward = std::min(1.0, median(forward));
-  f.attention_backward = std::min(1.0, median(backward));
+  std::vector<std::pair<double, double>> forward, backward;
+  for (const auto& t : c.attention)
+    (is_backward(t) ? backward : forward).emplace_back(t.work * 1e-9, std::min(1.0, t.work / t.seconds / f.peak_flops));
+  f.attention_forward = table(forward);
+  f.attention_backward = table(backward);
   std::vector<Timing> rendered;
   for (const auto& t : c.samples) {
     if (begins(t, kRenderSample)) rendered.push_back(t);
@@ -186,10 +187,14 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
   y += "  # The triad's own rate: GEMMs stream their operands at it (the memory roofline), and\n";
   y += "  # residual adds theirs.\n";
   y += "  memory: 1\n";
-  y += "  # The host's materialised attention (median over shapes), as a fraction of peak_tflops,\n";
-  y += "  # for runs that ask for `attention: flash`.\n";
-  y += "  flash_attention_forward: " + num(f.attention_forward) + "\n";
-  y += "  flash_attention_backward: " + num(f.attention_backward) + "\n";
+  y += "  # braid's attention op (" + std::string(gpu ? "the GPU's" : "the host's, its probabilities materialised") +
+       ") at a ladder of shapes, forward\n";
+  y += "  # and backward, each call's time over its heads x samples: [GFLOP of one head of one sample\n";
+  y += "  # as fused kernels count them (4 x sequence^2 x head width forward, 2.5x that backward),\n";
+  y += "  # fraction of peak_tflops]. They price braid train's attention and runs that ask for\n";
+  y += "  # `attention: flash`.\n";
+  y += "  attention_forward:\n" + rows_yaml(f.attention_forward, "    ");
+  y += "  attention_backward:\n" + rows_yaml(f.attention_backward, "    ");
   if (!c.samples.empty()) {
     y += "# braid's dataset on one core (braid train's data workers): a sample rendered costs\n";
     y += "# render_sample_us + render_pixel_ns per pixel (least squares over sides of ";
@@ -268,8 +273,8 @@ nlohmann::ordered_json to_json(const Calibration& c, const Fitted& f) {
                  {"elementwise_mib_gbs", f.elementwise},
                  {"elementwise_backward_mib_gbs", f.elementwise_backward},
                  {"optimizer_mib_gbs", f.optimizer},
-                 {"attention_forward", f.attention_forward},
-                 {"attention_backward", f.attention_backward},
+                 {"attention_forward_gflop_fraction", f.attention_forward},
+                 {"attention_backward_gflop_fraction", f.attention_backward},
                  {"shared_core_efficiency", f.shared_core_efficiency},
                  {"render_sample_s", f.render_sample_s},
                  {"render_pixel_s", f.render_pixel_s},
@@ -301,8 +306,12 @@ std::string summary(const Calibration& c, const Fitted& f) {
   s += "  element-wise kernels        forward " + rates(f.elementwise) + "; backward " + rates(f.elementwise_backward) +
        "\n";
   s += "  optimizer step (AdamW)      " + rates(f.optimizer) + "\n";
-  s += "  attention (materialised)    forward " + num(100 * f.attention_forward) + "%, backward " +
-       num(100 * f.attention_backward) + "% of peak\n";
+  auto shares = [](const std::vector<std::pair<double, double>>& t) {
+    return num(100 * t.front().second) + "% of peak at " + num(t.front().first * 1e6) + " kFLOP, " +
+           num(100 * t.back().second) + "% at " + num(t.back().first * 1e3) + " MFLOP a head";
+  };
+  s += "  attention (braid's op)      forward " + shares(f.attention_forward) + "; backward " +
+       shares(f.attention_backward) + "\n";
   auto link = [&](const char* name, const LinkFit& l) {
     s += std::string("  ") + name + num(l.latency * 1e6) + " us latency, " + num(l.bandwidth / 1e9) + " GB/s" +
          (l.reduce_bandwidth > 0 ? ", all-reduce sums at " + num(l.reduce_bandwidth / 1e9) + " GB/s" : "") +

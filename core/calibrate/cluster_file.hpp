@@ -47,7 +47,8 @@ struct Fitted {
   std::vector<std::pair<double, double>> elementwise;           // forward calls: [MiB moved, GB/s]
   std::vector<std::pair<double, double>> elementwise_backward;  // backward calls, the same
   std::vector<std::pair<double, double>> optimizer;             // AdamW steps: [MiB moved, GB/s]
-  double attention_forward = 0, attention_backward = 0;         // fraction of peak
+  // braid's attention op: [gflop of one head of one sample (fused kernels' count), fraction of peak]
+  std::vector<std::pair<double, double>> attention_forward, attention_backward;
   LinkFit intra;
   std::optional<LinkFit> inter;
   // Shared cores: the share of its cores' time a host turns into work when every process

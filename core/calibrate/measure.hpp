@@ -62,8 +62,11 @@ std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook&
 inline constexpr const char* kElementwiseForward = "element-wise forward";
 inline constexpr const char* kElementwiseBackward = "element-wise backward";
 inline constexpr const char* kOptimizerStep = "optimizer";
-// Materialised softmax attention (the host's): forward and backward, model FLOPs as the
-// cost model counts them (4 s^2 d per head forward; the backward priced as 2.5x that).
+// braid's attention op (the host's materialised softmax): forward and backward calls over a
+// batch of samples and heads, each reported per head of one sample (the call's time and FLOPs
+// over batch x heads: the host op runs head by head, so its speed follows one head's size),
+// FLOPs as fused kernels count them (4 s^2 d forward, 2.5x that backward). The backward reads
+// its saved inputs out of the caches, as in a step.
 std::vector<Timing> measure_attention(const ComputeOptions& o, const CaseHook& between);
 
 // What a host core takes to make one sample of braid's dataset (core/data/shapes.hpp), as a

@@ -89,9 +89,17 @@ double DeviceModel::stream_seconds(double bytes) const {
   return bytes / (cluster_->memory_bandwidth * cluster_->efficiency.memory);
 }
 
-double DeviceModel::flash_attention_seconds(double flops, bool backward) const {
-  double eff = backward ? cluster_->efficiency.flash_attention_backward : cluster_->efficiency.flash_attention_forward;
+double DeviceModel::flash_attention_seconds(double flops, bool backward, double heads) const {
+  const auto& e = cluster_->efficiency;
+  const auto& measured = backward ? e.attention_backward : e.attention_forward;
+  const double eff = !measured.empty() ? interpolate(measured, flops / heads * 1e-9)
+                     : backward        ? e.flash_attention_backward
+                                       : e.flash_attention_forward;
   return flops / (peak_ * eff);
+}
+
+bool DeviceModel::measured_attention() const {
+  return !cluster_->efficiency.attention_forward.empty() && !cluster_->efficiency.attention_backward.empty();
 }
 
 }  // namespace braid::cost

@@ -34,8 +34,13 @@ class DeviceModel {
   double optimizer_memory_seconds(double bytes) const;
   // Streaming `bytes` at memory bandwidth x efficiency.memory: a GEMM's memory roofline.
   double stream_seconds(double bytes) const;
-  // A fused (flash) attention kernel doing `flops`.
-  double flash_attention_seconds(double flops, bool backward) const;
+  // One call of a fused (flash) attention kernel doing `flops` over `heads` heads of every
+  // sample (4 sq sk head_dim per head forward, 2.5x that backward): at the measured efficiency
+  // for one head's size where the cluster has the attention tables (`braid calibrate`), else
+  // at flash_attention_forward/backward.
+  double flash_attention_seconds(double flops, bool backward, double heads = 1) const;
+  // Whether the cluster times the attention op by size (efficiency.attention_forward/backward).
+  bool measured_attention() const;
 
  private:
   const spec::ClusterSpec* cluster_;

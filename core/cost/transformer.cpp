@@ -137,14 +137,17 @@ BlockCost attention_core(double sq, double sk, double d, double heads, bool caus
   const auto& train = *ctx.training;
   const double E = ctx.device->element_bytes();
   BlockCost c;
-  if (train.attention == spec::Attention::flash) {
-    double fl = 4 * sq * sk * d * heads * (causal ? 0.5 : 1.0);
+  // braid's own attention op, timed by size on this cluster: one call each way. It computes
+  // every score, causal or not (its mask only zeroes probabilities).
+  const bool measured_op = ctx.kernels == Kernels::reference && ctx.device->measured_attention();
+  if (train.attention == spec::Attention::flash || measured_op) {
+    double fl = 4 * sq * sk * d * heads * (causal && !measured_op ? 0.5 : 1.0);
     c.flops_forward = fl;
-    c.forward_s = ctx.device->flash_attention_seconds(fl, false);
+    c.forward_s = ctx.device->flash_attention_seconds(fl, false, heads);
     if (ctx.grads.any()) {
       c.flops_backward = 2 * fl;
       // The fused backward recomputes the scores: 5 matmuls against the forward's 2.
-      c.backward_s = ctx.device->flash_attention_seconds(2.5 * fl, true);
+      c.backward_s = ctx.device->flash_attention_seconds(2.5 * fl, true, heads);
     }
     return c;
   }

@@ -80,7 +80,7 @@ std::vector<std::pair<double, double>> parse_table(const Node& n, const std::str
 
 EfficiencyTable parse_efficiency(const Node& n) {
   n.expect_keys({"gemm", "gemm_fp8", "memory", "elementwise", "elementwise_backward", "optimizer",
-                 "flash_attention_forward", "flash_attention_backward"});
+                 "flash_attention_forward", "flash_attention_backward", "attention_forward", "attention_backward"});
   EfficiencyTable t;
   t.gemm = parse_table(n.at("gemm"), "gemm", kGemmTable);
   if (auto f = n.find("gemm_fp8")) t.gemm_fp8 = parse_table(*f, "gemm_fp8", kGemmTable);
@@ -91,6 +91,8 @@ EfficiencyTable parse_efficiency(const Node& n) {
   if (auto e = n.find("optimizer")) t.optimizer = parse_table(*e, "optimizer", kElementwiseTable);
   if (auto f = n.find("flash_attention_forward")) t.flash_attention_forward = f->as_fraction();
   if (auto b = n.find("flash_attention_backward")) t.flash_attention_backward = b->as_fraction();
+  if (auto f = n.find("attention_forward")) t.attention_forward = parse_table(*f, "attention_forward", kGemmTable);
+  if (auto b = n.find("attention_backward")) t.attention_backward = parse_table(*b, "attention_backward", kGemmTable);
   return t;
 }
 

@@ -49,6 +49,15 @@ struct EfficiencyTable {
   std::vector<std::pair<double, double>> optimizer;
   double flash_attention_forward = 0.6;  // fused attention kernels, fraction of peak
   double flash_attention_backward = 0.5;
+  // The attention op braid runs (core/nn: the host's softmax attention with its probabilities
+  // materialised, or a GPU's kernel), as `braid calibrate` times it: [GFLOP of one head of one
+  // sample, counted as fused kernels count them, fraction of peak], interpolated in log(size).
+  // The host op runs head by head, so its efficiency follows one head's size (small heads are
+  // bound by the softmax's exponentials and per-call costs: one figure for all priced some
+  // 1.5x short); on a GPU the count of heads filling the device is not in it. When given, they
+  // price the fused kernels of `attention: flash` runs and the attention core of braid's own
+  // blocks (`braid train`) in place of the flash_attention_* figures.
+  std::vector<std::pair<double, double>> attention_forward, attention_backward;
 };
 
 // What a host core takes to make one sample of braid's dataset (core/data/shapes.hpp): a

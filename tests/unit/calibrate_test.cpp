@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 
 #include "core/calibrate/cluster_file.hpp"
 #include "core/cost/comm.hpp"
+#include "core/cost/cost_model.hpp"
 #include "core/cost/device.hpp"
+#include "core/cost/transformer.hpp"
 #include "core/orchestrate/planning.hpp"
 #include "core/orchestrate/program.hpp"
 #include "core/sim/simulator.hpp"
@@ -103,7 +106,11 @@ calibrate::Calibration made_up() {
     c.elementwise.push_back({calibrate::kOptimizerStep + size, 2 * work, 2 * work / (1.5 * rate)});
   }
   c.memory = {"triad", 3 * 4 * 1e8, 3 * 4 * 1e8 / 15e9};
-  c.attention = {{"attention forward", 1e6, 1e6 / (0.2 * peak)}, {"attention backward", 2.5e6, 2.5e6 / (0.8 * peak)}};
+  // Two shapes (s16 d16 and s512 d64), per head of a sample, efficiency rising with size.
+  for (const auto& [flops, forward, backward] : {std::tuple{16384.0, 0.2, 0.5}, {67108864.0, 0.6, 0.8}}) {
+    c.attention.push_back({"attention forward", flops, flops / (forward * peak)});
+    c.attention.push_back({"attention backward", 2.5 * flops, 2.5 * flops / (backward * peak)});
+  }
   c.intra = timings_of(one_link(2e9, 1e-6), 2);
   for (int side : {16, 32, 64}) {  // 3 us + 5 ns a pixel
     const double pixels = double(side) * side;
@@ -152,8 +159,10 @@ TEST(Calibrate, TheClusterFilePricesTheMeasuredCasesAsMeasured) {
     const double seconds = backward ? device.backward_memory_seconds(call_bytes) : device.memory_seconds(call_bytes);
     EXPECT_NEAR(call_bytes / seconds / (t.work / t.seconds), 1, 0.01) << t.what;
   }
-  EXPECT_NEAR(device.flash_attention_seconds(1e6, false) / c.attention[0].seconds, 1, 0.01);
-  EXPECT_NEAR(device.flash_attention_seconds(2.5e6, true) / c.attention[1].seconds, 1, 0.01);
+  for (const auto& t : c.attention)  // each shape at its own time, forward and backward
+    EXPECT_NEAR(device.flash_attention_seconds(t.work, t.what.find("backward") != std::string::npos) / t.seconds, 1,
+                1e-4)
+        << t.what << " " << t.work;
   const cost::CommModel comm(cluster);
   for (const auto& t : c.intra) {
     if (t.op != LinkOp::p2p) continue;
@@ -233,6 +242,50 @@ TEST(Calibrate, BackwardsArePricedAtTheirOwnElementwiseRate) {
   bad.replace(second, row2.size(), row1);
   test::expect_error([&] { spec::parse_cluster(spec::parse_document(bad, "<calibrated>")); }, Status::bad_config,
                      {"elementwise_backward"});
+}
+
+TEST(Calibrate, BraidsAttentionIsPricedBySize) {
+  const calibrate::Calibration c = made_up();
+  const std::string yaml = calibrate::cluster_yaml(c, calibrate::fit(c), "made-up");
+  spec::RunSpec run = test::load("tiny-clip.yaml");
+  run.cluster = spec::parse_cluster(spec::parse_document(yaml, "<calibrated>"));
+  ASSERT_EQ(run.cluster.efficiency.attention_forward.size(), 2u);
+  spec::RunSpec untimed = run;  // a file from before the tables: one figure each way, for flash
+  untimed.cluster.efficiency.attention_forward.clear();
+  untimed.cluster.efficiency.attention_backward.clear();
+  const cost::CostModel reference(run, {}, cost::Kernels::reference), megatron(run),
+      reference_untimed(untimed, {}, cost::Kernels::reference), megatron_untimed(untimed);
+  // braid's own op (the trainer's reference kernels) at a timed shape: the time calibrate took
+  // for each of its heads, whatever the count of heads and samples, causal or not (the op
+  // computes every score); the file holds 4 significant digits.
+  for (bool causal : {false, true}) {
+    for (double heads : {1.0, 4.0 * 16, 4.0 * 3}) {
+      const cost::BlockCost core = cost::attention_core(16, 16, 16, heads, causal, false, reference.kernel_context());
+      EXPECT_NEAR(core.forward_s / (heads * c.attention[0].seconds), 1, 1e-4);
+      EXPECT_NEAR(core.backward_s / (heads * c.attention[1].seconds), 1, 1e-4);
+    }
+  }
+  // Between the shapes, an efficiency between theirs: slower per FLOP than the large one.
+  const cost::BlockCost mid = cost::attention_core(64, 64, 32, 4 * 8, false, false, reference.kernel_context());
+  const double mid_flops = 4.0 * 64 * 64 * 32 * 4 * 8;
+  EXPECT_GT(mid.forward_s, mid_flops / (0.6 * 80e9));
+  EXPECT_LT(mid.forward_s, mid_flops / (0.2 * 80e9));
+  // Megatron's kernels (the planner) keep their GEMMs and softmax; so does braid's op on a
+  // cluster without the tables.
+  auto core_of = [](const cost::CostModel& m) {
+    return cost::attention_core(16, 16, 16, 4 * 16, false, false, m.kernel_context()).forward_s;
+  };
+  EXPECT_DOUBLE_EQ(core_of(megatron), core_of(megatron_untimed));
+  EXPECT_DOUBLE_EQ(core_of(reference_untimed), core_of(megatron_untimed));
+  EXPECT_NE(core_of(reference), core_of(reference_untimed));
+  // A table out of order is refused, naming it.
+  std::string bad = yaml;
+  const std::size_t at = bad.find("attention_backward:\n");
+  ASSERT_NE(at, std::string::npos);
+  const std::size_t first = bad.find("- [", at), second = bad.find("- [", first + 3);
+  bad.replace(second, bad.find('\n', second) - second, bad.substr(first, bad.find('\n', first) - first));
+  test::expect_error([&] { spec::parse_cluster(spec::parse_document(bad, "<calibrated>")); }, Status::bad_config,
+                     {"attention_backward"});
 }
 
 TEST(Calibrate, TheJsonCarriesEveryTimingAndFit) {
