@@ -126,9 +126,22 @@ BlockCost patch_projection_op(double m, double n, double k, const BlockContext& 
 }
 
 BlockCost contrastive_loss_op(double local, double all, double dim, const BlockContext& ctx) {
+  // With every row (local == all) one all x all logit matrix serves both directions and its
+  // gradients take two GEMMs. With a share of the rows each direction has its own local x all
+  // logits, and the gradients take four GEMMs: the local rows' and the gathered rows' (open_clip's
+  // local loss; core/nn/host_contrastive.cpp).
+  const bool whole = local >= all;
+  const double gemm = ctx.device->gemm_seconds(local, all, dim), flops = 2 * local * all * dim;
+  // Two softmaxes of local x all logits either way (the matrix's rows and columns, or each
+  // direction's rows): charged as attention's softmax is, read and written once each way.
+  const BlockCost softmaxes = elementwise_op(2 * (2 * local * all) * ctx.device->element_bytes(), ctx);
   BlockCost c;
-  c.flops_forward = 3 * 2 * local * all * dim;
-  c.forward_s = 3 * ctx.device->gemm_seconds(local, all, dim);
+  c.flops_forward = (whole ? 1 : 2) * flops;
+  c.forward_s = (whole ? 1 : 2) * gemm + softmaxes.forward_s;
+  if (ctx.grads.any()) {
+    c.flops_backward = (whole ? 2 : 4) * flops;
+    c.backward_s = (whole ? 2 : 4) * gemm + softmaxes.backward_s;
+  }
   return c;
 }
 

@@ -105,8 +105,8 @@ double rows_copy_seconds(double rows, double width, const BlockContext& ctx);
 double zero_seconds(double elements, const BlockContext& ctx);
 double scale_seconds(double elements, const BlockContext& ctx);
 double squared_norm_seconds(double elements, const BlockContext& ctx);
-// The CLIP loss of `local` rows against `all` rows of `dim` (logits, then the gradients of
-// both sides): three GEMMs, priced in forward_s.
+// The CLIP loss of `local` rows against `all` rows of `dim`: its logits and softmaxes
+// (forward_s), then the gradients of both sides (backward_s). braid runs both in one call.
 BlockCost contrastive_loss_op(double local, double all, double dim, const BlockContext& ctx);
 BlockCost attention_core(double sq, double sk, double d, double heads, bool causal, bool dropout,
                          const BlockContext& ctx);

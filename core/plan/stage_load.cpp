@@ -66,8 +66,8 @@ void finish_estimate(Estimate& e, const cost::CostModel& cost, int devices, doub
 double batch_sync_seconds(const cost::CostModel& cost, double embed_bytes, double dim, const cost::GroupShape& group,
                           int devices) {
   const double rows = double(cost.run().training.contrastive_batch);
-  const double loss =
-      cost::contrastive_loss_op(std::max(1.0, rows / devices), rows, dim, cost.kernel_context()).forward_s;
+  const cost::BlockCost op = cost::contrastive_loss_op(std::max(1.0, rows / devices), rows, dim, cost.kernel_context());
+  const double loss = op.forward_s + op.backward_s;
   return cost.comm().all_gather(embed_bytes, group) + cost.comm().reduce_scatter(embed_bytes, group) + loss;
 }
 

@@ -47,9 +47,10 @@ std::optional<double> priced_call(const cost::CostModel& cost, const nn::OpCall&
   if (op == "squared_norm") return cost::squared_norm_seconds(d(0), ctx);
   if (op == "l2_normalize_forward") return cost::elementwise_op(cost::norm_bytes(d(0), E), ctx).forward_s;
   if (op == "l2_normalize_backward") return cost::elementwise_op(cost::norm_bytes(d(0), E), ctx).backward_s;
-  if (op == "contrastive_loss")  // with gradients: the three GEMMs the batch-sync step prices
-    return call.dims[3] ? cost::contrastive_loss_op(d(0), d(1), d(2), ctx).forward_s
-                        : cost.device().gemm_seconds(d(0), d(1), d(2));
+  if (op == "contrastive_loss") {  // the loss, and with gradients the whole op the batch-sync step prices
+    const cost::BlockCost c = cost::contrastive_loss_op(d(0), d(1), d(2), ctx);
+    return c.forward_s + (call.dims[3] ? c.backward_s : 0.0);
+  }
   return std::nullopt;
 }
 

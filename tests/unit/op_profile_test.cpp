@@ -89,8 +89,19 @@ TEST(OpProfile, CallsArePricedAsTheBlocksPriceTheirKernels) {
   EXPECT_DOUBLE_EQ(*price("patch_embedding_backward", {144, 64, 192, 1}), dev.gemm_seconds(192, 64, 144));
   EXPECT_DOUBLE_EQ(*price("patch_embedding_backward", {144, 64, 192, 0}), 0.0);
   EXPECT_GT(*price("layernorm_backward", {4096}), 0);
-  // The CLIP loss as the batch-sync step prices it; fills and scales as streams.
-  EXPECT_DOUBLE_EQ(*price("contrastive_loss", {16, 128, 32, 1}), 3 * dev.gemm_seconds(16, 128, 32));
+  // The CLIP loss as the batch-sync step prices it: a share of the rows (16 of 128) takes each
+  // direction's logits and the local and gathered rows' gradients, six GEMMs, and two
+  // softmaxes of 16 x 128 logits each way; every row, one matrix for both directions, three
+  // GEMMs; without gradients, the logits and softmaxes alone. Fills and scales as streams.
+  const double softmaxes = 2 * 2 * 16 * 128 * E, whole_softmaxes = 2 * 2 * 128 * 128 * E;
+  EXPECT_DOUBLE_EQ(
+      *price("contrastive_loss", {16, 128, 32, 1}),
+      6 * dev.gemm_seconds(16, 128, 32) + dev.memory_seconds(softmaxes) + dev.backward_memory_seconds(2 * softmaxes));
+  EXPECT_DOUBLE_EQ(*price("contrastive_loss", {16, 128, 32, 0}),
+                   2 * dev.gemm_seconds(16, 128, 32) + dev.memory_seconds(softmaxes));
+  EXPECT_DOUBLE_EQ(*price("contrastive_loss", {128, 128, 32, 1}), 3 * dev.gemm_seconds(128, 128, 32) +
+                                                                      dev.memory_seconds(whole_softmaxes) +
+                                                                      dev.backward_memory_seconds(2 * whole_softmaxes));
   EXPECT_DOUBLE_EQ(*price("scale", {100}), dev.stream_seconds(2 * 100 * E));
   EXPECT_DOUBLE_EQ(*price("zero", {100}), dev.stream_seconds(100 * E));
   EXPECT_DOUBLE_EQ(*price("squared_norm", {100}), dev.stream_seconds(100 * E));
