@@ -126,11 +126,13 @@ BlockCost patch_projection_op(double m, double n, double k, const BlockContext& 
 }
 
 BlockCost contrastive_loss_op(double local, double all, double dim, const BlockContext& ctx) {
-  // With every row (local == all) one all x all logit matrix serves both directions and its
-  // gradients take two GEMMs. With a share of the rows each direction has its own local x all
-  // logits, and the gradients take four GEMMs: the local rows' and the gathered rows' (open_clip's
-  // local loss; core/nn/host_contrastive.cpp).
-  const bool whole = local >= all;
+  // With a share of the rows each direction has its own local x all logits, and the gradients
+  // take four GEMMs: the local rows' and the gathered rows' (open_clip's local loss). With every
+  // row on one device, one all x all logit matrix serves both directions and its gradients take
+  // two GEMMs: a single-process CLIP loss. braid's batch-sync always hands its op the gathered
+  // rows apart from the local ones (core/train/clip_work.cpp), so its op takes the first form
+  // even then (core/nn/host_contrastive.cpp: the second needs them to be the same memory).
+  const bool whole = local >= all && ctx.kernels == Kernels::megatron;
   const double gemm = ctx.device->gemm_seconds(local, all, dim), flops = 2 * local * all * dim;
   // Two softmaxes of local x all logits either way (the matrix's rows and columns, or each
   // direction's rows): charged as attention's softmax is, read and written once each way.

@@ -244,6 +244,22 @@ TEST(Calibrate, BackwardsArePricedAtTheirOwnElementwiseRate) {
                      {"elementwise_backward"});
 }
 
+TEST(Calibrate, AttentionIsTimedPerHeadOfASample) {
+  calibrate::ComputeOptions o;
+  o.quick = true;
+  int cases = 0;
+  const auto timings = calibrate::measure_attention(o, [&](int, int, const std::string&) { ++cases; });
+  ASSERT_EQ(timings.size(), 6u);  // 3 shapes, each way
+  EXPECT_EQ(cases, 6);
+  // The first quick shape: 16 samples of 4 heads of 4 positions, 16 wide. Its work is one
+  // head's (4 s^2 d), not the call's 64 heads'; the backward's 2.5x that.
+  EXPECT_EQ(timings[0].what, "attention forward b16 s4 h4 d16");
+  EXPECT_DOUBLE_EQ(timings[0].work, 4.0 * 4 * 4 * 16);
+  EXPECT_EQ(timings[1].what, "attention backward b16 s4 h4 d16");
+  EXPECT_DOUBLE_EQ(timings[1].work, 2.5 * 4.0 * 4 * 4 * 16);
+  for (const auto& t : timings) EXPECT_GT(t.seconds, 0) << t.what;
+}
+
 TEST(Calibrate, BraidsAttentionIsPricedBySize) {
   const calibrate::Calibration c = made_up();
   const std::string yaml = calibrate::cluster_yaml(c, calibrate::fit(c), "made-up");

@@ -92,7 +92,8 @@ TEST(OpProfile, CallsArePricedAsTheBlocksPriceTheirKernels) {
   // The CLIP loss as the batch-sync step prices it: a share of the rows (16 of 128) takes each
   // direction's logits and the local and gathered rows' gradients, six GEMMs, and two
   // softmaxes of 16 x 128 logits each way; every row, one matrix for both directions, three
-  // GEMMs; without gradients, the logits and softmaxes alone. Fills and scales as streams.
+  // GEMMs (Megatron's kernels: a single-process loss); without gradients, the logits and
+  // softmaxes alone. Fills and scales as streams.
   const double softmaxes = 2 * 2 * 16 * 128 * E, whole_softmaxes = 2 * 2 * 128 * 128 * E;
   EXPECT_DOUBLE_EQ(
       *price("contrastive_loss", {16, 128, 32, 1}),
@@ -159,6 +160,14 @@ TEST(OpProfile, ReferenceKernelsArePricedAsBraidsModulesRunThem) {
   EXPECT_NEAR(qkv.backward_s, 3 * price("linear_backward", {tokens, h, h, 3}) + 2 * price("add", {tokens * h}), 1e-12);
   // Megatron's fused projection is one GEMM three times as wide.
   EXPECT_DOUBLE_EQ(megatron.layer_kernels(text, 1, samples)[1].cost.forward_s, dev.gemm_seconds(tokens, 3 * h, h));
+
+  // braid's batch-sync hands its loss the gathered rows apart from the local ones, so even a
+  // group of one rank runs six GEMMs (Megatron's kernels price the single-process form: three).
+  const double softmaxes = 2 * 2 * 128 * 128 * E;
+  const double rest = dev.memory_seconds(softmaxes) + dev.backward_memory_seconds(2 * softmaxes);
+  EXPECT_DOUBLE_EQ(price("contrastive_loss", {128, 128, 32, 1}), 6 * dev.gemm_seconds(128, 128, 32) + rest);
+  EXPECT_DOUBLE_EQ(*train::priced_call(megatron, {"contrastive_loss", {128, 128, 32, 1}}),
+                   3 * dev.gemm_seconds(128, 128, 32) + rest);
 
   // The rest of a module's reference work comes on top of the fused pricing, never below it.
   for (int module : {0, 1}) {
