@@ -91,11 +91,9 @@ double DeviceModel::stream_seconds(double bytes) const {
 
 double DeviceModel::flash_attention_seconds(double flops, bool backward, double heads) const {
   const auto& e = cluster_->efficiency;
-  const auto& measured = backward ? e.attention_backward : e.attention_forward;
-  const double eff = !measured.empty() ? interpolate(measured, flops / heads * 1e-9)
-                     : backward        ? e.flash_attention_backward
-                                       : e.flash_attention_forward;
-  return flops / (peak_ * eff);
+  if (measured_attention())
+    return flops / (peak_ * interpolate(backward ? e.attention_backward : e.attention_forward, flops / heads * 1e-9));
+  return flops / (peak_ * (backward ? e.flash_attention_backward : e.flash_attention_forward));
 }
 
 bool DeviceModel::measured_attention() const {

@@ -152,8 +152,9 @@ BlockCost attention_core(double sq, double sk, double d, double heads, bool caus
   const auto& train = *ctx.training;
   const double E = ctx.device->element_bytes();
   BlockCost c;
-  // braid's own attention op, timed by size on this cluster: one call each way. It computes
-  // every score, causal or not (its mask only zeroes probabilities).
+  // braid's own attention op, timed by size on this cluster: one call each way. Its GEMMs
+  // compute every score, causal or not; calibrate times it bidirectional, so a causal one
+  // (which skips the masked keys' exponentials) is priced a little long.
   const bool measured_op = ctx.kernels == Kernels::reference && ctx.device->measured_attention();
   if (train.attention == spec::Attention::flash || measured_op) {
     double fl = 4 * sq * sk * d * heads * (causal && !measured_op ? 0.5 : 1.0);

@@ -272,8 +272,8 @@ TEST(Calibrate, BraidsAttentionIsPricedBySize) {
   const cost::CostModel reference(run, {}, cost::Kernels::reference), megatron(run),
       reference_untimed(untimed, {}, cost::Kernels::reference), megatron_untimed(untimed);
   // braid's own op (the trainer's reference kernels) at a timed shape: the time calibrate took
-  // for each of its heads, whatever the count of heads and samples, causal or not (the op
-  // computes every score); the file holds 4 significant digits.
+  // for each of its heads, whatever the count of heads and samples, causal or not (its GEMMs
+  // compute every score); the file holds 4 significant digits.
   for (bool causal : {false, true}) {
     for (double heads : {1.0, 4.0 * 16, 4.0 * 3}) {
       const cost::BlockCost core = cost::attention_core(16, 16, 16, heads, causal, false, reference.kernel_context());
