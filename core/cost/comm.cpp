@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 namespace braid::cost {
 
@@ -21,6 +22,17 @@ GroupShape group_shape(int first, int stride, int count, int devices_per_node) {
     ++g.nodes;
     g.per_node = std::max(g.per_node, to - from + 1);
   }
+  return g;
+}
+
+GroupShape group_shape(const std::vector<int>& devices, int devices_per_node) {
+  std::map<int, int> on_node;
+  for (int d : devices) ++on_node[d / devices_per_node];
+  GroupShape g;
+  g.size = static_cast<int>(devices.size());
+  g.nodes = static_cast<int>(on_node.size());
+  g.per_node = 0;
+  for (const auto& [node, count] : on_node) g.per_node = std::max(g.per_node, count);
   return g;
 }
 

@@ -2,6 +2,8 @@
 // step plus bytes over the bandwidth of the slowest link the group spans.
 #pragma once
 
+#include <vector>
+
 #include "core/spec/cluster.hpp"
 
 namespace braid::cost {
@@ -18,6 +20,8 @@ struct GroupShape {
 
 // Members first, first+stride, ..., first+(count-1)*stride on nodes of `devices_per_node`.
 GroupShape group_shape(int first, int stride, int count, int devices_per_node);
+// Members `devices` (distinct), wherever they lie.
+GroupShape group_shape(const std::vector<int>& devices, int devices_per_node);
 
 class CommModel {
  public:

@@ -145,15 +145,7 @@ Program monolithic(const cost::CostModel& cost, const plan::Plan& plan, spec::Sc
   }
   for (int s = 0; s + 1 < g.stages; ++s) link(p, s, s + 1);
   if (g.contrastive) {
-    const auto& model = cost.run().model;
-    const double R = double(cost.run().training.contrastive_batch);
-    double bytes = 0, dim = 0;
-    for (const auto& m : plan.modules) {
-      dim = model.modules[static_cast<std::size_t>(m.module)].embed_dim;
-      bytes += R * dim * cost.element_bytes();
-    }
-    p.batch_sync_s = plan::batch_sync_seconds(
-        cost, bytes, dim, plan::dp_group_of(cost, plan::grid_stage_devices(g.tp, g.dp, g.stages - 1)), g.dp);
+    p.batch_sync_s = plan::grid_batch_sync_seconds(cost, plan.modules, g.tp, g.dp, g.stages);
     batch_sync(p, g.groups, g.group_microbatches, schedule);
   } else if (schedule == spec::Schedule::gpipe) {
     gpipe(p, g.microbatches);
@@ -170,8 +162,7 @@ Program branches(const cost::CostModel& cost, const plan::Plan& plan, spec::Sche
   std::string why;
   if (!plan::check_disjoint(cost, plan, &why)) cannot_run(why);
   Program p;
-  double embed_bytes = 0, dim = 0;
-  int devices = 0, lowest = run.devices(), groups = 1, first_k = 0;
+  int groups = 1, first_k = 0;
   for (const auto& m : plan.modules) {
     plan::ModuleAnalysis a;
     if (!plan::analyze_branch(cost, m, a, &why)) cannot_run(why);
@@ -180,14 +171,9 @@ Program branches(const cost::CostModel& cost, const plan::Plan& plan, spec::Sche
     if (first_k == 0) first_k = K;
     const int first = add_grid(p, cost, m, a, 0);
     for (int st = first; st < first + m.pp; ++st) p.stages[static_cast<std::size_t>(st)].group_microbatches = K;
-    dim = run.model.modules[static_cast<std::size_t>(m.module)].embed_dim;
-    embed_bytes += double(run.training.contrastive_batch) * dim * cost.element_bytes();
-    devices += m.devices;
-    lowest = std::min(lowest, m.first_device);
   }
   gradients_mirror_activations(p);
-  auto everyone = cost::group_shape(lowest, 1, devices, run.cluster.devices_per_node);
-  p.batch_sync_s = plan::batch_sync_seconds(cost, embed_bytes, dim, everyone, devices);
+  p.batch_sync_s = plan::branches_batch_sync_seconds(cost, plan.modules);
   batch_sync(p, groups, first_k, schedule);
   return p;
 }

@@ -34,9 +34,14 @@ void summarize_module(const cost::CostModel& cost, ModuleAnalysis& out, double m
 // Branches (contrastive): module `p` with DistMM-Pipe over `groups` groups of
 // contrastive batch / (dp x microbatch) microbatches.
 bool analyze_branch(const cost::CostModel& cost, const ModulePlacement& p, ModuleAnalysis& out, std::string* why);
-// Step time of branches combined: slowest module + batch-sync per group + slowest tail.
+// One contrastive batch-sync of towers on their own devices (batch_sync_seconds): the
+// group is the towers' last-stage replicas, and the image tower's last-stage replicas (the first
+// tower's, if none sees images) compute the loss, as in the trainer.
+double branches_batch_sync_seconds(const cost::CostModel& cost, const std::vector<ModulePlacement>& towers);
+// Step time of branches combined: slowest module + batch-sync per group + slowest tail, the
+// batch-sync where `placed` (the modules' placements, packed onto devices) puts it.
 double combine_branches(const cost::CostModel& cost, const std::vector<const ModuleAnalysis*>& modules,
-                        double* sync_seconds = nullptr);
+                        const std::vector<ModulePlacement>& placed, double* sync_seconds = nullptr);
 
 // Chain: module `p` as part of a 1F1B pipeline of `microbatches` slots, with
 // `stages_after` chain stages after its last one (members of a section are aligned
@@ -62,5 +67,8 @@ bool allowed_module_size(int devices, int devices_per_node);
 bool pack_placements(const cost::CostModel& cost, std::vector<ModulePlacement>& placements);
 // Whether the modules of `picks` pack onto the cluster (pack_placements on copies).
 bool packs(const cost::CostModel& cost, const std::vector<const ModuleAnalysis*>& picks);
+// Same, leaving the packed placements in `placed`.
+bool packs(const cost::CostModel& cost, const std::vector<const ModuleAnalysis*>& picks,
+           std::vector<ModulePlacement>& placed);
 
 }  // namespace braid::plan

@@ -7,7 +7,6 @@
 
 #include "core/plan/disaggregated.hpp"
 #include "core/plan/evaluate.hpp"
-#include "core/plan/pareto.hpp"
 #include "core/plan/strategies.hpp"
 
 namespace braid::plan {
@@ -111,9 +110,10 @@ std::optional<Plan> search_distmm(const cost::CostModel& cost, const Constraints
                std::to_string(n - reserve) + " devices";
       return std::nullopt;
     }
-    options.push_back(pareto_per_size<2>(std::move(all), [](const ModuleAnalysis& a) {
-      return std::array<double, 2>{a.span, a.tail};
-    }));
+    // No pruning: the batch-sync depends on every figure of a grid (its last stage's width, the
+    // loss tower's replicas, where packing puts it by devices and tp), so no grid of a module
+    // dominates another whatever the other towers' grids.
+    options.push_back(std::move(all));
   }
   // Exact combination of the surviving options, devices within the cluster.
   std::vector<const ModuleAnalysis*> pick(options.size()), best_pick;
@@ -121,8 +121,9 @@ std::optional<Plan> search_distmm(const cost::CostModel& cost, const Constraints
   int best_devices = 0;
   std::function<void(std::size_t, int)> combine = [&](std::size_t k, int used) {
     if (k == options.size()) {
-      if (!packs(cost, pick)) return;
-      double t = combine_branches(cost, pick);
+      std::vector<ModulePlacement> placed;
+      if (!packs(cost, pick, placed)) return;
+      double t = combine_branches(cost, pick, placed);
       if (best_pick.empty() || t < best_time * (1 - 1e-9) || (t <= best_time * (1 + 1e-9) && used < best_devices)) {
         best_time = t;
         best_devices = used;

@@ -68,11 +68,17 @@ bool pack_placements(const cost::CostModel& cost, std::vector<ModulePlacement>& 
   return (next_node + static_cast<int>(fill.size())) * per_node <= total;
 }
 
+bool packs(const cost::CostModel& cost, const std::vector<const ModuleAnalysis*>& picks,
+           std::vector<ModulePlacement>& placed) {
+  placed.clear();
+  placed.reserve(picks.size());
+  for (const auto* a : picks) placed.push_back(a->placement);
+  return pack_placements(cost, placed);
+}
+
 bool packs(const cost::CostModel& cost, const std::vector<const ModuleAnalysis*>& picks) {
-  std::vector<ModulePlacement> copies;
-  copies.reserve(picks.size());
-  for (const auto* a : picks) copies.push_back(a->placement);
-  return pack_placements(cost, copies);
+  std::vector<ModulePlacement> placed;
+  return packs(cost, picks, placed);
 }
 
 void summarize_module(const cost::CostModel& cost, ModuleAnalysis& out, double microbatches) {
@@ -121,25 +127,32 @@ bool analyze_branch(const cost::CostModel& cost, const ModulePlacement& p, Modul
   return true;
 }
 
+double branches_batch_sync_seconds(const cost::CostModel& cost, const std::vector<ModulePlacement>& towers) {
+  if (towers.empty()) return 0;
+  double dim = 0;
+  int fewest = towers.front().dp;
+  std::vector<int> last_stages;
+  const ModulePlacement* loss = &towers.front();
+  for (const auto& p : towers) {
+    const auto& m = cost.run().model.modules[static_cast<std::size_t>(p.module)];
+    dim = m.embed_dim;
+    fewest = std::min(fewest, p.dp);
+    const StageDevices last = module_stage_devices(p, p.pp - 1);
+    for (int r = 0; r < last.replicas; ++r) last_stages.push_back(last.first_device + r * last.stride);
+    if (m.modality == spec::Modality::image) loss = &p;
+  }
+  const auto group = cost::group_shape(last_stages, cost.run().cluster.devices_per_node);
+  return batch_sync_seconds(cost, dim, group, fewest, loss->dp);
+}
+
 double combine_branches(const cost::CostModel& cost, const std::vector<const ModuleAnalysis*>& modules,
-                        double* sync_seconds) {
-  const auto& run = cost.run();
-  const auto& train = run.training;
-  const double R = double(train.contrastive_batch);
-  const double groups = contrastive_groups(train);
-  double span = 0, tail = 0, embed_bytes = 0, dim = 0;
-  int devices = 0, lowest = run.devices();
+                        const std::vector<ModulePlacement>& placed, double* sync_seconds) {
+  double span = 0, tail = 0;
   for (const auto* a : modules) {
     span = std::max(span, a->span);
     tail = std::max(tail, a->tail);
-    devices += a->placement.devices;
-    lowest = std::min(lowest, a->placement.first_device);
-    const auto& m = run.model.modules[static_cast<std::size_t>(a->placement.module)];
-    dim = m.embed_dim;
-    embed_bytes += R * m.embed_dim * cost.element_bytes();
   }
-  auto everyone = cost::group_shape(lowest, 1, devices, run.cluster.devices_per_node);
-  double sync = groups * batch_sync_seconds(cost, embed_bytes, dim, everyone, devices);
+  const double sync = contrastive_groups(cost.run().training) * branches_batch_sync_seconds(cost, placed);
   if (sync_seconds) *sync_seconds = sync;
   return span + sync + tail;
 }
@@ -158,7 +171,7 @@ bool evaluate_branches(const cost::CostModel& cost, Plan& plan, std::string* why
     parts.push_back(&analyses[i]);
   }
   Estimate& e = plan.estimate;
-  e.iteration_time_s = combine_branches(cost, parts, &e.sync_s);
+  e.iteration_time_s = combine_branches(cost, parts, plan.modules, &e.sync_s);
   double hardware = 0, busy = 0, dim = 0;
   int devices = 0;
   std::vector<StageLoad> loads;

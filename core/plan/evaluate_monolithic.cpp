@@ -156,15 +156,9 @@ bool evaluate_monolithic(const cost::CostModel& cost, Plan& plan, std::string* w
   if (g.contrastive) {
     // Each DP replica computes the loss on its rows against the gathered embeddings.
     const auto& model = cost.run().model;
-    const double R = double(train.contrastive_batch);
-    double bytes = 0, dim = 0;
-    for (const auto& p : plan.modules) {
-      dim = model.modules[static_cast<std::size_t>(p.module)].embed_dim;
-      bytes += R * dim * cost.element_bytes();
-    }
-    e.sync_s = g.groups * batch_sync_seconds(cost, bytes, dim,
-                                             dp_group_of(cost, grid_stage_devices(g.tp, g.dp, g.stages - 1)), g.dp);
-    hardware += g.groups * contrastive_loss_flops(R, dim);
+    const double dim = model.modules[static_cast<std::size_t>(plan.modules.back().module)].embed_dim;
+    e.sync_s = g.groups * grid_batch_sync_seconds(cost, plan.modules, g.tp, g.dp, g.stages);
+    hardware += g.groups * contrastive_loss_flops(double(train.contrastive_batch), dim);
   }
   const auto slowest = static_cast<std::size_t>(std::max_element(g.times.begin(), g.times.end()) - g.times.begin());
   const auto& worst = g.loads[slowest];

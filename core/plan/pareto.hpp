@@ -40,24 +40,4 @@ std::vector<ModuleAnalysis> pareto(std::vector<ModuleAnalysis> all, Key key) {
   return out;
 }
 
-// Same, but options only compete with options on as many devices: for objectives
-// where more devices can also make things cheaper (DistMM's batch-sync spreads the
-// loss over every device), fewer devices is no advantage in itself.
-template <std::size_t N, class Key>
-std::vector<ModuleAnalysis> pareto_per_size(std::vector<ModuleAnalysis> all, Key key) {
-  std::stable_sort(all.begin(), all.end(), [](const ModuleAnalysis& a, const ModuleAnalysis& b) {
-    return a.placement.devices < b.placement.devices;
-  });
-  std::vector<ModuleAnalysis> out;
-  for (std::size_t i = 0; i < all.size();) {
-    std::size_t j = i;
-    while (j < all.size() && all[j].placement.devices == all[i].placement.devices) ++j;
-    std::vector<ModuleAnalysis> same(std::make_move_iterator(all.begin() + i),
-                                     std::make_move_iterator(all.begin() + j));
-    for (auto& a : pareto<N>(std::move(same), key)) out.push_back(std::move(a));
-    i = j;
-  }
-  return out;
-}
-
 }  // namespace braid::plan

@@ -54,11 +54,17 @@ double pipeline_span(const std::vector<double>& t, int microbatches, int virtual
 void finish_estimate(Estimate& e, const cost::CostModel& cost, int devices, double hardware_flops,
                      double busy_device_seconds);
 
-// One contrastive batch-sync (DistMM): all-gather the group's embeddings of every
-// branch (`embed_bytes` in all) over `group`, compute the loss on each of `devices`
-// devices' share of the rows, and reduce-scatter the embedding gradients back.
-double batch_sync_seconds(const cost::CostModel& cost, double embed_bytes, double dim, const cost::GroupShape& group,
-                          int devices);
+// One contrastive batch-sync as braid's trainer runs it (core/train/clip_work.cpp), one per
+// TP index: each of `group`'s members (the towers' last-stage replicas, one TP rank of each)
+// adds a record of both towers' rows of width `dim`, padded to the most rows a member holds (a
+// contrastive batch over the `fewest_replicas` of the tower with the fewest), and the records
+// are all-gathered; `loss_replicas` replicas each compute the loss on their share of the rows;
+// the gradients of every row are all-reduced.
+double batch_sync_seconds(const cost::CostModel& cost, double dim, const cost::GroupShape& group, int fewest_replicas,
+                          int loss_replicas);
+// The batch-sync of towers sharing one grid of `tp` x `dp` x `stages` (monolithic layout).
+double grid_batch_sync_seconds(const cost::CostModel& cost, const std::vector<ModulePlacement>& towers, int tp, int dp,
+                               int stages);
 // FLOPs of one contrastive loss over `rows` samples of width `dim`: logits, and
 // their gradients with respect to both sides.
 inline double contrastive_loss_flops(double rows, double dim) { return 3 * 2.0 * rows * rows * dim; }

@@ -96,18 +96,25 @@ TEST(Simulate, DisaggregatedPipelinesShowTheirWarmUpAndCoolDown) {
   EXPECT_GT(last_llm.bubbles[static_cast<int>(sim::Cause::pp_warmup)], 0);
 }
 
-TEST(Simulate, DistmmPipeBeatsPlainBatchSyncOnARealClipPlan) {
-  // Four contrastive groups per step, two image stages: DistMM-Pipe overlaps the groups.
-  auto run = test::parse(
+// CLIP ViT-L/14 on 2 DGX A100 nodes, 4 contrastive groups of 1024 per step; its towers as
+// branches: the image tower in 2 stages of 4 replicas (devices 0-7), the text tower in 8
+// replicas (devices 8-15).
+spec::RunSpec clip_on_two_nodes() {
+  return test::parse(
       "model: ../models/clip-vit-l14.yaml\ncluster: ../clusters/dgx-a100-80gb.yaml\nnodes: 2\n"
       "training: {global_batch: 4096, contrastive_batch: 1024, microbatch: 32, recompute: full}\n"
       "data: {image: {resolution: 224}, text: {tokens: 77}}\n");
+}
+const std::string kClipImageBranch =
+    "  - {name: image_encoder, tp: 1, pp: 2, dp: 4, first_device: 0, microbatch_size: 32}\n";
+const std::string kClipTextBranch =
+    "  - {name: text_encoder, tp: 1, pp: 1, dp: 8, first_device: 8, microbatch_size: 32}\n";
+
+TEST(Simulate, DistmmPipeBeatsPlainBatchSyncOnARealClipPlan) {
+  // Four contrastive groups per step, two image stages: DistMM-Pipe overlaps the groups.
+  auto run = clip_on_two_nodes();
   cost::CostModel cost(run);
-  auto fixed = plan::parse_plan_text(
-      "layout: branches\nmodules:\n"
-      "  - {name: image_encoder, tp: 1, pp: 2, dp: 4, first_device: 0, microbatch_size: 32}\n"
-      "  - {name: text_encoder, tp: 1, pp: 1, dp: 8, first_device: 8, microbatch_size: 32}\n",
-      run);
+  auto fixed = plan::parse_plan_text("layout: branches\nmodules:\n" + kClipImageBranch + kClipTextBranch, run);
   auto result = orchestrate::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, fixed});
   auto plain = sim::simulate(orchestrate::build_program(cost, result.best, spec::Schedule::batch_sync));
   auto pipe = sim::simulate(orchestrate::build_program(cost, result.best, spec::Schedule::distmm_pipe));
@@ -115,6 +122,45 @@ TEST(Simulate, DistmmPipeBeatsPlainBatchSyncOnARealClipPlan) {
   EXPECT_LT(pipe.step_time_s, plain.step_time_s);
   EXPECT_LT(two.peak_memory_gib, plain.peak_memory_gib);
   EXPECT_GT(plain.bubbles[static_cast<int>(sim::Cause::batch_sync)], 0);
+}
+
+TEST(Simulate, TheBatchSyncIsPricedAsTheTrainerRunsIt) {
+  // The towers' last stages (image devices 4-7, text 8-15) gather records of both towers'
+  // rows, each padded to a quarter of the batch (the image tower's 4 replicas hold the most);
+  // the image replicas each compute the loss on their quarter; the gradients of all rows are
+  // all-reduced. Listing the text tower first changes nothing: the image tower computes the
+  // loss either way.
+  auto run = clip_on_two_nodes();
+  cost::CostModel cost(run);
+  const double R = 1024, dim = run.model.modules[0].embed_dim;
+  ASSERT_EQ(run.model.modules[1].embed_dim, dim);
+  const cost::GroupShape last_stages{12, 8, 2};
+  const double record = 2 * (R / 4) * (dim * cost.element_bytes() + 8);  // rows and their sample ids
+  const cost::BlockCost loss = cost::contrastive_loss_op(R / 4, R, dim, cost.kernel_context());
+  const double expected = cost.comm().all_gather(12 * record, last_stages) + loss.forward_s + loss.backward_s +
+                          cost.comm().all_reduce(2 * R * dim * cost.element_bytes(), last_stages);
+  for (const std::string& modules : {kClipImageBranch + kClipTextBranch, kClipTextBranch + kClipImageBranch}) {
+    SCOPED_TRACE(modules);
+    auto fixed = plan::parse_plan_text("layout: branches\nmodules:\n" + modules, run);
+    auto result = orchestrate::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, fixed});
+    EXPECT_NEAR(result.best.estimate.sync_s, 4 * expected, 1e-12);  // 4 contrastive groups
+    auto program = orchestrate::build_program(cost, result.best, spec::Schedule::batch_sync);
+    EXPECT_NEAR(program.batch_sync_s, expected, 1e-12);
+  }
+  // Both towers on one grid of tp 2 x dp 8: the batch-sync of a TP index joins its 8 replicas
+  // (every second device, 4 on each node), each with an eighth of the rows of both towers.
+  auto grid = plan::parse_plan_text(
+      "layout: monolithic\nmodules:\n  - {name: image_encoder, tp: 2, pp: 1, dp: 8}\n"
+      "  - {name: text_encoder, tp: 2, pp: 1, dp: 8}\n",
+      run);
+  auto result = orchestrate::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, grid});
+  const cost::GroupShape replicas{8, 4, 2};
+  const cost::BlockCost eighth = cost::contrastive_loss_op(R / 8, R, dim, cost.kernel_context());
+  const double grid_sync = cost.comm().all_gather(8 * 2 * (R / 8) * (dim * cost.element_bytes() + 8), replicas) +
+                           eighth.forward_s + eighth.backward_s +
+                           cost.comm().all_reduce(2 * R * dim * cost.element_bytes(), replicas);
+  EXPECT_NEAR(result.best.estimate.sync_s, 4 * grid_sync, 1e-12);
+  EXPECT_NEAR(orchestrate::build_program(cost, result.best, spec::Schedule::batch_sync).batch_sync_s, grid_sync, 1e-12);
 }
 
 TEST(Simulate, PlansTheSimulatorCannotRunAreRejectedByTheEvaluator) {
