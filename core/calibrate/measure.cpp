@@ -19,6 +19,11 @@ double min_seconds(const ComputeOptions& o) { return o.quick ? 0.005 : 0.04; }
 // Past the last-level caches of the hosts braid runs on (and a GPU's L2).
 constexpr double kColdBytes = 64.0 * 1024 * 1024;
 
+// How many copies of `bytes` of saved inputs a backward cycles through to read them cold.
+std::size_t cold_sets(double bytes) {
+  return static_cast<std::size_t>(std::clamp(std::ceil(kColdBytes / bytes), 1.0, 65536.0));
+}
+
 bool on_gpu(const ComputeOptions& o) { return o.device && !o.device->device().is_host(); }
 
 // What runs the cases: the host ops, or a device backend's with its stream waited for after
@@ -201,21 +206,32 @@ std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook&
   for (int64_t n : sizes) {
     const int64_t features = 128, rows = n / features;
     const std::string size = std::to_string(n * 4 >> 10) + " KiB";
-    nn::Tensor x = run.on(filled({rows, features})), dy = run.on(filled({rows, features})),
-               gamma = run.on(nn::Tensor({features}, 1.0f)), beta = run.on(nn::Tensor({features}));
+    // A backward reads the input its forward saved long before, out of the caches (as for
+    // attention): it cycles through copies of it and its norm statistics past kColdBytes. The
+    // incoming gradient comes hot, from the op just before.
+    struct Saved {
+      nn::Tensor x;
+      nn::LayerNormSaved norm;
+    };
+    std::vector<Saved> saved(cold_sets(4.0 * static_cast<double>(n + 2 * rows)));
+    for (auto& c : saved) c.x = run.on(filled({rows, features}));
+    nn::Tensor dy = run.on(filled({rows, features})), gamma = run.on(nn::Tensor({features}, 1.0f)),
+               beta = run.on(nn::Tensor({features}));
     nn::Tensor y, dx, dgamma = run.on(nn::Tensor({features})), dbeta = run.on(nn::Tensor({features})), g, dg;
-    nn::LayerNormSaved saved;
     // A layer's norm and activation each way. Not the residual add: a pure stream, priced at
     // the triad's rate (on this kind of host 5-8x a norm's), which would lift the table above
     // what the norms and activations that fill it run at.
+    Saved& hot = saved.front();
     const auto forward = [&] {
-      ops.layernorm_forward(x, gamma, beta, 1e-5f, y, saved);
-      ops.gelu_forward(x, g);
+      ops.layernorm_forward(hot.x, gamma, beta, 1e-5f, y, hot.norm);
+      ops.gelu_forward(hot.x, g);
       run.wait();
     };
+    std::size_t next = 0;
     const auto backward = [&] {
-      ops.layernorm_backward(x, gamma, saved, dy, &dx, &dgamma, &dbeta);
-      ops.gelu_backward(x, dy, dg);
+      Saved& c = saved[next++ % saved.size()];
+      ops.layernorm_backward(c.x, gamma, c.norm, dy, &dx, &dgamma, &dbeta);
+      ops.gelu_backward(c.x, dy, dg);
       run.wait();
     };
     // Bytes as the cost model counts them (cost/transformer.cpp, add_elementwise): a norm's or
@@ -226,6 +242,7 @@ std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook&
                       optimizer_case = std::string(kOptimizerStep) + " " + size;
     between(index++, count, forward_case);
     out.push_back({forward_case, forward_bytes, time_call(forward, min_seconds(o), batches(o))});
+    for (auto& c : saved) ops.layernorm_forward(c.x, gamma, beta, 1e-5f, y, c.norm);
     between(index++, count, backward_case);
     out.push_back({backward_case, 2 * forward_bytes, time_call(backward, min_seconds(o), batches(o))});
     // AdamW over n parameters, charged as the cost model charges a float32 step (cost_model.cpp,
@@ -258,8 +275,7 @@ std::vector<Timing> measure_attention(const ComputeOptions& o, const CaseHook& b
     // caches (timed hot, the host's took 1.7x less than in a step): it cycles through copies
     // of the saved inputs that together pass kColdBytes. The forward's inputs come hot, from
     // the projections just before it.
-    const double set_bytes = 4.0 * (3 * s.batch * s.seq * width + s.batch * s.heads * s.seq * s.seq);
-    const auto sets = static_cast<std::size_t>(std::clamp(std::ceil(kColdBytes / set_bytes), 1.0, 4096.0));
+    const auto sets = cold_sets(4.0 * (3 * s.batch * s.seq * width + s.batch * s.heads * s.seq * s.seq));
     struct Saved {
       nn::Tensor q, k, v;
       nn::AttentionSaved attention;
