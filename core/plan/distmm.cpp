@@ -115,7 +115,7 @@ std::optional<Plan> search_distmm(const cost::CostModel& cost, const Constraints
     // dominates another whatever the other towers' grids.
     options.push_back(std::move(all));
   }
-  // Exact combination of the surviving options, devices within the cluster.
+  // Exact combination of the options, devices within the cluster.
   std::vector<const ModuleAnalysis*> pick(options.size()), best_pick;
   double best_time = 0;
   int best_devices = 0;

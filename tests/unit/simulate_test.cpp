@@ -147,6 +147,24 @@ TEST(Simulate, TheBatchSyncIsPricedAsTheTrainerRunsIt) {
     auto program = orchestrate::build_program(cost, result.best, spec::Schedule::batch_sync);
     EXPECT_NEAR(program.batch_sync_s, expected, 1e-12);
   }
+  // The image tower in 8 replicas (devices 0-7), the text tower in 2 stages of 4 (8-15): the
+  // records are padded to a quarter of the batch (the text replicas hold the most), while
+  // each image replica computes the loss on an eighth.
+  auto wide_image = plan::parse_plan_text(
+      "layout: branches\nmodules:\n"
+      "  - {name: image_encoder, tp: 1, pp: 1, dp: 8, first_device: 0, microbatch_size: 32}\n"
+      "  - {name: text_encoder, tp: 1, pp: 2, dp: 4, first_device: 8, microbatch_size: 32}\n",
+      run);
+  const cost::GroupShape image_and_text_last{12, 8, 2};
+  const cost::BlockCost eighth = cost::contrastive_loss_op(R / 8, R, dim, cost.kernel_context());
+  const double wide_sync = cost.comm().all_gather(12 * record, image_and_text_last) + eighth.forward_s +
+                           eighth.backward_s +
+                           cost.comm().all_reduce(2 * R * dim * cost.element_bytes(), image_and_text_last);
+  EXPECT_NEAR(orchestrate::build_program(
+                  cost, orchestrate::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, wide_image}).best,
+                  spec::Schedule::batch_sync)
+                  .batch_sync_s,
+              wide_sync, 1e-12);
   // Both towers on one grid of tp 2 x dp 8: the batch-sync of a TP index joins its 8 replicas
   // (every second device, 4 on each node), each with an eighth of the rows of both towers.
   auto grid = plan::parse_plan_text(
@@ -155,7 +173,6 @@ TEST(Simulate, TheBatchSyncIsPricedAsTheTrainerRunsIt) {
       run);
   auto result = orchestrate::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, grid});
   const cost::GroupShape replicas{8, 4, 2};
-  const cost::BlockCost eighth = cost::contrastive_loss_op(R / 8, R, dim, cost.kernel_context());
   const double grid_sync = cost.comm().all_gather(8 * 2 * (R / 8) * (dim * cost.element_bytes() + 8), replicas) +
                            eighth.forward_s + eighth.backward_s +
                            cost.comm().all_reduce(2 * R * dim * cost.element_bytes(), replicas);
