@@ -133,6 +133,7 @@ std::optional<Plan> search_distmm(const cost::CostModel& cost, const Constraints
     }
     for (const auto& a : options[k]) {
       if (used + a.placement.devices > n) continue;
+      if (c.towers_share_tp && k > 0 && a.placement.tp != pick[0]->placement.tp) continue;
       pick[k] = &a;
       combine(k + 1, used + a.placement.devices);
     }

@@ -18,6 +18,9 @@ struct Constraints {
   // Pipeline stages of an MLLM's modules other than its llm (encoders, projectors) under
   // disttrain and optimus; 0: any. `braid train` sets 1 (train::trainable).
   int encoder_pp = 0;
+  // Under distmm, every tower of a contrastive model in the same tp (the trainer's batch-sync
+  // pairs each TP rank with the same TP rank of the other tower). `braid train` sets it.
+  bool towers_share_tp = false;
 };
 
 // Counts how much of the space a search visited, for benchmarks and tests.

@@ -14,6 +14,7 @@ plan::Constraints trainable(const spec::ModelSpec& model, plan::Constraints aske
   for (const auto& m : model.modules) {
     if (single_stage_only(model, m) && m.role != spec::Role::loss) asked.encoder_pp = 1;
   }
+  if (model.topology == spec::Topology::contrastive) asked.towers_share_tp = true;
   return asked;
 }
 

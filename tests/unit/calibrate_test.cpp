@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 #include <tuple>
 
 #include "core/calibrate/cluster_file.hpp"
@@ -383,6 +384,22 @@ TEST(Calibrate, TrainAsksThePlannerForLayoutsTheTrainerRuns) {
   }
   EXPECT_TRUE(pipelined_without);
   EXPECT_EQ(train::trainable(test::load("tiny-clip.yaml").model, {}).encoder_pp, 0);  // CLIP towers pipeline
+  // The trainer's batch-sync pairs the towers' TP ranks, so it asks DistMM for towers of one
+  // tp; on 1024 GPUs the unconstrained search gives the image tower tp 2 and the text tower 1.
+  spec::RunSpec clip = test::load("clip-vit-l14-64gpu.yaml");
+  clip.cluster.nodes = 128;
+  const cost::CostModel clip_cost(clip);
+  auto tps = [&](const plan::Constraints& c) {
+    std::set<int> out;
+    for (const auto& m :
+         orchestrate::make_plan(clip_cost, plan::PlanRequest{plan::Strategy::distmm, c, {}}).best.modules)
+      out.insert(m.tp);
+    return out.size();
+  };
+  EXPECT_GT(tps({}), 1u);
+  const plan::Constraints asked = train::trainable(clip.model, {});
+  EXPECT_TRUE(asked.towers_share_tp);
+  EXPECT_EQ(tps(asked), 1u);
 }
 
 }  // namespace
