@@ -19,8 +19,7 @@ GroupShape group_shape(int first, int stride, int count, int devices_per_node) {
     const int from = lo <= first ? 0 : (lo - first + stride - 1) / stride;
     const int to = std::min(count - 1, (hi - first) / stride);
     if (to < from) continue;
-    ++g.nodes;
-    g.per_node = std::max(g.per_node, to - from + 1);
+    g.per_node = g.nodes++ == 0 ? to - from + 1 : std::min(g.per_node, to - from + 1);
   }
   return g;
 }
@@ -31,8 +30,8 @@ GroupShape group_shape(const std::vector<int>& devices, int devices_per_node) {
   GroupShape g;
   g.size = static_cast<int>(devices.size());
   g.nodes = static_cast<int>(on_node.size());
-  g.per_node = 0;
-  for (const auto& [node, count] : on_node) g.per_node = std::max(g.per_node, count);
+  g.per_node = on_node.empty() ? 0 : g.size;
+  for (const auto& [node, count] : on_node) g.per_node = std::min(g.per_node, count);
   return g;
 }
 

@@ -12,7 +12,7 @@ namespace braid::cost {
 // how many nodes it spans. That is all the alpha-beta model needs.
 struct GroupShape {
   int size = 1;
-  int per_node = 1;  // the most members on any one node
+  int per_node = 1;  // members on a node; spanning nodes, the fewest on any (they drive its ports)
   int nodes = 1;
 
   bool operator==(const GroupShape&) const = default;

@@ -146,15 +146,24 @@ class SectionTest(unittest.TestCase):
         self.assertIn('"braid.enabled"', str(cm.exception))
 
 
+# A DistMM plan of tiny-clip with each tower on 2 replicas (fixed, so the figures below do
+# not move with the planner's choice).
+TOWERS_ON_TWO_REPLICAS = """layout: branches
+modules:
+  - {name: image_encoder, tp: 1, pp: 1, dp: 2, first_device: 0, microbatch_size: 16}
+  - {name: text_encoder, tp: 1, pp: 1, dp: 2, first_device: 2, microbatch_size: 16}
+"""
+
+
 @unittest.skipIf(PYDANTIC_REASON, PYDANTIC_REASON)
 class BatchKeysTest(unittest.TestCase):
-    """tiny-clip: global batch 128, microbatch 16; DistMM puts each tower on 2 replicas,
-    so each runs 128 / (16 x 2) = 4 microbatches."""
+    """tiny-clip: global batch 128, microbatch 16; a DistMM plan with each tower on 2
+    replicas, so each runs 128 / (16 x 2) = 4 microbatches."""
 
     @classmethod
     def setUpClass(cls):
         cls.config = braid.Config.from_file(TINY_CLIP)
-        cls.plan = cls.config.plan("distmm")
+        cls.plan = cls.config.plan("fixed", plan_yaml=TOWERS_ON_TWO_REPLICAS)
         cls.batch = bd.run_batch(cls.config, cls.plan, TINY_CLIP)
 
     @classmethod
