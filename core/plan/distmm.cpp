@@ -119,9 +119,9 @@ std::optional<Plan> search_distmm(const cost::CostModel& cost, const Constraints
   std::vector<const ModuleAnalysis*> pick(options.size()), best_pick;
   double best_time = 0;
   int best_devices = 0;
+  std::vector<ModulePlacement> placed;  // each combination's, packed (reused: the loop is hot)
   std::function<void(std::size_t, int)> combine = [&](std::size_t k, int used) {
     if (k == options.size()) {
-      std::vector<ModulePlacement> placed;
       if (!packs(cost, pick, placed)) return;
       double t = combine_branches(cost, pick, placed);
       if (best_pick.empty() || t < best_time * (1 - 1e-9) || (t <= best_time * (1 + 1e-9) && used < best_devices)) {

@@ -129,20 +129,18 @@ bool analyze_branch(const cost::CostModel& cost, const ModulePlacement& p, Modul
 
 double branches_batch_sync_seconds(const cost::CostModel& cost, const std::vector<ModulePlacement>& towers) {
   if (towers.empty()) return 0;
-  double dim = 0;
   int fewest = towers.front().dp;
   std::vector<int> last_stages;
   const ModulePlacement* loss = &towers.front();
   for (const auto& p : towers) {
     const auto& m = cost.run().model.modules[static_cast<std::size_t>(p.module)];
-    dim = m.embed_dim;
     fewest = std::min(fewest, p.dp);
     const StageDevices last = module_stage_devices(p, p.pp - 1);
     for (int r = 0; r < last.replicas; ++r) last_stages.push_back(last.first_device + r * last.stride);
     if (m.modality == spec::Modality::image) loss = &p;
   }
   const auto group = cost::group_shape(last_stages, cost.run().cluster.devices_per_node);
-  return batch_sync_seconds(cost, dim, group, fewest, loss->dp);
+  return batch_sync_seconds(cost, towers_embed_dim(cost, towers), group, fewest, loss->dp);
 }
 
 double combine_branches(const cost::CostModel& cost, const std::vector<const ModuleAnalysis*>& modules,
@@ -172,7 +170,7 @@ bool evaluate_branches(const cost::CostModel& cost, Plan& plan, std::string* why
   }
   Estimate& e = plan.estimate;
   e.iteration_time_s = combine_branches(cost, parts, plan.modules, &e.sync_s);
-  double hardware = 0, busy = 0, dim = 0;
+  double hardware = 0, busy = 0;
   int devices = 0;
   std::vector<StageLoad> loads;
   std::vector<double> acts;
@@ -188,10 +186,9 @@ bool evaluate_branches(const cost::CostModel& cost, Plan& plan, std::string* why
       loads.push_back(a->loads[s]);
       acts.push_back(a->loads[s].work.activation_bytes * a->held[s]);
     }
-    dim = run.model.modules[static_cast<std::size_t>(a->placement.module)].embed_dim;
   }
   const double R = double(run.training.contrastive_batch);
-  hardware += contrastive_groups(run.training) * contrastive_loss_flops(R, dim);
+  hardware += contrastive_groups(run.training) * contrastive_loss_flops(R, towers_embed_dim(cost, plan.modules));
   const auto& p = slowest->placement;
   const double mbs = microbatches_per_step(run.training, p);
   const auto worst = std::max_element(slowest->loads.begin(), slowest->loads.end(),

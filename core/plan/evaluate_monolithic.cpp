@@ -155,10 +155,9 @@ bool evaluate_monolithic(const cost::CostModel& cost, Plan& plan, std::string* w
   }
   if (g.contrastive) {
     // Each DP replica computes the loss on its rows against the gathered embeddings.
-    const auto& model = cost.run().model;
-    const double dim = model.modules[static_cast<std::size_t>(plan.modules.back().module)].embed_dim;
     e.sync_s = g.groups * grid_batch_sync_seconds(cost, plan.modules, g.tp, g.dp, g.stages);
-    hardware += g.groups * contrastive_loss_flops(double(train.contrastive_batch), dim);
+    hardware +=
+        g.groups * contrastive_loss_flops(double(train.contrastive_batch), towers_embed_dim(cost, plan.modules));
   }
   const auto slowest = static_cast<std::size_t>(std::max_element(g.times.begin(), g.times.end()) - g.times.begin());
   const auto& worst = g.loads[slowest];

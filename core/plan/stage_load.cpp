@@ -76,11 +76,14 @@ double batch_sync_seconds(const cost::CostModel& cost, double dim, const cost::G
          cost.comm().all_reduce(gradients, group);
 }
 
+double towers_embed_dim(const cost::CostModel& cost, const std::vector<ModulePlacement>& towers) {
+  return towers.empty() ? 0 : cost.run().model.modules[static_cast<std::size_t>(towers.back().module)].embed_dim;
+}
+
 double grid_batch_sync_seconds(const cost::CostModel& cost, const std::vector<ModulePlacement>& towers, int tp, int dp,
                                int stages) {
-  double dim = 0;
-  for (const auto& m : towers) dim = cost.run().model.modules[static_cast<std::size_t>(m.module)].embed_dim;
-  return batch_sync_seconds(cost, dim, dp_group_of(cost, grid_stage_devices(tp, dp, stages - 1)), dp, dp);
+  return batch_sync_seconds(cost, towers_embed_dim(cost, towers),
+                            dp_group_of(cost, grid_stage_devices(tp, dp, stages - 1)), dp, dp);
 }
 
 void record_slowest_stage(Estimate& e, const StageLoad& worst, double microbatches) {

@@ -62,6 +62,8 @@ void finish_estimate(Estimate& e, const cost::CostModel& cost, int devices, doub
 // the gradients of every row are all-reduced.
 double batch_sync_seconds(const cost::CostModel& cost, double dim, const cost::GroupShape& group, int fewest_replicas,
                           int loss_replicas);
+// The width of the towers' embeddings, which the contrastive loss compares (the last tower's).
+double towers_embed_dim(const cost::CostModel& cost, const std::vector<ModulePlacement>& towers);
 // The batch-sync of towers sharing one grid of `tp` x `dp` x `stages` (monolithic layout).
 double grid_batch_sync_seconds(const cost::CostModel& cost, const std::vector<ModulePlacement>& towers, int tp, int dp,
                                int stages);
