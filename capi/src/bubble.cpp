@@ -67,7 +67,8 @@ BRAID_API braid_status braid_bubble_scheduler_report(const braid_bubble_schedule
                                                      braid_bubble_report* report) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(scheduler, "scheduler is NULL");
-  BRAID_REQUIRE_STRUCT(report, braid_bubble_report, offsetof(braid_bubble_report, plain_step_s) + sizeof(double));
+  // Version 1 ends before the fields "Added later".
+  BRAID_REQUIRE_STRUCT(report, braid_bubble_report, offsetof(braid_bubble_report, llm_step_s));
   std::lock_guard<std::mutex> lock(scheduler->mutex);
   BRAID_REQUIRE(scheduler->schedules, "the scheduler has not run yet; call braid_bubble_scheduler_run first");
   const auto& r = scheduler->schedules->report;

@@ -14,7 +14,9 @@ using braid::spec::Attention;
 using braid::spec::Precision;
 using braid::spec::Recompute;
 
-constexpr std::size_t kRunSettingsV1 = offsetof(braid_run_settings, generated_image_resolution) + sizeof(int32_t);
+// Version 1 ends before the Megatron-Core settings of version 2.
+constexpr std::size_t kRunSettingsV1 = offsetof(braid_run_settings, overlap_param_gather);
+constexpr std::size_t kRunSettingsVersions[] = {kRunSettingsV1, sizeof(braid_run_settings)};
 
 // The C enums are read as ints: a C caller may store any value in an enum field, and
 // loading an out-of-range value as a C++ enum is undefined behaviour.
@@ -162,7 +164,7 @@ BRAID_API braid_status braid_config_devices(const braid_config* config, int32_t*
 BRAID_API braid_status braid_config_run_settings(const braid_config* config, braid_run_settings* settings) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(config, "config is NULL");
-  BRAID_REQUIRE_STRUCT(settings, braid_run_settings, offsetof(braid_run_settings, version) + sizeof(uint32_t));
+  BRAID_REQUIRE_STRUCT(settings, braid_run_settings, kRunSettingsV1);
   braid_run_settings v = settings_of(config->current()->run);
   v.version = settings->version;  // the caller's: what it knows, for braid_config_set_run_settings
   braid::capi::copy_out(v, settings);
@@ -177,8 +179,8 @@ BRAID_API braid_status braid_config_set_run_settings(braid_config* config, const
   const auto now = config->current();
   // Fields beyond the caller's struct keep their current values.
   braid_run_settings s = settings_of(now->run);
-  BRAID_READ_OPTIONS(settings, braid_run_settings, kRunSettingsV1, BRAID_RUN_SETTINGS_VERSION, BRAID_RUN_SETTINGS_INIT,
-                     &s);
+  BRAID_READ_OPTIONS(settings, braid_run_settings, kRunSettingsVersions, BRAID_RUN_SETTINGS_VERSION,
+                     BRAID_RUN_SETTINGS_INIT, &s);
   for (const auto& problem :
        {enum_problem("precision", raw(s.precision), BRAID_PRECISION_FP32,
                      "BRAID_PRECISION_BF16, BRAID_PRECISION_FP16 or BRAID_PRECISION_FP32"),

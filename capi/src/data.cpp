@@ -11,8 +11,8 @@
 
 namespace {
 
-constexpr std::size_t kBatchV1 = offsetof(braid_sample_batch, module_costs) + sizeof(const double*);
-constexpr std::size_t kOptionsV1 = offsetof(braid_reorder_options, max_evaluations) + sizeof(int64_t);
+constexpr std::size_t kBatchVersions[] = {sizeof(braid_sample_batch)};
+constexpr std::size_t kOptionsVersions[] = {sizeof(braid_reorder_options)};
 
 static_assert(BRAID_REORDER_NONE == static_cast<int>(braid::data::Reordering::none));
 static_assert(BRAID_REORDER_INTRA == static_cast<int>(braid::data::Reordering::intra));
@@ -43,15 +43,15 @@ BRAID_API braid_status braid_reorder_create(const braid_plan* plan, const braid_
   *out = nullptr;
   BRAID_REQUIRE(plan, "plan is NULL");
   BRAID_REQUIRE(batch, "batch is NULL");
-  BRAID_REQUIRE(
-      batch->struct_size >= kBatchV1 && batch->struct_size <= BRAID_MAX_STRUCT_SIZE,
-      braid::capi::struct_size_problem("batch", "braid_sample_batch", batch->struct_size, sizeof(braid_sample_batch)) +
-          ": initialise the batch with BRAID_SAMPLE_BATCH_INIT");
   braid_sample_batch b = BRAID_SAMPLE_BATCH_INIT;
-  std::memcpy(&b, batch, batch->struct_size < sizeof b ? batch->struct_size : sizeof b);
+  static_assert(braid::capi::valid_versions<braid_sample_batch>(kBatchVersions));
+  if (const auto status = braid::capi::read_struct(__func__, "batch", "braid_sample_batch", "BRAID_SAMPLE_BATCH_INIT",
+                                                   batch, kBatchVersions, &b);
+      status != BRAID_OK)
+    return status;
   braid_reorder_options opts = BRAID_REORDER_OPTIONS_INIT;
   if (options)
-    BRAID_READ_OPTIONS(options, braid_reorder_options, kOptionsV1, BRAID_REORDER_OPTIONS_VERSION,
+    BRAID_READ_OPTIONS(options, braid_reorder_options, kOptionsVersions, BRAID_REORDER_OPTIONS_VERSION,
                        BRAID_REORDER_OPTIONS_INIT, &opts);
   // Read the enum as an int: a C caller may store any value in it, and loading an out-of-range
   // enumerator through the enum type is undefined behaviour.
@@ -63,6 +63,10 @@ BRAID_API braid_status braid_reorder_create(const braid_plan* plan, const braid_
       "options->reordering is " + std::to_string(reordering) + "; use BRAID_REORDER_NONE, _INTRA or _INTRA_INTER");
   BRAID_REQUIRE(opts.max_evaluations >= 0, "options->max_evaluations must be 0 (default) or more");
   BRAID_REQUIRE(b.samples > 0, "batch->samples is 0");
+  // Before anything is sized by it: samples x modules must not wrap.
+  BRAID_REQUIRE(b.samples <= braid::data::kMaxHostSamples,
+                "batch->samples is " + std::to_string(b.samples) + ", above the " +
+                    std::to_string(braid::data::kMaxHostSamples) + " samples a batch may hold");
 
   const auto& run = plan->config->run;
   const auto& chosen = plan->result.best;
@@ -92,7 +96,7 @@ BRAID_API braid_status braid_reorder_destroy(braid_reorder* reorder) {
 BRAID_API braid_status braid_reorder_info_get(const braid_reorder* reorder, braid_reorder_info* info) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(reorder, "reorder is NULL");
-  BRAID_REQUIRE_STRUCT(info, braid_reorder_info, offsetof(braid_reorder_info, samples) + sizeof(size_t));
+  BRAID_REQUIRE_STRUCT(info, braid_reorder_info, sizeof(braid_reorder_info));
   braid_reorder_info v = BRAID_REORDER_INFO_INIT;
   const auto& L = reorder->batch.layout;
   v.samples = static_cast<size_t>(L.samples);

@@ -25,12 +25,29 @@ braid_status fail(braid_status status, const std::string& message) noexcept {
   return status;
 }
 
-std::string struct_size_problem(const char* name, const char* type, std::size_t given, std::size_t known) {
+std::string struct_size_problem(const char* name, const char* type, std::size_t given,
+                                std::span<const std::size_t> versions) {
+  const std::size_t known = versions.back();
   std::string text = std::string(name) + "->struct_size is " + std::to_string(given);
-  if (given > BRAID_MAX_STRUCT_SIZE)
+  if (given > BRAID_MAX_STRUCT_SIZE) {
     text +=
         ", above BRAID_MAX_STRUCT_SIZE (" + std::to_string(BRAID_MAX_STRUCT_SIZE) + "): no braid struct is that large";
+  } else if (given < versions.front()) {
+    text += ", below the first version of " + std::string(type) + " (" + std::to_string(versions.front()) + " bytes)";
+  } else if (given < known) {
+    // It ends inside a field of a version: "it takes 40 or at least 56 bytes".
+    text += ", between the versions of " + std::string(type) + ": it takes ";
+    for (std::size_t k = 0; k + 1 < versions.size(); ++k)
+      text += std::to_string(versions[k]) + (k + 2 < versions.size() ? ", " : " or ");
+    text += "at least " + std::to_string(known) + " bytes";
+  }
   return text + "; set it to sizeof(" + type + ") (" + std::to_string(known) + ")";
+}
+
+std::string struct_size_problem(const char* name, const char* type, std::size_t given, std::size_t first,
+                                std::size_t known) {
+  const std::size_t versions[] = {first, known};
+  return struct_size_problem(name, type, given, std::span<const std::size_t>(versions).subspan(first == known ? 1 : 0));
 }
 
 }  // namespace braid::capi

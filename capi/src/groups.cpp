@@ -94,7 +94,7 @@ BRAID_API braid_status braid_groups_count(const braid_groups* groups, size_t* co
 BRAID_API braid_status braid_groups_group(const braid_groups* groups, size_t index, braid_group_info* info) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(groups, "groups is NULL");
-  BRAID_REQUIRE_STRUCT(info, braid_group_info, offsetof(braid_group_info, name) + sizeof(const char*));
+  BRAID_REQUIRE_STRUCT(info, braid_group_info, sizeof(braid_group_info));
   BRAID_REQUIRE(index < groups->groups.size(), index_range("index", index, groups->groups.size(), "groups"));
   const auto& g = *groups->groups[index];
   braid_group_info v = BRAID_GROUP_INFO_INIT;
@@ -111,7 +111,7 @@ BRAID_API braid_status braid_groups_group(const braid_groups* groups, size_t ind
 BRAID_API braid_status braid_groups_rank(const braid_groups* groups, int32_t rank, braid_rank_info* info) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(groups, "groups is NULL");
-  BRAID_REQUIRE_STRUCT(info, braid_rank_info, offsetof(braid_rank_info, stage) + sizeof(int32_t));
+  BRAID_REQUIRE_STRUCT(info, braid_rank_info, sizeof(braid_rank_info));
   const auto place = groups->topology.place_of(rank);
   braid_rank_info v = BRAID_RANK_INFO_INIT;
   v.stage = place.stage;
@@ -127,7 +127,7 @@ BRAID_API braid_status braid_groups_holding(const braid_groups* groups, int32_t 
                                             braid_holding* holding) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(groups, "groups is NULL");
-  BRAID_REQUIRE_STRUCT(holding, braid_holding, offsetof(braid_holding, module) + sizeof(int32_t));
+  BRAID_REQUIRE_STRUCT(holding, braid_holding, sizeof(braid_holding));
   groups->topology.place_of(rank);  // checks the rank
   const auto& held = groups->topology.holdings[static_cast<std::size_t>(rank)];
   BRAID_REQUIRE(index < held.size(), "index " + std::to_string(index) + " is out of range (rank " +
@@ -156,7 +156,7 @@ BRAID_API braid_status braid_groups_link_count(const braid_groups* groups, size_
 BRAID_API braid_status braid_groups_link(const braid_groups* groups, size_t index, braid_link_info* info) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(groups, "groups is NULL");
-  BRAID_REQUIRE_STRUCT(info, braid_link_info, offsetof(braid_link_info, from_module) + sizeof(int32_t));
+  BRAID_REQUIRE_STRUCT(info, braid_link_info, sizeof(braid_link_info));
   const auto& links = groups->topology.links;
   BRAID_REQUIRE(index < links.size(), index_range("index", index, links.size(), "links"));
   const auto& l = links[index];
@@ -176,7 +176,7 @@ BRAID_API braid_status braid_groups_link_pair(const braid_groups* groups, size_t
                                               braid_link_pair* out) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(groups, "groups is NULL");
-  BRAID_REQUIRE_STRUCT(out, braid_link_pair, offsetof(braid_link_pair, from_replica) + sizeof(int32_t));
+  BRAID_REQUIRE_STRUCT(out, braid_link_pair, sizeof(braid_link_pair));
   const auto& links = groups->topology.links;
   BRAID_REQUIRE(link < links.size(), index_range("link", link, links.size(), "links"));
   const auto& pairs = links[link].pairs;
@@ -207,7 +207,7 @@ BRAID_API braid_status braid_groups_batch_sync_count(const braid_groups* groups,
 BRAID_API braid_status braid_groups_batch_sync(const braid_groups* groups, size_t index, braid_batch_sync_info* info) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(groups, "groups is NULL");
-  BRAID_REQUIRE_STRUCT(info, braid_batch_sync_info, offsetof(braid_batch_sync_info, name) + sizeof(const char*));
+  BRAID_REQUIRE_STRUCT(info, braid_batch_sync_info, sizeof(braid_batch_sync_info));
   const auto& syncs = groups->topology.batch_syncs;
   BRAID_REQUIRE(index < syncs.size(), index_range("index", index, syncs.size(), "batch-sync groups"));
   const auto& g = syncs[index];
@@ -225,7 +225,7 @@ BRAID_API braid_status braid_groups_batch_sync_member(const braid_groups* groups
                                                       braid_batch_sync_member* out) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(groups, "groups is NULL");
-  BRAID_REQUIRE_STRUCT(out, braid_batch_sync_member, offsetof(braid_batch_sync_member, module) + sizeof(int32_t));
+  BRAID_REQUIRE_STRUCT(out, braid_batch_sync_member, sizeof(braid_batch_sync_member));
   const auto& syncs = groups->topology.batch_syncs;
   BRAID_REQUIRE(index < syncs.size(), index_range("index", index, syncs.size(), "batch-sync groups"));
   const auto& members = syncs[index].members;

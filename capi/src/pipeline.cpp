@@ -19,7 +19,7 @@ using braid::pipeline::Op;
 using braid::sim::Cause;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-constexpr std::size_t kSimulationOptionsV1 = offsetof(braid_simulation_options, trace_replicas) + sizeof(int32_t);
+constexpr std::size_t kSimulationOptionsVersions[] = {sizeof(braid_simulation_options)};
 constexpr int32_t kMaxGanttWidth = 10000;
 
 // The C enums mirror the core's: checked here so that a reordering fails to build.
@@ -185,7 +185,8 @@ BRAID_API braid_status braid_program_stage_count(const braid_program* program, s
 BRAID_API braid_status braid_program_stage(const braid_program* program, size_t stage, braid_stage_info* info) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(program, "program is NULL");
-  BRAID_REQUIRE_STRUCT(info, braid_stage_info, offsetof(braid_stage_info, name) + sizeof(const char*));
+  // Version 1 ends before gradient_scale and part_count.
+  BRAID_REQUIRE_STRUCT(info, braid_stage_info, offsetof(braid_stage_info, gradient_scale));
   const auto& stages = program->program.stages;
   BRAID_REQUIRE(stage < stages.size(), stage_range(stage, stages.size()));
   const auto& s = stages[stage];
@@ -215,7 +216,7 @@ BRAID_API braid_status braid_program_instruction(const braid_program* program, s
                                                  braid_instruction* instruction) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(program, "program is NULL");
-  BRAID_REQUIRE_STRUCT(instruction, braid_instruction, offsetof(braid_instruction, opcode) + sizeof(braid_opcode));
+  BRAID_REQUIRE_STRUCT(instruction, braid_instruction, sizeof(braid_instruction));
   const auto& stages = program->program.stages;
   BRAID_REQUIRE(stage < stages.size(), "stage " + stage_range(stage, stages.size()));
   const auto& list = stages[stage].instructions;
@@ -229,7 +230,7 @@ BRAID_API braid_status braid_program_stage_part(const braid_program* program, si
                                                 braid_stage_part* part) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(program, "program is NULL");
-  BRAID_REQUIRE_STRUCT(part, braid_stage_part, offsetof(braid_stage_part, module) + sizeof(int32_t));
+  BRAID_REQUIRE_STRUCT(part, braid_stage_part, sizeof(braid_stage_part));
   const auto& stages = program->program.stages;
   BRAID_REQUIRE(stage < stages.size(), "stage " + stage_range(stage, stages.size()));
   const auto& parts = program->parts[stage];
@@ -261,7 +262,7 @@ BRAID_API braid_status braid_program_microbatches(const braid_program* program, 
 BRAID_API braid_status braid_program_rank(const braid_program* program, int32_t rank, braid_program_rank_info* info) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(program, "program is NULL");
-  BRAID_REQUIRE_STRUCT(info, braid_program_rank_info, offsetof(braid_program_rank_info, stage) + sizeof(int32_t));
+  BRAID_REQUIRE_STRUCT(info, braid_program_rank_info, sizeof(braid_program_rank_info));
   const auto place = program->program.place_of(rank);
   braid_program_rank_info v = BRAID_PROGRAM_RANK_INFO_INIT;
   v.stage = place.stage;
@@ -277,7 +278,7 @@ BRAID_API braid_status braid_program_rank_instruction(const braid_program* progr
                                                       braid_instruction* instruction) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(program, "program is NULL");
-  BRAID_REQUIRE_STRUCT(instruction, braid_instruction, offsetof(braid_instruction, opcode) + sizeof(braid_opcode));
+  BRAID_REQUIRE_STRUCT(instruction, braid_instruction, sizeof(braid_instruction));
   const auto stage = static_cast<std::size_t>(program->program.place_of(rank).stage);
   const auto& list = program->program.stages[stage].instructions;
   BRAID_REQUIRE(index < list.size(),
@@ -297,7 +298,7 @@ BRAID_API braid_status braid_simulate(const braid_program* program, const braid_
   BRAID_REQUIRE(program, "program is NULL");
   braid_simulation_options opts = BRAID_SIMULATION_OPTIONS_INIT;
   if (options)
-    BRAID_READ_OPTIONS(options, braid_simulation_options, kSimulationOptionsV1, BRAID_SIMULATION_OPTIONS_VERSION,
+    BRAID_READ_OPTIONS(options, braid_simulation_options, kSimulationOptionsVersions, BRAID_SIMULATION_OPTIONS_VERSION,
                        BRAID_SIMULATION_OPTIONS_INIT, &opts);
   BRAID_REQUIRE(opts.record_trace == 0 || opts.record_trace == 1,
                 "options->record_trace is " + std::to_string(opts.record_trace) + "; set it to 0 or 1");
@@ -324,8 +325,7 @@ BRAID_API braid_status braid_simulation_result_get(const braid_simulation* simul
                                                    braid_simulation_result* result) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(simulation, "simulation is NULL");
-  BRAID_REQUIRE_STRUCT(result, braid_simulation_result,
-                       offsetof(braid_simulation_result, step_time_s) + sizeof(double));
+  BRAID_REQUIRE_STRUCT(result, braid_simulation_result, sizeof(braid_simulation_result));
   const auto& r = simulation->result;
   braid_simulation_result v = BRAID_SIMULATION_RESULT_INIT;
   v.step_time_s = r.step_time_s;
@@ -345,7 +345,7 @@ BRAID_API braid_status braid_simulation_stage(const braid_simulation* simulation
                                               braid_stage_result* result) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(simulation, "simulation is NULL");
-  BRAID_REQUIRE_STRUCT(result, braid_stage_result, offsetof(braid_stage_result, busy_s) + sizeof(double));
+  BRAID_REQUIRE_STRUCT(result, braid_stage_result, sizeof(braid_stage_result));
   const auto& stages = simulation->result.stages;
   BRAID_REQUIRE(stage < stages.size(), stage_range(stage, stages.size()));
   const auto& s = stages[stage];

@@ -11,7 +11,8 @@ namespace {
 
 using braid::plan::Strategy;
 
-constexpr std::size_t kPlanOptionsV1 = offsetof(braid_plan_options, plan_yaml) + sizeof(const char*);
+// Version 1 ends at plan_yaml; version 2 adds the overrides of the run's settings.
+constexpr std::size_t kPlanOptionsVersions[] = {offsetof(braid_plan_options, schedule), sizeof(braid_plan_options)};
 
 }  // namespace
 
@@ -82,8 +83,8 @@ BRAID_API braid_status braid_plan_create(const braid_config* config, const braid
   BRAID_REQUIRE(config, "config is NULL");
   braid_plan_options opts = BRAID_PLAN_OPTIONS_INIT;
   if (options)
-    BRAID_READ_OPTIONS(options, braid_plan_options, kPlanOptionsV1, BRAID_PLAN_OPTIONS_VERSION, BRAID_PLAN_OPTIONS_INIT,
-                       &opts);
+    BRAID_READ_OPTIONS(options, braid_plan_options, kPlanOptionsVersions, BRAID_PLAN_OPTIONS_VERSION,
+                       BRAID_PLAN_OPTIONS_INIT, &opts);
   braid::plan::PlanRequest request;
   int raw_strategy = 0;
   static_assert(sizeof raw_strategy == sizeof opts.strategy);
@@ -149,7 +150,7 @@ BRAID_API braid_status braid_plan_module_count(const braid_plan* plan, size_t* c
 BRAID_API braid_status braid_plan_module(const braid_plan* plan, size_t index, braid_module_info* info) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(plan, "plan is NULL");
-  BRAID_REQUIRE_STRUCT(info, braid_module_info, offsetof(braid_module_info, name) + sizeof(const char*));
+  BRAID_REQUIRE_STRUCT(info, braid_module_info, sizeof(braid_module_info));
   const auto& modules = plan->result.best.modules;
   BRAID_REQUIRE(index < modules.size(), "index " + std::to_string(index) + " is out of range (the plan has " +
                                             std::to_string(modules.size()) + " modules)");
@@ -174,7 +175,7 @@ BRAID_API braid_status braid_plan_module(const braid_plan* plan, size_t index, b
 BRAID_API braid_status braid_plan_estimate(const braid_plan* plan, braid_estimate* estimate) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(plan, "plan is NULL");
-  BRAID_REQUIRE_STRUCT(estimate, braid_estimate, offsetof(braid_estimate, iteration_time_s) + sizeof(double));
+  BRAID_REQUIRE_STRUCT(estimate, braid_estimate, sizeof(braid_estimate));
   const auto& e = plan->result.best.estimate;
   braid_estimate v = BRAID_ESTIMATE_INIT;
   v.iteration_time_s = e.iteration_time_s;
@@ -225,7 +226,7 @@ BRAID_API braid_status braid_plan_alternative_count(const braid_plan* plan, size
 BRAID_API braid_status braid_plan_alternative(const braid_plan* plan, size_t index, braid_alternative* alternative) {
   BRAID_API_BEGIN
   BRAID_REQUIRE(plan, "plan is NULL");
-  BRAID_REQUIRE_STRUCT(alternative, braid_alternative, offsetof(braid_alternative, strategy) + sizeof(braid_strategy));
+  BRAID_REQUIRE_STRUCT(alternative, braid_alternative, sizeof(braid_alternative));
   const auto& alts = plan->result.alternatives;
   BRAID_REQUIRE(index < alts.size(), "index " + std::to_string(index) + " is out of range (" +
                                          std::to_string(alts.size()) + " alternatives)");

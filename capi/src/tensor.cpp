@@ -22,7 +22,7 @@ using braid::Error;
 using braid::Status;
 using braid::nn::RowsView;
 
-constexpr std::size_t kOptionsV1 = offsetof(braid_contrastive_options, tile) + sizeof(int32_t);
+constexpr std::size_t kOptionsVersions[] = {sizeof(braid_contrastive_options)};
 
 std::string shape_text(const braid_tensor& t) {
   std::string s = "(";
@@ -135,7 +135,7 @@ BRAID_API braid_status braid_contrastive_forward(const braid_tensor* local_image
       BRAID_REQUIRE(loss, "loss is NULL");
   braid_contrastive_options opts = BRAID_CONTRASTIVE_OPTIONS_INIT;
   if (options)
-    BRAID_READ_OPTIONS(options, braid_contrastive_options, kOptionsV1, BRAID_CONTRASTIVE_OPTIONS_VERSION,
+    BRAID_READ_OPTIONS(options, braid_contrastive_options, kOptionsVersions, BRAID_CONTRASTIVE_OPTIONS_VERSION,
                        BRAID_CONTRASTIVE_OPTIONS_INIT, &opts);
   const auto problem = read_problem(__func__, local_image, local_text, all_image, all_text, logit_scale, opts);
   const int64_t n = problem.local_image.rows;
@@ -161,7 +161,7 @@ BRAID_API braid_status braid_contrastive_backward(const braid_tensor* local_imag
   BRAID_API_BEGIN  // CPU tensors: synchronous, the stream unused
       braid_contrastive_options opts = BRAID_CONTRASTIVE_OPTIONS_INIT;
   if (options)
-    BRAID_READ_OPTIONS(options, braid_contrastive_options, kOptionsV1, BRAID_CONTRASTIVE_OPTIONS_VERSION,
+    BRAID_READ_OPTIONS(options, braid_contrastive_options, kOptionsVersions, BRAID_CONTRASTIVE_OPTIONS_VERSION,
                        BRAID_CONTRASTIVE_OPTIONS_INIT, &opts);
   const auto problem = read_problem(__func__, local_image, local_text, all_image, all_text, logit_scale, opts);
   const int64_t n = problem.local_image.rows;

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -16,12 +18,17 @@ void write_file_atomically(const std::string& path, const std::string& text, con
   const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(Status::io, "cannot write the " + what + " to '" + tmp + "'");
+    if (!out) {
+      const std::string why = unwritable_reason(path);
+      throw Error(Status::io,
+                  "cannot write the " + what + " to '" + path + "': " + (why.empty() ? std::strerror(errno) : why));
+    }
     out << text;
     out.flush();
     if (!out) {
+      const int error = errno;
       std::filesystem::remove(tmp);
-      throw Error(Status::io, "error while writing the " + what + " to '" + tmp + "'");
+      throw Error(Status::io, "error while writing the " + what + " to '" + path + "': " + std::strerror(error));
     }
   }
   std::error_code ec;
@@ -30,6 +37,15 @@ void write_file_atomically(const std::string& path, const std::string& text, con
     std::filesystem::remove(tmp);
     throw Error(Status::io, "cannot move the " + what + " into place at '" + path + "': " + ec.message());
   }
+}
+
+std::string unwritable_reason(const std::string& path) {
+  const std::filesystem::path target(path), dir = target.has_parent_path() ? target.parent_path() : ".";
+  std::error_code ec;
+  if (std::filesystem::is_directory(target, ec)) return "it is a directory";
+  if (!std::filesystem::is_directory(dir, ec)) return "no directory '" + dir.string() + "'";
+  if (::access(dir.c_str(), W_OK) != 0) return "directory '" + dir.string() + "' is not writable";
+  return "";
 }
 
 }  // namespace braid

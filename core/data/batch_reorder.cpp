@@ -44,6 +44,15 @@ void priced_costs(const HostBatch& b, const spec::RunSpec& run, std::vector<doub
 
 ReorderedBatch reorder_batch(const spec::RunSpec& run, const plan::Plan& plan, const pipeline::Program& program,
                              const HostBatch& batch, Reordering how, const OrderOptions& options) {
+  // Checked before anything is sized by samples (x modules) or converted to a signed count.
+  if (batch.samples > kMaxHostSamples) {
+    throw Error(Status::invalid_argument, "a batch of " + std::to_string(batch.samples) + " samples is above the " +
+                                              std::to_string(kMaxHostSamples) + " a batch may hold");
+  }
+  if (!batch.placement_costs.empty() && batch.placement_costs.size() != batch.samples * plan.modules.size()) {
+    throw Error(Status::internal, "the host's costs hold " + std::to_string(batch.placement_costs.size()) +
+                                      " values, not samples x plan modules");
+  }
   ReorderedBatch r;
   r.layout = batch_layout(run, plan, program, static_cast<long long>(batch.samples));
   std::vector<double> costs, reference;

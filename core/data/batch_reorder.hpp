@@ -13,6 +13,10 @@
 
 namespace braid::data {
 
+// The most samples a host's batch may hold: far above any global batch, and low enough
+// that samples x modules x sizeof(double) cannot wrap and the per-sample vectors stay small.
+inline constexpr std::size_t kMaxHostSamples = std::size_t{1} << 24;
+
 // A host's batch: its own cost of each sample per plan module, or each sample's sizes.
 struct HostBatch {
   std::size_t samples = 0;
@@ -29,8 +33,8 @@ struct ReorderedBatch {
 };
 
 // `program` is the plan's (orchestrate::build_program). Throws Error(invalid_argument)
-// for a host cost that is not a finite non-negative number, and as batch_layout,
-// covering and arrange do.
+// for more than kMaxHostSamples samples or a host cost that is not a finite non-negative
+// number, and as batch_layout, covering and arrange do.
 ReorderedBatch reorder_batch(const spec::RunSpec& run, const plan::Plan& plan, const pipeline::Program& program,
                              const HostBatch& batch, Reordering how, const OrderOptions& options = {});
 

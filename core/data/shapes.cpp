@@ -160,6 +160,23 @@ ShapesConfig shapes_config(const spec::DataSpec& data, int patch, int min_side, 
   return c;
 }
 
+ShapesConfig run_shapes_config(const spec::RunSpec& run, std::uint64_t seed) {
+  const spec::ModuleSpec* encoder = nullptr;
+  for (const auto& m : run.model.modules)
+    if (!encoder && m.role == spec::Role::encoder && m.modality == spec::Modality::image) encoder = &m;
+  if (!encoder)
+    throw Error(Status::unsupported, "model " + run.model.name + ": the trainer's dataset needs an image encoder");
+  if (encoder->max_image_size <= 0)
+    throw Error(Status::unsupported, "model " + run.model.name +
+                                         ": braid train draws images up to the image encoder's " +
+                                         "max_image_size, which '" + encoder->name +
+                                         "' does not set (braid's reference runs do: configs/runs/tiny-*.yaml)");
+  spec::DataSpec data = run.data;
+  data.seed = seed;
+  const int min_side = std::max(encoder->patch_size, data.image.kind == spec::SizeKind::fixed ? 16 : data.image.min);
+  return shapes_config(data, encoder->patch_size, std::max(8, min_side), encoder->max_image_size);
+}
+
 ShapesDataset::ShapesDataset(ShapesConfig config) : config_(std::move(config)) {
   const auto& c = config_;
   check(c.patch >= 1, "patch " + std::to_string(c.patch) + " must be >= 1");

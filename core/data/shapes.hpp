@@ -43,6 +43,10 @@ struct ShapesConfig {
 
 // The dataset for a run: its data seed and its image-size distribution, on a `patch` grid.
 ShapesConfig shapes_config(const spec::DataSpec& data, int patch, int min_side = 16, int max_side = 64);
+// The dataset braid train draws a run's samples from, with `seed`: the run's image sizes on
+// its image encoder's patch grid, up to the encoder's largest image. Status::unsupported for
+// a model without an image encoder.
+ShapesConfig run_shapes_config(const spec::RunSpec& run, std::uint64_t seed);
 
 // Where an object was drawn, in pixels from the top-left corner (for tests and displays).
 struct Placement {

@@ -632,10 +632,15 @@ void check_contrastive_problem(const ContrastiveProblem& p) {
   if (n > total)
     invalid("local_image has " + std::to_string(n) + " rows, more than the " + std::to_string(total) +
             " gathered rows of all_image " + shape_of(p.all_image));
-  if (p.row_offset < 0 || p.row_offset > total - n)
+  if (p.row_offset < 0 || p.row_offset > total - n) {
+    // The end in unsigned arithmetic where row_offset + n would overflow (0 <= n, row_offset <= INT64_MAX).
+    const std::string end = p.row_offset < 0
+                                ? std::to_string(p.row_offset + n)
+                                : std::to_string(static_cast<uint64_t>(p.row_offset) + static_cast<uint64_t>(n));
     invalid("row_offset " + std::to_string(p.row_offset) + " puts the " + std::to_string(n) + " local rows at [" +
-            std::to_string(p.row_offset) + ", " + std::to_string(p.row_offset + n) + "), outside the " +
-            std::to_string(total) + " gathered rows of all_image " + shape_of(p.all_image));
+            std::to_string(p.row_offset) + ", " + end + "), outside the " + std::to_string(total) +
+            " gathered rows of all_image " + shape_of(p.all_image));
+  }
   if (p.tile < 0) invalid("tile is " + std::to_string(p.tile) + "; use 0 (default) or a positive column count");
   if (!std::isfinite(p.logit_scale)) invalid("logit_scale is " + std::to_string(p.logit_scale) + ", not finite");
 }

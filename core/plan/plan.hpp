@@ -85,6 +85,15 @@ struct Estimate {
   std::string peak_memory_at;    // "module stage k"
 };
 
+// Where a plan read from YAML came from, so that what its evaluation finds wrong points into
+// the file (empty for the planner's own plans).
+struct PlanSource {
+  std::string file;                  // "plan.yaml:1:1"
+  std::vector<std::string> modules;  // per placement: "plan.yaml:3:5: modules[0]"
+  std::string devices_where;         // the file's `devices:` field ("" when not given) ...
+  int devices = 0;                   // ... and its value
+};
+
 struct Plan {
   Strategy strategy = Strategy::megatron;
   Layout layout = Layout::monolithic;
@@ -96,6 +105,7 @@ struct Plan {
   std::vector<ModulePlacement> modules;
   Estimate estimate;
   std::vector<std::string> notes;
+  PlanSource source;
 };
 
 // The index into plan.modules of model module `model_module` (the numbering the C ABI

@@ -219,6 +219,11 @@ Plan parse_plan(const spec::Node& root, const spec::RunSpec& run) {
   root.expect_keys({"strategy", "layout", "devices", "schedule", "virtual_stages", "modules", "estimate", "notes"});
   Plan plan;
   plan.strategy = Strategy::fixed;
+  plan.source.file = root.where();
+  if (auto d = root.find("devices")) {
+    plan.source.devices_where = d->where() + ": devices";
+    plan.source.devices = static_cast<int>(d->as_int_at_least(1));
+  }
   plan.layout = *parse_layout(root.at("layout").as_choice({"monolithic", "branches", "chain", "colocated"}));
   plan.cluster_devices = run.devices();
   plan.schedule = run.training.schedule;
@@ -277,6 +282,7 @@ Plan parse_plan(const spec::Node& root, const spec::RunSpec& run) {
       d->fail("devices " + d->as_string() + " do not match tp x pp x dp = " + std::to_string(p.devices));
     }
     plan.modules.push_back(std::move(p));
+    plan.source.modules.push_back(item.where() + ": " + item.path());
   }
   if (plan.modules.empty()) root.at("modules").fail("a plan places at least one module");
   return plan;

@@ -40,15 +40,31 @@ std::string ratio(double a, double b) {
   return text;
 }
 
+// Where in the plan's file `why` points: the placement it opens with ("vision: tp 3 ..."),
+// else the file; "" for a plan the planner made.
+std::string location(const Plan& plan, const std::string& why) {
+  for (std::size_t i = 0; i < plan.modules.size() && i < plan.source.modules.size(); ++i) {
+    if (why.rfind(plan.modules[i].name + ":", 0) == 0) return plan.source.modules[i] + ": ";
+  }
+  return plan.source.file.empty() ? "" : plan.source.file + ": ";
+}
+
 Plan evaluate_fixed(const cost::CostModel& cost, Plan plan) {
   plan.strategy = Strategy::fixed;
   plan.cluster_devices = cost.run().devices();
   std::string why;
-  if (evaluate(cost, plan, &why)) return plan;
+  if (evaluate(cost, plan, &why)) {
+    if (plan.source.devices > 0 && plan.source.devices != plan.devices)
+      throw Error(Status::bad_config, plan.source.devices_where + ": the file says " +
+                                          std::to_string(plan.source.devices) + " devices, its modules use " +
+                                          std::to_string(plan.devices) + " (leave the field out, or correct it)");
+    return plan;
+  }
   // A plan that is well formed but over memory is infeasible; anything else is bad input.
   bool over_memory =
       plan.estimate.iteration_time_s > 0 && plan.estimate.peak_memory_gib * kGiB > cost.run().cluster.memory_bytes;
-  throw Error(over_memory ? Status::infeasible : Status::bad_config, "the given plan cannot run: " + why);
+  throw Error(over_memory ? Status::infeasible : Status::bad_config,
+              location(plan, why) + "the given plan cannot run: " + why);
 }
 
 // A strategy's best plan as the runtime will execute it: optimus plans run with

@@ -1,5 +1,6 @@
 #include "core/spec/model.hpp"
 
+#include <limits>
 #include <map>
 #include <set>
 
@@ -89,7 +90,15 @@ void read_transformer(const Node& n, ModuleSpec& m) {
   m.layers = positive_int(n, "layers");
   m.hidden = positive_int(n, "hidden");
   m.heads = positive_int(n, "heads");
-  m.ffn = n.has("ffn") ? static_cast<int>(n.at("ffn").as_int_at_least(1)) : 4 * m.hidden;
+  if (auto ffn = n.find("ffn")) {
+    m.ffn = static_cast<int>(ffn->as_int_at_least(1));
+  } else {
+    const long long wide = 4LL * m.hidden;  // the default, which an int must hold
+    if (wide > std::numeric_limits<int>::max())
+      n.at("hidden").fail("is too large (got " + std::to_string(m.hidden) + "): the default ffn, 4 x hidden, exceeds " +
+                          std::to_string(std::numeric_limits<int>::max()));
+    m.ffn = static_cast<int>(wide);
+  }
   m.kv_groups = n.has("kv_groups") ? static_cast<int>(n.at("kv_groups").as_int_at_least(1)) : m.heads;
   if (m.hidden % m.heads != 0) {
     n.at("heads").fail(std::to_string(m.heads) + " heads do not divide hidden size " + std::to_string(m.hidden));

@@ -54,7 +54,8 @@ Node resolve_document(const Node& field, const std::string& base_dir) {
     return load_document(p.lexically_normal().string());
   } catch (const Error& e) {
     if (e.status() != Status::io) throw;
-    field.fail(e.what());
+    // Still an I/O failure (braid.h: BRAID_ERR_IO for a file the config names), located at the field.
+    throw Error(Status::io, field.where() + ": " + field.path() + ": " + e.what());
   }
 }
 
@@ -204,22 +205,33 @@ DataSpec parse_data(const Node& n, const ModelSpec& model) {
       s->fail("at most " + std::to_string(kMaxSteps) + " steps (got " + std::to_string(d.steps) + ")");
   }
   // Sizes on their grids: check_input_sizes, after.
+  bool read[4] = {};  // image, text, audio, generated_image: the inputs the model takes
   for (const auto& m : model.modules) {
     if (m.role == Role::encoder && m.modality == Modality::image) {
       const std::string why = "the patch size of '" + m.name + "'";
       d.image_resolution = read_modality(n, "image", "resolution", m.patch_size, why, d.image);
+      read[0] = true;
     }
     if ((m.role == Role::encoder && m.modality == Modality::text) || m.role == Role::llm) {
       d.text_tokens = read_modality(n, "text", "tokens", 1, "", d.text);
+      read[1] = true;
     }
     if (m.role == Role::encoder && m.modality == Modality::audio) {
       d.audio_tokens = read_modality(n, "audio", "tokens", 1, "", d.audio);
+      read[2] = true;
     }
     if (m.role == Role::generator) {
       const int cell = m.latent_downsample * m.patch_size;
       const std::string why = "latent downsample x patch size of '" + m.name + "'";
       d.generated_image_resolution = read_modality(n, "generated_image", "resolution", cell, why, d.generated_image);
+      read[3] = true;
     }
+  }
+  // A size for an input no module takes would be silently ignored: most likely the wrong model.
+  const char* inputs[] = {"image", "text", "audio", "generated_image"};
+  for (int i = 0; i < 4; ++i) {
+    if (auto unused = n.find(inputs[i]); unused && !read[i])
+      unused->fail("model '" + model.name + "' takes no " + inputs[i] + " input; remove this section");
   }
   return d;
 }
@@ -255,6 +267,11 @@ TrainerSpec parse_trainer(const Node& n) {
   real("grad_clip", t.grad_clip, 0, 1e9);
   count("eval_every", t.eval_every, 0);
   count("eval_samples", t.eval_samples, 2);
+  constexpr long long kMaxEvalSamples = 65536;  // an evaluation renders and holds all of them
+  if (t.eval_samples > kMaxEvalSamples)
+    n.at("eval_samples")
+        .fail("at most " + std::to_string(kMaxEvalSamples) + " (got " + std::to_string(t.eval_samples) +
+              "): an evaluation renders and holds every held-out sample");
   count("checkpoint_every", t.checkpoint_every, 0);
   count("keep_checkpoints", t.keep_checkpoints, 0);
   if (auto f = n.find("threads")) t.threads = static_cast<int>(f->as_int_at_least(0));

@@ -31,9 +31,9 @@ std::string describe_scalar(const YAML::Node& node) {
 }  // namespace
 
 Node::Node(YAML::Node node, std::shared_ptr<const std::string> source, std::string path)
-    : node_(std::move(node)), source_(std::move(source)), path_(std::move(path)) {}
+    : node_(std::move(node)), source_(std::move(source)), path_(std::move(path)), mark_(node_.Mark()) {}
 
-std::string Node::where() const { return position(*source_, node_.Mark()); }
+std::string Node::where() const { return position(*source_, mark_); }
 
 void Node::fail(const std::string& message) const {
   std::string text = where() + ": ";
@@ -52,7 +52,16 @@ std::optional<Node> Node::find(std::string_view key) const {
   if (!node_.IsMap()) fail("expected a mapping of fields, found " + describe_scalar(node_));
   YAML::Node value = node_[std::string(key)];
   if (!value.IsDefined()) return std::nullopt;
-  // Keep the key's own position when the value is empty ("key:" with nothing after it).
+  if (!value.IsNull()) return child(value, key);
+  // An empty value ("key:" with nothing after it) has the position of what follows it:
+  // report the key's own.
+  for (const auto& kv : node_) {
+    if (kv.first.Scalar() == key) {
+      Node at_key = child(value, key);
+      at_key.mark_ = kv.first.Mark();
+      return at_key;
+    }
+  }
   return child(value, key);
 }
 
@@ -181,6 +190,34 @@ std::string Node::as_choice(const std::vector<std::string>& choices) const {
   return s;
 }
 
+namespace {
+
+// YAML forbids a key twice in one mapping; yaml-cpp keeps the first silently, so a second
+// value the user meant would be ignored.
+void reject_repeated_keys(const YAML::Node& node, const std::string& source, const std::string& path) {
+  if (node.IsSequence()) {
+    std::size_t i = 0;
+    for (const auto& item : node) reject_repeated_keys(item, source, path + "[" + std::to_string(i++) + "]");
+    return;
+  }
+  if (!node.IsMap()) return;
+  std::vector<std::pair<std::string, YAML::Mark>> seen;
+  for (const auto& kv : node) {
+    const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "";
+    const std::string p = path.empty() ? key : path + "." + key;
+    for (const auto& [earlier, mark] : seen) {
+      if (earlier == key)
+        throw Error(Status::bad_config, position(source, kv.first.Mark()) + ": " + p + ": field '" + key +
+                                            "' given twice in one mapping (first at line " +
+                                            std::to_string(mark.line + 1) + "); keep one");
+    }
+    seen.emplace_back(key, kv.first.Mark());
+    reject_repeated_keys(kv.second, source, p);
+  }
+}
+
+}  // namespace
+
 Node parse_document(const std::string& text, const std::string& source) {
   auto name = std::make_shared<const std::string>(source);
   YAML::Node root;
@@ -189,6 +226,7 @@ Node parse_document(const std::string& text, const std::string& source) {
   } catch (const YAML::Exception& e) {
     throw Error(Status::bad_config, position(source, e.mark) + ": invalid YAML: " + e.msg);
   }
+  reject_repeated_keys(root, source, "");
   Node out(root, name, "");
   if (!root.IsMap()) {
     throw Error(Status::bad_config,

@@ -59,6 +59,7 @@ class Node {
   YAML::Node node_;
   std::shared_ptr<const std::string> source_;
   std::string path_;
+  YAML::Mark mark_;  // where messages point; the node's own mark unless given
 };
 
 // The messages of Node::as_int_at_least and Node::as_choice, for checks of typed values
@@ -66,7 +67,8 @@ class Node {
 std::string int_at_least_problem(long long v, long long min);
 std::string choice_problem(const std::string& s, const std::vector<std::string>& choices);
 
-// Parse a YAML document; `source` names it in messages (a path, or "<string>").
+// Parse a YAML document; `source` names it in messages (a path, or "<string>"). A key
+// given twice in one mapping is an error (YAML forbids it; yaml-cpp keeps the first).
 Node parse_document(const std::string& text, const std::string& source);
 // Read and parse a file; a missing or unreadable file, or a directory, is Status::io
 // naming the path.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <ostream>
@@ -11,6 +12,7 @@
 
 #include "core/calibrate/probe.hpp"
 #include "core/common/error.hpp"
+#include "core/common/file.hpp"
 #include "core/nn/blas.hpp"
 #include "core/nn/host_memory.hpp"
 #include "core/nn/host_ops.hpp"
@@ -31,21 +33,6 @@ namespace braid::train {
 namespace {
 
 constexpr double kPi = 3.14159265358979323846;
-
-const spec::ModuleSpec& image_encoder_spec(const spec::ModelSpec& model) {
-  for (const auto& m : model.modules)
-    if (m.role == spec::Role::encoder && m.modality == spec::Modality::image) return m;
-  throw Error(Status::unsupported, "model " + model.name + ": the trainer's dataset needs an image encoder");
-}
-
-data::ShapesDataset make_dataset(const spec::RunSpec& run, std::uint64_t seed) {
-  const auto& encoder = image_encoder_spec(run.model);
-  spec::DataSpec data = run.data;
-  data.seed = seed;
-  const int min_side = std::max(encoder.patch_size, data.image.kind == spec::SizeKind::fixed ? 16 : data.image.min);
-  return data::ShapesDataset(
-      data::shapes_config(data, encoder.patch_size, std::max(8, min_side), encoder.max_image_size));
-}
 
 // The samples the trainer trains on, for the cost model that prices its program: the dataset
 // draws each image's side and caption, and a microbatch runs one pass per side with its text
@@ -155,9 +142,19 @@ std::pair<std::string, std::string> split_metadata(const std::string& meta) {
   return {meta.substr(0, at), meta.substr(at + 2)};
 }
 
+// A run part with its run file as a canonical path: "configs/runs/x.yaml", "./configs/runs/x.yaml"
+// and the absolute path name one run file (a relative one resolved from here).
+std::string canonical_identity(const std::string& identity) {
+  const auto end = identity.find("; model ");
+  if (identity.rfind("run ", 0) != 0 || end == std::string::npos) return identity;
+  std::error_code ec;
+  const auto file = std::filesystem::weakly_canonical(std::filesystem::absolute(identity.substr(4, end - 4), ec), ec);
+  return ec ? identity : "run " + file.string() + identity.substr(end);
+}
+
 void expect_same_run(const CheckpointContents& c, const std::string& identity) {
   const std::string theirs = split_metadata(c.metadata).first;
-  if (theirs != identity)
+  if (canonical_identity(theirs) != canonical_identity(identity))
     throw Error(Status::bad_config,
                 "checkpoint '" + c.source + "' is of another run (" + theirs + "), this one is " + identity);
 }
@@ -318,7 +315,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
         << "\n"
         << std::flush;
   nn::Model model = nn::build_model(run.model, seed);
-  const data::ShapesDataset dataset = make_dataset(run, seed);
+  const data::ShapesDataset dataset(data::run_shapes_config(run, seed));
   ExecutorOptions eo;
   eo.data.reorder = o.reorder;
   eo.data.prefetch.workers = o.data_workers;
@@ -354,6 +351,11 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   if (!o.checkpoint_dir.empty()) {
     if (rank == 0) create_checkpoint_dir(o.checkpoint_dir);
     comm.barrier();
+  }
+  // The trace is written after the last step: refuse a path it cannot go to before training.
+  if (rank == 0 && !o.trace_path.empty()) {
+    if (const std::string why = unwritable_reason(o.trace_path); !why.empty())
+      throw Error(Status::io, "cannot write the trace to '" + o.trace_path + "': " + why);
   }
   if (o.resume) {
     if (o.checkpoint_dir.empty()) throw Error(Status::invalid_argument, "--resume needs --checkpoint-dir");

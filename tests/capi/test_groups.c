@@ -538,16 +538,21 @@ static void test_runs(const char* source_dir) {
     CHECK(bigger.future_field == 0);               \
   } while (0)
 
-/* struct_size 0 and smaller than the first field: refused, naming struct_size. */
-#define CHECK_SMALL_STRUCT(type, call_with)          \
-  do {                                               \
-    type small;                                      \
-    memset(&small, 0, sizeof small);                 \
-    type* out = &small;                              \
-    small.struct_size = 0;                           \
-    CHECK(refused((call_with), "struct_size is 0")); \
-    small.struct_size = sizeof(size_t);              \
-    CHECK(refused((call_with), "struct_size"));      \
+/* struct_size 0, smaller than the first field, and a field short of the struct's one
+ * version: refused, naming struct_size (and the version's size). */
+#define CHECK_SMALL_STRUCT(type, call_with)                                                            \
+  do {                                                                                                 \
+    type small;                                                                                        \
+    char first_[128];                                                                                  \
+    memset(&small, 0, sizeof small);                                                                   \
+    type* out = &small;                                                                                \
+    small.struct_size = 0;                                                                             \
+    CHECK(refused((call_with), "struct_size is 0"));                                                   \
+    small.struct_size = sizeof(size_t);                                                                \
+    CHECK(refused((call_with), "struct_size"));                                                        \
+    small.struct_size = sizeof small - sizeof(int32_t);                                                \
+    snprintf(first_, sizeof first_, "below the first version of " #type " (%zu bytes)", sizeof small); \
+    CHECK(refused((call_with), first_));                                                               \
   } while (0)
 
 static void test_misuse(const char* source_dir) {

@@ -4,7 +4,11 @@
  *  - struct_size: above BRAID_MAX_STRUCT_SIZE (an uninitialised struct) is refused for
  *    every struct the library reads or fills, naming the struct and the size, and
  *    nothing is written; exactly BRAID_MAX_STRUCT_SIZE is filled and zero-padded, and
- *    not one byte beyond it.
+ *    not one byte beyond it. Below the struct's first version is refused, its first
+ *    version is filled up to its end; a struct the library reads is refused with a size
+ *    between two versions (which would split a field).
+ *  - braid_sample_batch.samples: above the documented 2^24 is refused before any array is
+ *    read or any size computed from it.
  *  - version: 0 is an invalid argument, newer than the library's is unsupported (naming
  *    the version it knows), an older caller's smaller struct still works.
  *  - braid_config_load_file: a directory, a missing file and (not as root) an unreadable
@@ -120,21 +124,24 @@ static braid_status get_reorder_info(void* out) { return api.reorder_info_get(h.
 static braid_status get_report(void* out) { return api.bubble_scheduler_report(h.scheduler, out); }
 static braid_status get_settings(void* out) { return api.config_run_settings(h.config, out); }
 
+/* `first`: the size of the struct's first version (where the fields added later begin). */
 static const struct {
   braid_status (*get)(void*);
   const char* type;
   size_t size;
+  size_t first;
 } kGetters[] = {
-    {get_module, "braid_module_info", sizeof(braid_module_info)},
-    {get_estimate, "braid_estimate", sizeof(braid_estimate)},
-    {get_alternative, "braid_alternative", sizeof(braid_alternative)},
-    {get_stage, "braid_stage_info", sizeof(braid_stage_info)},
-    {get_instruction, "braid_instruction", sizeof(braid_instruction)},
-    {get_result, "braid_simulation_result", sizeof(braid_simulation_result)},
-    {get_stage_result, "braid_stage_result", sizeof(braid_stage_result)},
-    {get_reorder_info, "braid_reorder_info", sizeof(braid_reorder_info)},
-    {get_report, "braid_bubble_report", sizeof(braid_bubble_report)},
-    {get_settings, "braid_run_settings", sizeof(braid_run_settings)},
+    {get_module, "braid_module_info", sizeof(braid_module_info), sizeof(braid_module_info)},
+    {get_estimate, "braid_estimate", sizeof(braid_estimate), sizeof(braid_estimate)},
+    {get_alternative, "braid_alternative", sizeof(braid_alternative), sizeof(braid_alternative)},
+    {get_stage, "braid_stage_info", sizeof(braid_stage_info), offsetof(braid_stage_info, gradient_scale)},
+    {get_instruction, "braid_instruction", sizeof(braid_instruction), sizeof(braid_instruction)},
+    {get_result, "braid_simulation_result", sizeof(braid_simulation_result), sizeof(braid_simulation_result)},
+    {get_stage_result, "braid_stage_result", sizeof(braid_stage_result), sizeof(braid_stage_result)},
+    {get_reorder_info, "braid_reorder_info", sizeof(braid_reorder_info), sizeof(braid_reorder_info)},
+    {get_report, "braid_bubble_report", sizeof(braid_bubble_report), offsetof(braid_bubble_report, llm_step_s)},
+    {get_settings, "braid_run_settings", sizeof(braid_run_settings),
+     offsetof(braid_run_settings, overlap_param_gather)},
 };
 
 enum { kCanary = 0xab, kBuffer = 2 * BRAID_MAX_STRUCT_SIZE };
@@ -174,6 +181,17 @@ static void test_output_struct_sizes(void) {
     fill(sizeof(size_t));
     CHECK(kGetters[g].get(buffer.bytes) == BRAID_ERR_INVALID_ARGUMENT);
     CHECK_ERROR(kGetters[g].type);
+    /* A field short of the first version: refused, naming it, nothing written. */
+    fill(kGetters[g].first - sizeof(int32_t));
+    CHECK(kGetters[g].get(buffer.bytes) == BRAID_ERR_INVALID_ARGUMENT);
+    CHECK(untouched_from(sizeof(size_t)));
+    snprintf(part, sizeof part, "struct_size is %zu, below the first version of %s (%zu bytes)",
+             kGetters[g].first - sizeof(int32_t), kGetters[g].type, kGetters[g].first);
+    CHECK_ERROR(part);
+    /* The first version: filled up to its end. */
+    fill(kGetters[g].first);
+    CHECK(kGetters[g].get(buffer.bytes) == BRAID_OK);
+    CHECK(untouched_from(kGetters[g].first));
     /* The largest accepted: filled up to it, zeroed past the library's struct, nothing beyond. */
     fill(BRAID_MAX_STRUCT_SIZE);
     CHECK(kGetters[g].get(buffer.bytes) == BRAID_OK);
@@ -234,6 +252,21 @@ static void test_input_structs(void) {
     api.program_destroy(program);
     api.plan_destroy(plan);
   }
+  /* A size between version 1 (ending at plan_yaml) and version 2 would split the schedule
+   * pointer: refused, naming the sizes accepted. */
+  char part[160];
+  options = (braid_plan_options)BRAID_PLAN_OPTIONS_INIT;
+  const size_t split[] = {offsetof(braid_plan_options, schedule) + 4, offsetof(braid_plan_options, virtual_stages),
+                          sizeof options - 4};
+  for (size_t k = 0; k < sizeof split / sizeof split[0]; ++k) {
+    options.struct_size = split[k];
+    CHECK(api.plan_create(h.config, &options, &plan) == BRAID_ERR_INVALID_ARGUMENT && plan == NULL);
+    snprintf(part, sizeof part,
+             "options->struct_size is %zu, between the versions of braid_plan_options: it takes %zu or at least %zu "
+             "bytes",
+             split[k], offsetof(braid_plan_options, schedule), sizeof options);
+    CHECK_ERROR(part);
+  }
 
   /* braid_simulation_options. */
   braid_simulation_options sim_options = BRAID_SIMULATION_OPTIONS_INIT;
@@ -245,6 +278,13 @@ static void test_input_structs(void) {
   sim_options.version = 2;
   CHECK(api.simulate(h.program, &sim_options, &sim) == BRAID_ERR_UNSUPPORTED && sim == NULL);
   CHECK_ERROR("BRAID_SIMULATION_OPTIONS_VERSION (1)");
+  /* Its fields' end is not its one version's size (sizeof, with the tail padding). */
+  sim_options = (braid_simulation_options)BRAID_SIMULATION_OPTIONS_INIT;
+  sim_options.struct_size = offsetof(braid_simulation_options, trace_replicas) + sizeof(int32_t);
+  CHECK(sim_options.struct_size < sizeof sim_options);
+  CHECK(api.simulate(h.program, &sim_options, &sim) == BRAID_ERR_INVALID_ARGUMENT && sim == NULL);
+  snprintf(part, sizeof part, "below the first version of braid_simulation_options (%zu bytes)", sizeof sim_options);
+  CHECK_ERROR(part);
 
   /* braid_sample_batch (no version) and braid_reorder_options. */
   braid_sample_batch batch = BRAID_SAMPLE_BATCH_INIT;
@@ -264,6 +304,24 @@ static void test_input_structs(void) {
   reorder_options.version = 7;
   CHECK(api.reorder_create(h.plan, &batch, &reorder_options, &reorder) == BRAID_ERR_UNSUPPORTED && reorder == NULL);
   CHECK_ERROR("BRAID_REORDER_OPTIONS_VERSION (1)");
+  /* More samples than the 2^24 a batch may hold: refused before module_costs is read or
+   * samples x modules computed (0x5555555555555558 x 3 wraps to 8; 2^62 nominal sizes
+   * exceed a vector's max_size; 2^63 + 8 is negative as a signed count). */
+  static const double costs[64];
+  const size_t too_many[] = {(size_t)0x5555555555555558u, (size_t)1 << 62, ((size_t)1 << 63) + 8,
+                             ((size_t)1 << 24) + 32};
+  for (size_t k = 0; k < sizeof too_many / sizeof too_many[0]; ++k) {
+    for (int with_costs = 0; with_costs < 2; ++with_costs) {
+      batch.samples = too_many[k];
+      batch.module_costs = with_costs ? costs : NULL;
+      CHECK(api.reorder_create(h.plan, &batch, NULL, &reorder) == BRAID_ERR_INVALID_ARGUMENT && reorder == NULL);
+      snprintf(part, sizeof part, "braid_reorder_create: batch->samples is %zu, above the 16777216 samples",
+               too_many[k]);
+      CHECK_ERROR(part);
+    }
+  }
+  batch.samples = 32;
+  batch.module_costs = NULL;
 
   /* braid_run_settings, given. */
   braid_run_settings settings = BRAID_RUN_SETTINGS_INIT;
@@ -278,6 +336,17 @@ static void test_input_structs(void) {
   settings.version = BRAID_RUN_SETTINGS_VERSION + 1;
   CHECK(api.config_set_run_settings(h.config, &settings) == BRAID_ERR_UNSUPPORTED);
   CHECK_ERROR("BRAID_RUN_SETTINGS_VERSION (2)");
+  /* Between version 1 (ending before overlap_param_gather) and version 2: refused. */
+  settings.version = 1;
+  settings.struct_size = offsetof(braid_run_settings, overlap_param_gather) + sizeof(int32_t);
+  CHECK(api.config_set_run_settings(h.config, &settings) == BRAID_ERR_INVALID_ARGUMENT);
+  snprintf(part, sizeof part,
+           "settings->struct_size is %zu, between the versions of braid_run_settings: it takes %zu or at least %zu "
+           "bytes",
+           settings.struct_size, offsetof(braid_run_settings, overlap_param_gather), sizeof settings);
+  CHECK_ERROR(part);
+  settings.struct_size = offsetof(braid_run_settings, overlap_param_gather);
+  CHECK(api.config_set_run_settings(h.config, &settings) == BRAID_OK);
 }
 
 static void test_struct_sizes(void) {
@@ -326,13 +395,19 @@ static void test_load_file_errors(void) {
   CHECK_ERROR(path);
   CHECK(api.config_load_file("/nonexistent-braid-dir/run.yaml", &config) == BRAID_ERR_IO && config == NULL);
   CHECK_ERROR("cannot read '/nonexistent-braid-dir/run.yaml': No such file or directory");
-  /* A run whose model: names a directory: the field that names it, and why. */
+  /* A run whose model: names a directory or a missing file: an I/O error (braid.h), at the
+   * field that names it, and why. */
   snprintf(path, sizeof path, "%s/configs", source_dir);
   CHECK(api.config_load_string("model: models\ncluster: clusters/dgx-a100-80gb.yaml\n"
                                "training: {global_batch: 8, microbatch: 1}\ndata: {text: {tokens: 8}}\n",
-                               path, &config) == BRAID_ERR_BAD_CONFIG);
-  CHECK_ERROR("model: cannot read");
+                               path, &config) == BRAID_ERR_IO);
+  CHECK_ERROR("<string>:1:8: model: cannot read");
   CHECK_ERROR("it is a directory");
+  CHECK(api.config_load_string("model: models/no-such-model.yaml\ncluster: clusters/dgx-a100-80gb.yaml\n"
+                               "training: {global_batch: 8, microbatch: 1}\ndata: {text: {tokens: 8}}\n",
+                               path, &config) == BRAID_ERR_IO &&
+        config == NULL);
+  CHECK_ERROR("no-such-model.yaml': No such file or directory");
   /* Unreadable (root reads anything: then there is nothing to check). */
   char file[256];
   snprintf(file, sizeof file, "/tmp/braid-hardening-%ld.yaml", (long)getpid());

@@ -437,6 +437,13 @@ static void test_misuse(void) {
   o.row_offset = -1;
   EXPECT_FAILS(api.forward(li, lt, ai, at, 10.0f, &o, st, &loss, NULL), BRAID_ERR_INVALID_ARGUMENT, "row_offset",
                "[-1, 1)");
+  /* The end of the local rows, one past INT64_MAX, is named without overflowing. */
+  o.row_offset = INT64_MAX;
+  EXPECT_FAILS(api.forward(li, lt, ai, at, 10.0f, &o, st, &loss, NULL), BRAID_ERR_INVALID_ARGUMENT, "row_offset",
+               "[9223372036854775807, 9223372036854775809)");
+  o.row_offset = INT64_MIN;
+  EXPECT_FAILS(api.forward(li, lt, ai, at, 10.0f, &o, st, &loss, NULL), BRAID_ERR_INVALID_ARGUMENT, "row_offset",
+               "[-9223372036854775808, -9223372036854775806)");
   o.row_offset = 0;
   EXPECT_FAILS(api.forward(ai, at, li, lt, 10.0f, &o, st, &loss, NULL), BRAID_ERR_INVALID_ARGUMENT, "local_image",
                "more than the 2 gathered rows");
@@ -461,6 +468,11 @@ static void test_misuse(void) {
   o.struct_size = sizeof(size_t);
   EXPECT_FAILS(api.forward(li, lt, ai, at, 10.0f, &o, st, &loss, NULL), BRAID_ERR_INVALID_ARGUMENT,
                "options->struct_size", "BRAID_CONTRASTIVE_OPTIONS_INIT");
+  /* Its fields' end but not its sizeof (the size of its one version): refused. */
+  o.struct_size = offsetof(braid_contrastive_options, tile) + sizeof o.tile;
+  CHECK(o.struct_size < sizeof o);
+  EXPECT_FAILS(api.forward(li, lt, ai, at, 10.0f, &o, st, &loss, NULL), BRAID_ERR_INVALID_ARGUMENT,
+               "options->struct_size is 28", "below the first version of braid_contrastive_options (32 bytes)");
   o.struct_size = sizeof o;
   o.version = 0;
   EXPECT_FAILS(api.forward(li, lt, ai, at, 10.0f, &o, st, &loss, NULL), BRAID_ERR_INVALID_ARGUMENT, "options->version",

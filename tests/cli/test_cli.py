@@ -200,6 +200,9 @@ class PlanErrorTest(CliTestCase):
     def test_unknown_option(self):
         self.assertUsageError(run_config(CLIP, "--tensor-parallel", "8"), "tensor-parallel")
 
+    def test_a_stray_word_is_refused(self):
+        self.assertUsageError(run_config(CLIP, "megatron"), "too many positional options")
+
     def test_plan_with_strategy(self):
         plan_file = self.temp_file(run_config(CLIP, "--format", "yaml").stdout, "plan.yaml")
         self.assertUsageError(run_config(CLIP, "--plan", plan_file, "--strategy", "megatron"), "--plan")
@@ -434,30 +437,37 @@ class SimulateDataTest(CliTestCase):
         self.assertAlmostEqual(doc["step_time_s"], report["nominal_step_time_s"], delta=1e-9 * doc["step_time_s"])
 
     def test_contrastive_batch_sync_is_not_supported_yet(self):
-        result = simulate(CLIP, "--strategy", "distmm", "--data")
+        trace = self.temp_file("an earlier trace", "trace.json")
+        result = simulate(CLIP, "--strategy", "distmm", "--data", "--trace", trace)
         self.assertExit(result, 2)
         self.assertIn("contrastive batch-sync", result.stderr)
+        with open(trace) as f:
+            self.assertEqual(f.read(), "an earlier trace", "a refused run leaves the earlier trace")
 
 
 
 class DataTest(CliTestCase):
     """`braid data`: samples of the generated image-caption dataset."""
 
+    TINY = "configs/runs/tiny-mllm.yaml"
+
     def test_json_samples_follow_the_run(self):
-        result = braid("data", "--config", MLLM, "--show", "6", "--first", "3", "--format", "json")
+        result = braid("data", "--config", self.TINY, "--show", "6", "--first", "3", "--format", "json")
         self.assertExit(result, 0)
         doc = json.loads(result.stdout)
-        self.assertEqual(doc["seed"], 7)  # data.seed of the run file
+        self.assertEqual(doc["seed"], 1)  # data.seed of the run file
         self.assertEqual(doc["sides"], "lognormal")
+        self.assertEqual(doc["patch"], 8)  # the image encoder's
         self.assertEqual(doc["vocab_size"], 28)
         self.assertEqual([s["index"] for s in doc["samples"]], list(range(3, 9)))
         for s in doc["samples"]:
-            self.assertEqual(s["side"] % 4, 0)
-            self.assertTrue(16 <= s["side"] <= 64)
+            self.assertEqual(s["side"] % 8, 0)
+            self.assertTrue(16 <= s["side"] <= 32)  # up to the encoder's max_image_size
             self.assertEqual(s["tokens"][0], 1)  # <bos>
             self.assertEqual(s["tokens"][-1], 2)  # <eos>
             self.assertEqual(len(s["tokens"]), len(s["caption"].split()) + 2)
-        again = json.loads(braid("data", "--config", MLLM, "--show", "1", "--first", "5", "--format", "json").stdout)
+        again = json.loads(braid("data", "--config", self.TINY, "--show", "1", "--first", "5", "--format",
+                                 "json").stdout)
         self.assertEqual(again["samples"][0], doc["samples"][2])  # sample 5 whatever the range read
 
     def test_table_shows_captions_and_thumbnails(self):
@@ -473,7 +483,9 @@ class DataTest(CliTestCase):
     def test_bad_options(self):
         for args, fragment in [(["--split", "test"], "--split must be train or heldout"),
                                (["--patch", "0"], "patch 0 must be >= 1"),
-                               (["--patch", "80"], "no multiple of the patch 80 in [16, 64]")]:
+                               (["--patch", "80"], "no multiple of the patch 80 in [16, 64]"),
+                               (["--config", self.TINY, "--patch", "4"], "--patch is the run's image encoder's"),
+                               (["--config", MLLM], "which 'vision' does not set")]:
             with self.subTest(args=args):
                 result = braid("data", *args)
                 self.assertExit(result, 2)

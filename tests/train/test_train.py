@@ -500,6 +500,15 @@ class Checkpoints(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("--resume needs --checkpoint-dir", r.stderr)
 
+    def test_a_trace_that_cannot_be_written_is_refused_before_training(self):
+        with tempfile.TemporaryDirectory() as d:
+            metrics = os.path.join(d, "m.jsonl")
+            r = train(2, "--config", CLIP, "--steps", "2", "--metrics", metrics, "--trace", d + "/missing/t.json")
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(f"cannot write the trace to '{d}/missing/t.json': no directory '{d}/missing'", r.stderr)
+            self.assertNotIn("step 1/2", r.stdout + r.stderr)
+            self.assertFalse(os.path.exists(metrics), "nothing was started, nothing written")
+
     def test_pipeline_plan_is_refused_with_the_reason(self):
         r = train(1, "--config", MLLM, "--steps", "1", "--pp", "2")
         self.assertEqual(r.returncode, 3)
@@ -534,7 +543,7 @@ class Resharding(unittest.TestCase):
     def tearDownClass(cls):
         cls.tmp.cleanup()
 
-    def resume(self, name, ranks, *layout, seed=None):
+    def resume(self, name, ranks, *layout, seed=None, config=None):
         """Steps 3-4 resumed from a copy of the run's step-2 checkpoint: (losses, result)."""
         d = self.tmp.name
         ckpt = os.path.join(d, "ckpt-" + name)
@@ -545,8 +554,8 @@ class Resharding(unittest.TestCase):
         path = os.path.join(d, name + ".jsonl")
         shutil.copy(d + "/full.jsonl", path)
         extra = ["--seed", str(seed)] if seed is not None else []
-        r = train(ranks, "--config", self.config, *layout, *extra, "--steps", "4", "--quiet", "--metrics", path,
-                  "--checkpoint-dir", ckpt, "--resume")
+        r = train(ranks, "--config", config or self.config, *layout, *extra, "--steps", "4", "--quiet", "--metrics",
+                  path, "--checkpoint-dir", ckpt, "--resume")
         return (losses(path) if r.returncode == 0 else None), r
 
     def expect_close(self, resumed, layout):
@@ -588,6 +597,13 @@ class Resharding(unittest.TestCase):
         alone, r = self.resume("one", 1)
         check(self, r)
         self.assertEqual(resumed, alone, "TP 1 x PP 2 and one process resumed from it agree bit for bit")
+
+    def test_the_run_file_is_the_same_however_its_path_is_spelled(self):
+        # Written with an absolute path; resumed through a relative one with a detour.
+        config = os.path.relpath(self.config, SOURCE_DIR).replace(os.sep, os.sep + "." + os.sep, 1)
+        resumed, r = self.resume("spelled", 4, *self.TP2_DP2, config=config)
+        check(self, r)
+        self.assertEqual(resumed, self.full)
 
     def test_a_checkpoint_of_another_seed_is_refused(self):
         _, r = self.resume("seed", 2, "--strategy", "megatron", "--pp", "2", seed=5)

@@ -306,7 +306,8 @@ TEST(Planner, FixedPlanErrorsNameTheProblem) {
       [&] {
         orchestrate::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, bad_tp});
       },
-      Status::bad_config, {"the given plan cannot run", "vision: tp 3 must divide the 8 devices"});
+      Status::bad_config,
+      {"plan.yaml:3:5: modules[0]: the given plan cannot run: vision: tp 3 must divide the 8 devices"});
   test::expect_error(
       [&] {
         plan::parse_plan_text("layout: monolithic\nmodules:\n  - {name: visoin, tp: 1, pp: 1, dp: 1}\n", run,
@@ -328,6 +329,28 @@ TEST(Planner, FixedPlanErrorsNameTheProblem) {
         orchestrate::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, too_big});
       },
       Status::infeasible, {"the given plan cannot run", "needs", "but a device has 80.0 GiB"});
+  // A problem of the whole plan points at the file; a `devices:` its modules do not use, at the field.
+  auto twice = plan::parse_plan_text(
+      "layout: monolithic\nmodules:\n"
+      "  - {name: vision, tp: 1, pp: 1, dp: 8, layers_per_stage: [24]}\n"
+      "  - {name: vision, tp: 1, pp: 1, dp: 8, layers_per_stage: [24]}\n",
+      run, "plan.yaml");
+  test::expect_error(
+      [&] {
+        orchestrate::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, twice});
+      },
+      Status::bad_config, {"plan.yaml:1:1: the given plan cannot run: the plan places 'vision' twice"});
+  auto fits = plan::parse_plan_text(
+      "layout: monolithic\ndevices: 7\nmodules:\n"
+      "  - {name: vision, tp: 8, pp: 1, dp: 32, layers_per_stage: [24]}\n"
+      "  - {name: projector, tp: 8, pp: 1, dp: 32, layers_per_stage: [2]}\n"
+      "  - {name: llm, tp: 8, pp: 1, dp: 32, layers_per_stage: [40]}\n",
+      run, "plan.yaml");
+  test::expect_error(
+      [&] {
+        orchestrate::make_plan(cost, plan::PlanRequest{Strategy::fixed, {}, fits});
+      },
+      Status::bad_config, {"plan.yaml:2:10: devices: the file says 7 devices, its modules use 256"});
 }
 
 TEST(Planner, PlansMustPlaceEveryModuleOnceWithinTheCluster) {

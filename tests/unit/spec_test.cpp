@@ -210,8 +210,37 @@ TEST(Spec, InputsMustNameEarlierModules) {
 TEST(Spec, MissingModelFileNamesThePath) {
   std::string yaml = clip_run(kTraining);
   yaml.replace(0, yaml.find("cluster:"), "model: ../models/no-such-model.yaml\n");
-  expect_error([&] { parse(yaml); }, Status::bad_config,
+  expect_error([&] { parse(yaml); }, Status::io,
                {"<string>:1:8: model: cannot read '", "no-such-model.yaml': No such file or directory"});
+}
+
+TEST(Spec, AFieldGivenTwiceIsRefusedWhereverItIs) {
+  // yaml-cpp keeps the first of two values; the user meant one of them.
+  expect_error([&] { parse(clip_run(kTraining + "  microbatch: 16\n")); }, Status::bad_config,
+               {"<string>:29:3: training.microbatch: field 'microbatch' given twice in one mapping (first at line "
+                "28)"});
+  expect_error([&] { parse(clip_run(kTraining, "      layers: 6\n")); }, Status::bad_config,
+               {"<string>:12:7: model.modules[0].layers: field 'layers' given twice in one mapping (first at line 7)"});
+}
+
+TEST(Spec, AnEmptyValueIsReportedAtItsKey) {
+  expect_error([&] { parse(clip_run("  global_batch:\n  microbatch: 32\n")); }, Status::bad_config,
+               {"<string>:27:3: training.global_batch: expected an integer, found nothing"});
+}
+
+TEST(Spec, DataForAnInputNoModuleTakesIsRefused) {
+  expect_error([&] { parse(clip_run(kTraining) + "  audio: {tokens: 5}\n"); }, Status::bad_config,
+               {"<string>:32:10: data.audio: model 'small-clip' takes no audio input; remove this section"});
+}
+
+TEST(Spec, SizesAnIntCannotHoldAreRefused) {
+  std::string yaml = clip_run(kTraining);
+  yaml.replace(yaml.find("hidden: 768"), 11, "hidden: 600000000");
+  expect_error([&] { parse(yaml); }, Status::bad_config,
+               {"<string>:8:15: model.modules[0].hidden: is too large (got 600000000): the default ffn, 4 x hidden, "
+                "exceeds 2147483647"});
+  expect_error([&] { parse(clip_run(kTraining) + "trainer: {eval_samples: 100000}\n"); }, Status::bad_config,
+               {"trainer.eval_samples: at most 65536 (got 100000)"});
 }
 
 TEST(Spec, MissingRunFileIsAnIoError) {

@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -23,6 +22,7 @@
 #include "core/runtime/world.hpp"
 #include "core/train/device_collectives.hpp"
 #include "tools/braid/commands.hpp"
+#include "tools/braid/parse_options.hpp"
 #include "tools/braid/rank_error.hpp"
 
 namespace po = boost::program_options;
@@ -159,7 +159,7 @@ int run_calibrate(const std::vector<std::string>& args) {
       "the summary: table (default) | json (every timing and fitted figure)");
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(args).options(opts).run(), vm);
+    po::store(parse_options(args, opts), vm);
     po::notify(vm);
   } catch (const po::error& e) {
     std::fprintf(stderr, "braid calibrate: error: %s\n(see 'braid calibrate --help')\n", e.what());
@@ -196,13 +196,7 @@ int run_calibrate(const std::vector<std::string>& args) {
     int writable[1] = {1};
     std::string why;
     if (rank == 0 && out != "-") {
-      const std::filesystem::path target(out), dir = target.has_parent_path() ? target.parent_path() : ".";
-      if (std::filesystem::is_directory(target))
-        why = "it is a directory";
-      else if (!std::filesystem::is_directory(dir))
-        why = "no directory '" + dir.string() + "'";
-      else if (::access(dir.c_str(), W_OK) != 0)
-        why = "directory '" + dir.string() + "' is not writable";
+      why = unwritable_reason(out);
       writable[0] = why.empty() ? 1 : 0;
     }
     all.broadcast(std::as_writable_bytes(std::span<int>(writable)), 0);

@@ -8,6 +8,7 @@
 #include "core/common/error.hpp"
 #include "core/data/shapes.hpp"
 #include "tools/braid/commands.hpp"
+#include "tools/braid/parse_options.hpp"
 
 namespace po = boost::program_options;
 
@@ -22,18 +23,20 @@ int run_data(const std::vector<std::string>& args) {
       "                  [--patch P] [--columns C] [--format table|json]\n\n"
       "Prints samples of the generated image-caption dataset the reference models train on:\n"
       "caption, tokens and a text thumbnail of the image (one letter per colour). With a run\n"
-      "file, its data seed and image-size distribution apply.\n\noptions");
+      "file, the samples braid train draws for it: its data seed and image-size distribution on its\n"
+      "image encoder's patch grid, up to the encoder's largest image.\n\noptions");
   opts.add_options()("help,h", "show this help")("config,c", po::value(&config)->value_name("RUN.yaml"),
                                                  "run file (default: seed 0, every image 64 px)")(
       "show,n", po::value(&show)->value_name("N"), "samples to print (default 4)")(
       "first", po::value(&first)->value_name("I"), "index of the first sample (default 0)")(
       "split", po::value(&split_text)->value_name("SPLIT"), "train (default) | heldout")(
-      "patch", po::value(&patch)->value_name("P"), "image sides are multiples of P pixels (default 4)")(
+      "patch", po::value(&patch)->value_name("P"),
+      "image sides are multiples of P pixels (default 4; with --config: the run's)")(
       "columns", po::value(&columns)->value_name("C"), "thumbnail width in characters (default 16)")(
       "format,f", po::value(&format)->value_name("FMT"), "table (default) | json");
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(args).options(opts).run(), vm);
+    po::store(parse_options(args, opts), vm);
     po::notify(vm);
   } catch (const po::error& e) {
     std::fprintf(stderr, "braid data: error: %s\n", e.what());
@@ -55,7 +58,11 @@ int run_data(const std::vector<std::string>& args) {
 
   data::ShapesConfig shapes;
   shapes.patch = patch;
-  if (!config.empty()) shapes = data::shapes_config(spec::load_run(config).data, patch);
+  if (!config.empty()) {  // what braid train draws for this run: its encoder's grid, not --patch
+    if (vm.count("patch")) return bad("--patch is the run's image encoder's with --config");
+    const spec::RunSpec run = spec::load_run(config);
+    shapes = data::run_shapes_config(run, run.data.seed);
+  }
   const data::ShapesDataset dataset(shapes);
   const char* sides = shapes.sides.kind == spec::SizeKind::fixed ? "fixed" : spec::size_kind_name(shapes.sides.kind);
 

@@ -9,6 +9,7 @@
 #include "core/runtime/groups.hpp"
 #include "core/runtime/groups_io.hpp"
 #include "tools/braid/commands.hpp"
+#include "tools/braid/parse_options.hpp"
 #include "tools/braid/plan_options.hpp"
 
 namespace po = boost::program_options;
@@ -45,7 +46,7 @@ int run_groups(const std::vector<std::string>& args) {
       "all", "text: list every rank, group and link pair instead of the first few");
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(args).options(opts).run(), vm);
+    po::store(parse_options(args, opts), vm);
     po::notify(vm);
   } catch (const po::error& e) {
     std::fprintf(stderr, "braid groups: error: %s\n(see 'braid groups --help')\n", e.what());

@@ -15,6 +15,7 @@
 #include "core/runtime/device_comm.hpp"
 #include "core/runtime/plugin_loader.hpp"
 #include "tools/braid/commands.hpp"
+#include "tools/braid/parse_options.hpp"
 
 namespace po = boost::program_options;
 
@@ -122,7 +123,7 @@ int run_info(const std::vector<std::string>& args) {
       "format,f", po::value(&format)->value_name("FMT"), "table (default) | json");
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(args).options(opts).run(), vm);
+    po::store(parse_options(args, opts), vm);
     po::notify(vm);
   } catch (const po::error& e) {
     std::fprintf(stderr, "braid info: error: %s\n", e.what());

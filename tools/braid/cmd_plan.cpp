@@ -8,6 +8,7 @@
 #include "core/orchestrate/planning.hpp"
 #include "core/plan/plan_io.hpp"
 #include "tools/braid/commands.hpp"
+#include "tools/braid/parse_options.hpp"
 #include "tools/braid/plan_options.hpp"
 
 namespace po = boost::program_options;
@@ -37,7 +38,7 @@ int run_plan(const std::vector<std::string>& args) {
   opts.add_options()("format,f", po::value(&format)->value_name("FMT"), "table (default) | json | yaml");
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(args).options(opts).run(), vm);
+    po::store(parse_options(args, opts), vm);
     po::notify(vm);
   } catch (const po::error& e) {
     std::fprintf(stderr, "braid plan: error: %s\n(see 'braid plan --help')\n", e.what());

@@ -18,6 +18,7 @@
 #include "core/sim/simulator.hpp"
 #include "core/sim/trace.hpp"
 #include "tools/braid/commands.hpp"
+#include "tools/braid/parse_options.hpp"
 #include "tools/braid/plan_options.hpp"
 #include "tools/braid/simulate_data.hpp"
 
@@ -121,7 +122,8 @@ int run_simulate(const std::vector<std::string>& args) {
   plan_opts.add_to(opts);
   opts.add_options()("schedule", po::value(&schedule)->value_name("NAME"),
                      "gpipe | 1f1b | interleaved | batch-sync | distmm-pipe | two-phase; colocated (optimus) plans: "
-                     "optimus-fine | optimus-coarse | encoder-first (default: the plan's; optimus: optimus-fine)")(
+                     "optimus-fine | optimus-coarse | encoder-first | optimus-online (default: the plan's; optimus: "
+                     "optimus-fine)")(
       "trace", po::value(&trace)->value_name("FILE"),
       "write a Chrome trace (open in ui.perfetto.dev or chrome://tracing)")(
       "trace-replicas", po::value(&trace_replicas)->value_name("N"),
@@ -131,7 +133,7 @@ int run_simulate(const std::vector<std::string>& args) {
       "format,f", po::value(&format)->value_name("FMT"), "table (default) | json");
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(args).options(opts).run(), vm);
+    po::store(parse_options(args, opts), vm);
     po::notify(vm);
   } catch (const po::error& e) {
     std::fprintf(stderr, "braid simulate: error: %s\n(see 'braid simulate --help')\n", e.what());
@@ -180,9 +182,10 @@ int run_simulate(const std::vector<std::string>& args) {
   const auto start = std::chrono::steady_clock::now();
   const sim::Result r = sim::simulate(program, sim_opts);
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!trace.empty()) sim::write_chrome_trace(trace, program, r);
   std::optional<data::DataReport> data_report;
   if (vm.count("data")) data_report = simulate_data(cost, chosen, program);
+  // Written once everything the command refuses has been refused: a failing run keeps the old trace.
+  if (!trace.empty()) sim::write_chrome_trace(trace, program, r);
 
   const double estimate = chosen.estimate.iteration_time_s;
   const auto published = bubble::optimus_published(run.model.name, run.devices(), run.training.global_batch);

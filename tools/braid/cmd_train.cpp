@@ -15,6 +15,7 @@
 #include "core/train/train_device.hpp"
 #include "core/train/trainer.hpp"
 #include "tools/braid/commands.hpp"
+#include "tools/braid/parse_options.hpp"
 #include "tools/braid/plan_options.hpp"
 #include "tools/braid/rank_error.hpp"
 
@@ -107,7 +108,7 @@ int run_train(const std::vector<std::string>& args) {
       "rewritten after every step)")("quiet,q", "no progress lines (evaluations and the summary still print)");
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(args).options(opts).run(), vm);
+    po::store(parse_options(args, opts), vm);
     po::notify(vm);
   } catch (const po::error& e) {
     std::fprintf(stderr, "braid train: error: %s\n(see 'braid train --help')\n", e.what());

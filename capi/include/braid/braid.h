@@ -11,11 +11,16 @@
  *  - No C++ exception, type or allocation crosses this boundary.
  *  - Structs passed across begin with `size_t struct_size`: callers set it to
  *    sizeof(the struct they were compiled with), so the structs can grow without
- *    breaking old callers. Use the _INIT macros. A struct_size below the struct's first
- *    version or above BRAID_MAX_STRUCT_SIZE is refused (BRAID_ERR_INVALID_ARGUMENT,
- *    naming the struct and the size). The library reads min(struct_size, its sizeof) of
- *    a struct it is given, and writes a struct it fills up to struct_size: fields it does
- *    not know are zeroed.
+ *    breaking old callers. Use the _INIT macros. A struct grows in versions, fields added
+ *    at its end ("Version 2:", "Added later:"); a version's size is the struct's sizeof
+ *    in the headers of that version. A struct_size below the struct's first version or
+ *    above BRAID_MAX_STRUCT_SIZE is refused (BRAID_ERR_INVALID_ARGUMENT, naming the
+ *    struct and the size). A struct the library reads (options, settings, a batch) must
+ *    also have the size of one of its versions, or at least this library's sizeof: a
+ *    size in between would end inside a field, and is refused the same way, naming the
+ *    sizes accepted. The library reads min(struct_size, its sizeof) of a struct it is
+ *    given, and writes a struct it fills up to struct_size: fields it does not know are
+ *    zeroed.
  *  - Option structs (and braid_run_settings) also carry a `version`, set by the _INIT
  *    macro to the header's *_VERSION. Version 0 is refused (BRAID_ERR_INVALID_ARGUMENT).
  *    A version newer than this library's is refused with BRAID_ERR_UNSUPPORTED (the

@@ -33,8 +33,10 @@ extern "C" {
  * not have are ignored), priced by braid's cost model; or module_costs, which then
  * take precedence over the sizes. */
 typedef struct braid_sample_batch {
-  size_t struct_size;                        /* sizeof(braid_sample_batch) */
-  size_t samples;                            /* a multiple of (DP cells x microbatches), see braid_reorder_info */
+  size_t struct_size; /* sizeof(braid_sample_batch) */
+  /* A multiple of (DP cells x microbatches), see braid_reorder_info; at most 2^24
+   * (16777216): more is BRAID_ERR_INVALID_ARGUMENT, before any array is read. */
+  size_t samples;
   const int32_t* image_resolution;           /* pixels per side of the encoder's input image */
   const int32_t* text_tokens;                /* text tokens */
   const int32_t* audio_tokens;               /* audio frames */
