@@ -321,6 +321,15 @@ std::optional<FieldProblem> check_training(const TrainingSpec& t, const ModelSpe
     return problem("global_batch", "global batch " + std::to_string(t.global_batch) +
                                        " is not divisible by the microbatch size " + std::to_string(t.microbatch));
   }
+  // The planner prices and simulates every microbatch of a step: millions take it minutes,
+  // for a run no engine trains (real steps hold thousands at most).
+  constexpr long long kMaxMicrobatches = 1 << 20;
+  if (t.global_batch / t.microbatch > kMaxMicrobatches) {
+    return problem("global_batch", "global batch " + std::to_string(t.global_batch) + " is " +
+                                       std::to_string(t.global_batch / t.microbatch) + " microbatches of " +
+                                       std::to_string(t.microbatch) + " a step; at most " +
+                                       std::to_string(kMaxMicrobatches));
+  }
   if (model.topology != Topology::contrastive && t.contrastive_batch != t.global_batch)
     return problem("contrastive_batch", "only applies to models with a contrastive loss");
   if (auto p = int_at_least_problem(t.contrastive_batch, 1); !p.empty()) return problem("contrastive_batch", p);

@@ -233,6 +233,12 @@ TEST(Spec, DataForAnInputNoModuleTakesIsRefused) {
                {"<string>:32:10: data.audio: model 'small-clip' takes no audio input; remove this section"});
 }
 
+TEST(Spec, AStepOfMillionsOfMicrobatchesIsRefused) {
+  expect_error([&] { parse(clip_run("  global_batch: 2097152\n  microbatch: 1\n")); }, Status::bad_config,
+               {"training.global_batch: global batch 2097152 is 2097152 microbatches of 1 a step; at most 1048576"});
+  EXPECT_NO_THROW(parse(clip_run("  global_batch: 2097152\n  microbatch: 2\n")));
+}
+
 TEST(Spec, SizesAnIntCannotHoldAreRefused) {
   std::string yaml = clip_run(kTraining);
   yaml.replace(yaml.find("hidden: 768"), 11, "hidden: 600000000");
