@@ -164,6 +164,16 @@ class PlanTest(unittest.TestCase):
             braid.plan(self.config, strategy=6)
         with self.assertRaises(braid.InvalidArgumentError):
             braid.plan(self.config, tp=2**31)
+        # A NUL would end the C string early: the library would read another name or document.
+        with self.assertRaises(braid.InvalidArgumentError) as cm:
+            braid.plan(self.config, schedule="1f1b\0garbage")
+        self.assertIn("schedule holds a NUL byte at offset 4", str(cm.exception))
+        with self.assertRaises(braid.InvalidArgumentError):
+            braid.plan(self.config, strategy="fixed", plan_yaml="layout: monolithic\0\nbogus: [\n")
+        with self.assertRaises(braid.InvalidArgumentError):
+            braid.plan(self.config, strategy="fixed", plan_yaml=5)
+        with self.assertRaises(braid.InvalidArgumentError):
+            braid.Config.from_file(CLIP + "\0.does-not-exist")
 
     def test_bad_fixed_plan(self):
         with self.assertRaises(braid.BraidError) as cm:

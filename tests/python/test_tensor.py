@@ -179,6 +179,8 @@ class ContrastiveNumpyTest(unittest.TestCase):
                                              30)
         with self.assertRaises(braid.InvalidArgumentError):
             braid.tensor.contrastive_forward([[1.0]], [[1.0]], self.image, self.text, 1.0, 0)
+        with self.assertRaises(braid.InvalidArgumentError):  # a datetime's typestr is "<M8[ns]"
+            braid.tensor.view(np.zeros((2, 4), "M8[ns]"))
         _, stats = braid.tensor.contrastive_forward(self.image, self.text, self.image, self.text, 1.0, 0)
         frozen = np.zeros_like(self.image)
         frozen.setflags(write=False)

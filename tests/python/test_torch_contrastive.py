@@ -115,6 +115,13 @@ class ContrastiveLossOnGloo(unittest.TestCase):
         for name, p in model.named_parameters():
             self.assertLessEqual(float((p.grad - want_grads[name]).abs().max()), TOLERANCE, name)
 
+    def test_integer_features_are_refused(self):
+        import braid.torch as bt
+        features = torch.ones(4, 8, dtype=torch.int64)
+        with self.assertRaises(TypeError) as cm:  # not a loss truncated to an int
+            bt.ContrastiveLoss()(features, features, torch.tensor(1.0))
+        self.assertIn("must be floating point, got torch.int64", str(cm.exception))
+
     def test_two_processes(self):
         self.run_world(2, 2)
 

@@ -47,6 +47,35 @@ def worker(rank, world, init_file, results):
 
 
 @unittest.skipIf(torch is None, REASON)
+class SamplerYieldsTheRunOrder(unittest.TestCase):
+
+    def test_microbatches_come_in_the_order_their_pipeline_runs_them(self):
+        import random
+
+        import braid
+        import braid.torch as bt
+
+        config = braid.Config.from_file(os.path.join(SOURCE_DIR, "configs", "runs", "tiny-mllm.yaml"))
+        plan = config.plan(strategy="disttrain")
+        batch = config.run_settings.global_batch
+        draw = random.Random(5)  # skewed sizes whose best 1F1B order is not the sample order
+        res = [draw.choice([16, 16, 16, 24, 32]) for _ in range(batch)]
+        tok = [draw.choice([2, 4, 12]) for _ in range(batch)]
+        answer = plan.reorder(image_resolution=res, text_tokens=tok, reordering="intra_inter")
+        self.assertTrue(any(list(o) != sorted(o) for o in answer.orders), "a case with an order to keep")
+        for m in plan.modules:
+            for replica in range(m.dp):
+                sampler = bt.ReorderingBatchSampler(plan, batch, lambda i: {"image_resolution": res[i],
+                                                                           "text_tokens": tok[i]},
+                                                    m.name, replica, batch, reordering="intra_inter")
+                got = sampler.assignment(list(range(batch)))
+                positions = [{answer.microbatches[i] for i in mb} for mb in got]
+                self.assertTrue(all(len(p) == 1 for p in positions), f"{m.name}: a microbatch mixes positions")
+                self.assertEqual([p.pop() for p in positions], list(range(len(got))),
+                                 f"{m.name} replica {replica}: not in run order")
+
+
+@unittest.skipIf(torch is None, REASON)
 class SamplerAgreesEverywhere(unittest.TestCase):
 
     def test_same_assignment_on_every_rank_and_each_sample_once(self):

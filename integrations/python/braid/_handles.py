@@ -123,8 +123,17 @@ def int_arg(name: str, value: Any, low: int = -(2**31), high: int = 2**31 - 1) -
     return value
 
 
+def c_string(text: bytes, what: str) -> bytes:
+    """``text`` for a C string argument: a NUL inside it would end it early, and the library
+    would silently read another path, name or document than the one given."""
+    at = text.find(b"\0")
+    if at >= 0:
+        raise invalid_argument(f"{what} holds a NUL byte at offset {at}")
+    return text
+
+
 def path_arg(path: PathLike) -> bytes:
-    return os.fsencode(path)
+    return c_string(os.fsencode(path), "path")
 
 
 def name_arg(name: Optional[Union[str, bytes]], what: str, choices=None) -> Optional[bytes]:
@@ -132,9 +141,9 @@ def name_arg(name: Optional[Union[str, bytes]], what: str, choices=None) -> Opti
     if name is None:
         return None
     if isinstance(name, str):
-        return name.encode("utf-8")
+        return c_string(name.encode("utf-8"), what)
     if isinstance(name, bytes):
-        return name
+        return c_string(name, what)
     listed = f" ({', '.join(choices())})" if choices else ""
     raise invalid_argument(f"{what} must be a name{listed}, not {type(name).__name__}")
 

@@ -10,7 +10,7 @@ from typing import Any, Optional, Union
 from . import _loader
 from . import _structs as S
 from . import vocab
-from ._handles import PathLike, SharedHandle, int_arg, path_arg
+from ._handles import PathLike, SharedHandle, c_string, int_arg, path_arg
 from .errors import invalid_argument
 from .records import RunSettings
 
@@ -48,7 +48,7 @@ class Config(SharedHandle):
         if not isinstance(yaml, (str, bytes)):
             raise invalid_argument(f"yaml must be str, not {type(yaml).__name__}")
         lib = _loader.load_library()
-        text = yaml.encode("utf-8") if isinstance(yaml, str) else yaml
+        text = c_string(yaml.encode("utf-8") if isinstance(yaml, str) else yaml, "yaml")
         base = None if base_dir is None else path_arg(base_dir)
         out = S.ConfigPtr()
         _loader._check(lib, lib.braid_config_load_string(text, base, ctypes.byref(out)))

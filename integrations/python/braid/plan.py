@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 from . import _loader
 from . import _structs as S
 from . import vocab
-from ._handles import OwnedHandle, count, int_arg, name_arg, read, text_out
+from ._handles import OwnedHandle, c_string, count, int_arg, name_arg, read, text_out
 from .config import Config
 from .errors import invalid_argument
 from .records import Alternative, Estimate, ModuleInfo
@@ -152,7 +152,9 @@ def plan(config: Config, strategy: Union[str, int] = "auto", tp: int = 0, pp: in
     options.dp = int_arg("dp", dp)
     yaml_bytes = None
     if plan_yaml is not None:
-        yaml_bytes = plan_yaml.encode("utf-8") if isinstance(plan_yaml, str) else bytes(plan_yaml)
+        if not isinstance(plan_yaml, (str, bytes)):
+            raise invalid_argument(f"plan_yaml must be str or bytes, not {type(plan_yaml).__name__}")
+        yaml_bytes = c_string(plan_yaml.encode("utf-8") if isinstance(plan_yaml, str) else plan_yaml, "plan_yaml")
     options.plan_yaml = yaml_bytes  # referenced until the call returns
     schedule_bytes = name_arg(schedule, "schedule", vocab.schedules)
     options.schedule = schedule_bytes

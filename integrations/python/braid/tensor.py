@@ -78,9 +78,10 @@ class TensorView:
         face = obj.__array_interface__
         data, readonly = face["data"]
         typestr = face["typestr"]  # "<f4": byte order, kind, bytes
-        kind, size = typestr[1], int(typestr[2:])
-        if kind not in _KINDS or typestr[0] == ">":
+        kind = typestr[1]
+        if kind not in _KINDS or typestr[0] == ">" or not typestr[2:].isdigit():  # "<M8[ns]": a datetime
             raise invalid_argument(f"cannot view an array of type {typestr!r} as a braid_tensor")
+        size = int(typestr[2:])
         shape = tuple(int(d) for d in face["shape"])
         strides = face.get("strides")
         if strides is not None:

@@ -33,6 +33,8 @@ def _float32_rows(x: torch.Tensor, name: str) -> torch.Tensor:
         raise ValueError(f"ContrastiveLoss: {name} must be (rows, features), got shape {tuple(x.shape)}")
     if x.device.type not in ("cpu", "cuda"):
         raise NotImplementedError(f"ContrastiveLoss: {name} is on {x.device}; braid runs on cpu and cuda tensors")
+    if not x.dtype.is_floating_point:  # as torch's matmul of open_clip's loss: features are floats
+        raise TypeError(f"ContrastiveLoss: {name} must be floating point, got {x.dtype}")
     return x.detach().to(torch.float32).contiguous()
 
 

@@ -47,16 +47,14 @@ class ReorderingBatchSampler(torch.utils.data.Sampler):
                 columns[key] = [int(s[key]) for s in per_sample]
         answer = self.plan.reorder(reordering=self.reordering, **columns)
         ranks = _field(answer, "ranks")[self.module]
-        microbatches, cells, orders = _field(answer, "microbatches"), _field(answer, "cells"), _field(answer, "orders")
+        # A sample's microbatch is its position in its pipeline's run, the inter-microbatch
+        # order already applied (braid_reorder_microbatches): run order is ascending.
+        microbatches = _field(answer, "microbatches")
         mine: Dict[int, List[int]] = {}
-        cell = None
         for k, index in enumerate(batch):
             if ranks[k] == self.replica:
                 mine.setdefault(microbatches[k], []).append(index)
-                cell = cells[k]
-        # The order this sample's pipeline runs its microbatches in (inter-microbatch reordering).
-        order = orders[cell] if cell is not None and cell < len(orders) else sorted(mine)
-        return [mine[m] for m in order if m in mine]
+        return [mine[m] for m in sorted(mine)]
 
     def __iter__(self) -> Iterator[List[int]]:
         order = list(range(self.dataset_size))
