@@ -122,6 +122,16 @@ class ContrastiveLossOnGloo(unittest.TestCase):
             bt.ContrastiveLoss()(features, features, torch.tensor(1.0))
         self.assertIn("must be floating point, got torch.int64", str(cm.exception))
 
+    def test_a_scale_of_shape_one_gets_a_gradient_of_its_shape(self):
+        import braid.torch as bt
+        image = torch.nn.functional.normalize(torch.randn(4, 8, generator=torch.Generator().manual_seed(1)), dim=1)
+        scale = torch.full((1,), 2.0, requires_grad=True)
+        bt.ContrastiveLoss()(image, image.flip(0), scale).backward()
+        flat = torch.tensor(2.0, requires_grad=True)
+        bt.ContrastiveLoss()(image, image.flip(0), flat).backward()
+        self.assertEqual(tuple(scale.grad.shape), (1,))
+        self.assertEqual(float(scale.grad[0]), float(flat.grad))
+
     def test_two_processes(self):
         self.run_world(2, 2)
 

@@ -59,11 +59,14 @@ class _ContrastiveFunction(torch.autograd.Function):
             offset = dist.get_rank(group) * local_image.shape[0]
         else:
             all_image, all_text, offset = local_image, local_text, 0
+        if logit_scale.numel() != 1:
+            raise ValueError(f"ContrastiveLoss: logit_scale must hold one value, got shape {tuple(logit_scale.shape)}")
         scale = float(logit_scale)
         loss, stats = _tensor.contrastive_forward(local_image, local_text, all_image, all_text, scale, offset, tile)
         ctx.save_for_backward(local_image, local_text, all_image, all_text, stats)
         ctx.scale, ctx.offset, ctx.group, ctx.tile, ctx.distributed = scale, offset, group, tile, distributed
         ctx.dtypes = (image.dtype, text.dtype, logit_scale.dtype)
+        ctx.scale_shape = logit_scale.shape
         ctx.scale_device = logit_scale.device
         return torch.tensor(loss, dtype=image.dtype, device=image.device)
 
@@ -91,7 +94,7 @@ class _ContrastiveFunction(torch.autograd.Function):
             grad_text = grad_local_text + grad_all_text
         image_dtype, text_dtype, scale_dtype = ctx.dtypes
         return (grad_image.to(image_dtype), grad_text.to(text_dtype),
-                torch.tensor(grad_scale, dtype=scale_dtype, device=ctx.scale_device), None, None)
+                torch.full(ctx.scale_shape, grad_scale, dtype=scale_dtype, device=ctx.scale_device), None, None)
 
 
 class ContrastiveLoss(torch.nn.Module):
@@ -99,7 +102,7 @@ class ContrastiveLoss(torch.nn.Module):
     group; None: the world, or one process when torch.distributed is not initialised).
 
     ``loss_fn(image_features, text_features, logit_scale)``: this rank's L2-normalised
-    features (n, E), every rank the same n, and the exponentiated scale (a 0-d tensor);
+    features (n, E), every rank the same n, and the exponentiated scale (a tensor of one value, its gradient of its shape);
     returns this rank's local mean loss. ``tile``: rows and columns per tile of braid's
     kernel (0: its default)."""
 
