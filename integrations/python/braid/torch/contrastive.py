@@ -102,8 +102,8 @@ class ContrastiveLoss(torch.nn.Module):
     group; None: the world, or one process when torch.distributed is not initialised).
 
     ``loss_fn(image_features, text_features, logit_scale)``: this rank's L2-normalised
-    features (n, E), every rank the same n, and the exponentiated scale (a tensor of one value, its gradient of its shape);
-    returns this rank's local mean loss. ``tile``: rows and columns per tile of braid's
+    features (n, E), every rank the same n, and the exponentiated scale (a tensor of one
+    value, whose gradient takes its shape); returns this rank's local mean loss. ``tile``: rows and columns per tile of braid's
     kernel (0: its default)."""
 
     def __init__(self, group=None, tile: int = 0) -> None:
