@@ -3,6 +3,7 @@
 #include "core/train/checkpoint.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -326,9 +327,38 @@ std::string shard_file_name(std::int64_t step, int rank) {
 
 void create_checkpoint_dir(const std::string& dir) {
   std::error_code ec;
+  if (fs::is_symlink(dir, ec) && !fs::exists(dir, ec))
+    throw Error(Status::io, "cannot use checkpoint directory '" + dir + "': it is a link to '" +
+                                fs::read_symlink(dir, ec).string() + "', which does not exist");
   fs::create_directories(dir, ec);
   if (ec) throw Error(Status::io, "cannot create checkpoint directory '" + dir + "': " + ec.message());
   require_directory(dir);
+}
+
+CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
+  const std::string path = in_dir(dir, ".lock");
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw Error(Status::io, "cannot open the checkpoint directory's lock '" + path + "': " + std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK)
+      throw Error(Status::invalid_argument, "checkpoint directory '" + dir + "' is in use by another run (it holds " +
+                                                path + "): give each run its own --checkpoint-dir");
+    throw Error(Status::io, "cannot lock '" + path + "': " + std::strerror(err));
+  }
+}
+
+CheckpointDirLock::~CheckpointDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the lock
+}
+
+std::optional<std::int64_t> newest_checkpoint_file(const std::string& dir) {
+  const auto steps = list_steps(dir);
+  if (steps.empty()) return std::nullopt;
+  return steps.rbegin()->first;
 }
 
 void write_shard(const std::string& dir, std::int64_t step, int rank, int world, const CheckpointContents& contents) {

@@ -108,6 +108,24 @@ std::string shard_file_name(std::int64_t step, int rank);
 // is not a directory. The writers below do not create directories.
 void create_checkpoint_dir(const std::string& dir);
 
+// Holds `dir`'s lock (dir/.lock, an flock) while it lives: two runs writing one checkpoint
+// directory would overwrite each other's files. Error(invalid_argument) naming the directory
+// when another process holds it.
+class CheckpointDirLock {
+ public:
+  explicit CheckpointDirLock(const std::string& dir);
+  ~CheckpointDirLock();
+  CheckpointDirLock(const CheckpointDirLock&) = delete;
+  CheckpointDirLock& operator=(const CheckpointDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// The newest step of any checkpoint file in `dir`, committed or not (nullopt: none): a run
+// that does not resume must not write over another run's checkpoints.
+std::optional<std::int64_t> newest_checkpoint_file(const std::string& dir);
+
 // Writes this rank's shard of checkpoint `step` durably (temp file, fsync, rename, fsync of
 // the directory). With world 1 the shard is the whole checkpoint and is committed once this
 // returns. Never touches another step's files. Error(io) naming the path and the system's

@@ -66,7 +66,10 @@ std::string lines_to_keep(const std::string& path, std::int64_t resume_step, std
       throw Error(Status::bad_config, "metrics file '" + path + "' line " + std::to_string(line_no) +
                                           " is not a metrics record (a JSON object with an integer \"step\"); "
                                           "move the file aside to resume");
-    if (record["step"].get<std::int64_t>() <= resume_step) {
+    // A finished run's own records (its summary, memory, op profile) end that run; the
+    // resumed run writes its own, so the file reads as one run.
+    const bool run_record = record.contains("summary") || record.contains("memory") || record.contains("op_profile");
+    if (record["step"].get<std::int64_t>() <= resume_step && !run_record) {
       out.append(line);
       out += '\n';
       ++kept;
@@ -78,7 +81,12 @@ std::string lines_to_keep(const std::string& path, std::int64_t resume_step, std
 }
 
 // `text` becomes the file's contents atomically: temp file, fsync, rename.
-void replace_file(const std::string& path, const std::string& text) {
+void replace_file(const std::string& given, const std::string& text) {
+  // Through a symbolic link to its file: the link stays a link.
+  std::error_code ec;
+  const std::string path =
+      std::filesystem::is_symlink(given, ec) ? std::filesystem::canonical(given, ec).string() : given;
+  if (ec) io_error("cannot follow the link", given, ec.value());
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) io_error("cannot create", tmp, errno);

@@ -348,8 +348,16 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   TrainReport report;
   report.layout = executor.layout().summary;
   std::int64_t first = 1;
+  std::optional<CheckpointDirLock> checkpoint_lock;  // rank 0's, for the whole run
   if (!o.checkpoint_dir.empty()) {
-    if (rank == 0) create_checkpoint_dir(o.checkpoint_dir);
+    if (rank == 0) {
+      create_checkpoint_dir(o.checkpoint_dir);
+      checkpoint_lock.emplace(o.checkpoint_dir);
+      if (const auto step = o.resume ? std::nullopt : newest_checkpoint_file(o.checkpoint_dir))
+        throw Error(Status::invalid_argument, "checkpoint directory '" + o.checkpoint_dir +
+                                                  "' already holds checkpoints (up to " + checkpoint_file_name(*step) +
+                                                  "): continue them with --resume, or give another --checkpoint-dir");
+    }
     comm.barrier();
   }
   // The trace is written after the last step: refuse a path it cannot go to before training.
@@ -410,6 +418,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   };
   report.summary.first_step = first;
   report.summary.total_steps = total;
+  report.summary.last_step = first - 1;      // where the run stands when there is nothing to train
   const bool steps_to_run = total >= first;  // the same on every rank
   const double probe_before = steps_to_run ? probe_host(run.cluster, comm, world, threads, device.backend) : 0;
   const std::int64_t eval_every = run.trainer.eval_every, ckpt_every = run.trainer.checkpoint_every;

@@ -495,6 +495,55 @@ class Checkpoints(unittest.TestCase):
             self.assertEqual(len(resumed), 9)
             self.assertEqual(full, resumed, "steps 7-9 after resuming equal the uninterrupted run bit for bit")
 
+    def test_a_directory_of_checkpoints_is_kept_for_its_run(self):
+        with tempfile.TemporaryDirectory() as d:
+            config = variant(d, CLIP, "clip.yaml", checkpoint_every=1, eval_every=0, eval_samples=8)
+            ckpt, link = d + "/ckpt", d + "/m.jsonl"
+            os.symlink(d + "/metrics.jsonl", link)
+            check(self, train(2, "--config", config, "--steps", "2", "--quiet", "--metrics", link,
+                              "--checkpoint-dir", ckpt))
+            def files():
+                out = {}
+                for name in os.listdir(ckpt):
+                    with open(os.path.join(ckpt, name), "rb") as f:
+                        out[name] = f.read()
+                return out
+
+            before = files()
+            # Without --resume a run would write over them: refused, nothing touched.
+            r = train(2, "--config", config, "--steps", "2", "--seed", "2", "--checkpoint-dir", ckpt)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(f"checkpoint directory '{ckpt}' already holds checkpoints (up to step-000002.braidckpt): "
+                          "continue them with --resume", r.stderr)
+            self.assertEqual(files(), before)
+            # While a run holds the directory another is refused (here the lock is this test's).
+            import fcntl
+            with open(os.path.join(ckpt, ".lock")) as held:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                r = train(2, "--config", config, "--steps", "3", "--checkpoint-dir", ckpt, "--resume")
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(f"checkpoint directory '{ckpt}' is in use by another run", r.stderr)
+            # Resumed, the metrics read as one run: one summary, one memory record; the link stays.
+            check(self, train(2, "--config", config, "--steps", "3", "--quiet", "--metrics", link,
+                              "--checkpoint-dir", ckpt, "--resume"))
+            self.assertTrue(os.path.islink(link))
+            records = metrics(link)
+            run_records = ("eval", "summary", "memory", "op_profile")
+            self.assertEqual([m["step"] for m in records if not any(m.get(k) for k in run_records)], [1, 2, 3])
+            self.assertEqual(sum(1 for m in records if m.get("summary")), 1)
+            self.assertEqual(sum(1 for m in records if m.get("memory")), 1)
+            # Nothing left to train: where the run stands.
+            r = train(2, "--config", config, "--steps", "3", "--checkpoint-dir", ckpt, "--resume")
+            check(self, r)
+            self.assertIn("nothing to train: the run is at step 3 of 3", r.stdout + r.stderr)
+
+    def test_a_link_to_nowhere_is_no_checkpoint_directory(self):
+        with tempfile.TemporaryDirectory() as d:
+            os.symlink(d + "/gone", d + "/ckpt")
+            r = train(1, "--config", CLIP, "--steps", "1", "--checkpoint-dir", d + "/ckpt")
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(f"it is a link to '{d}/gone', which does not exist", r.stderr)
+
     def test_resume_without_checkpoint_dir_is_refused(self):
         r = train(1, "--config", CLIP, "--resume")
         self.assertEqual(r.returncode, 2)
