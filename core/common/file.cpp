@@ -19,9 +19,10 @@ void write_file_atomically(const std::string& path, const std::string& text, con
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) {
+      const int error = errno;  // before the checks below set their own
       const std::string why = unwritable_reason(path);
       throw Error(Status::io,
-                  "cannot write the " + what + " to '" + path + "': " + (why.empty() ? std::strerror(errno) : why));
+                  "cannot write the " + what + " to '" + path + "': " + (why.empty() ? std::strerror(error) : why));
     }
     out << text;
     out.flush();
