@@ -123,9 +123,8 @@ int run_simulate(const std::vector<std::string>& args) {
   opts.add_options()("schedule", po::value(&schedule)->value_name("NAME"),
                      "gpipe | 1f1b | interleaved | batch-sync | distmm-pipe | two-phase; colocated (optimus) plans: "
                      "optimus-fine | optimus-coarse | encoder-first | optimus-online (default: the plan's; optimus: "
-                     "optimus-fine)")(
-      "trace", po::value(&trace)->value_name("FILE"),
-      "write a Chrome trace (open in ui.perfetto.dev or chrome://tracing)")(
+                     "optimus-fine)")("trace", po::value(&trace)->value_name("FILE"),
+                                      "write a Chrome trace (open in ui.perfetto.dev or chrome://tracing)")(
       "trace-replicas", po::value(&trace_replicas)->value_name("N"),
       "DP replicas per stage in the trace (default 1; -1: all)")(
       "gantt", "print a text Gantt chart of each stage's first replica")(
