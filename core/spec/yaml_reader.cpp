@@ -10,6 +10,8 @@
 #include <limits>
 #include <sstream>
 
+#include <yaml-cpp/depthguard.h>  // YAML::DeepRecursion: yaml.h leaves it out
+
 #include "core/common/error.hpp"
 #include "core/common/text.hpp"
 
@@ -223,6 +225,10 @@ Node parse_document(const std::string& text, const std::string& source) {
   YAML::Node root;
   try {
     root = YAML::Load(text);
+  } catch (const YAML::DeepRecursion& e) {  // yaml-cpp's message for it is "bad file"
+    throw Error(Status::bad_config, position(source, e.mark) +
+                                        ": invalid YAML: nested deeper than yaml-cpp reads (it stopped at depth " +
+                                        std::to_string(e.depth()) + "); a run file needs a few levels");
   } catch (const YAML::Exception& e) {
     throw Error(Status::bad_config, position(source, e.mark) + ": invalid YAML: " + e.msg);
   }

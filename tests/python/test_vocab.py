@@ -20,6 +20,16 @@ VOCABULARIES = ("strategies", "schedules", "opcodes", "bubble_causes", "reorderi
                 "precisions", "recomputes", "attentions")
 
 
+class Index:
+    """An integer that is not an int, as numpy's are: it has __index__."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __index__(self):
+        return self.value
+
+
 class VocabularyTest(unittest.TestCase):
     def test_every_vocabulary_is_non_empty_and_distinct(self):
         for name in VOCABULARIES:
@@ -68,6 +78,8 @@ class VocabularyTest(unittest.TestCase):
         with llava_config() as config:
             for value, name in enumerate(braid.vocab.strategies()):
                 self.assertEqual(braid.vocab.value_of(_structs.VOCABULARY_STRATEGY, name, "strategy"), value)
+                # An integer of another type (numpy.int64, an array's element) is a value too.
+                self.assertEqual(braid.vocab.value_of(_structs.VOCABULARY_STRATEGY, Index(value), "strategy"), value)
             with config.plan("disttrain") as p:
                 for name in braid.vocab.reorderings():
                     p.reorder(text_tokens=[64] * 32, reordering=name)

@@ -223,6 +223,13 @@ TEST(Spec, AFieldGivenTwiceIsRefusedWhereverItIs) {
                {"<string>:12:7: model.modules[0].layers: field 'layers' given twice in one mapping (first at line 7)"});
 }
 
+TEST(Spec, NestingPastYamlCppsLimitIsNamed) {
+  // yaml-cpp stops at its depth limit with a message ("bad file") that names no cause.
+  const std::string deep = "model: " + std::string(3000, '[') + std::string(3000, ']') + "\n";
+  expect_error([&] { parse(deep); }, Status::bad_config,
+               {"<string>:1:", ": invalid YAML: nested deeper than yaml-cpp reads"});
+}
+
 TEST(Spec, AnEmptyValueIsReportedAtItsKey) {
   expect_error([&] { parse(clip_run("  global_batch:\n  microbatch: 32\n")); }, Status::bad_config,
                {"<string>:27:3: training.global_batch: expected an integer, found nothing"});

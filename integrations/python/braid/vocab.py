@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import difflib
+import operator
 import threading
 from typing import Dict, Iterable, Sequence, Tuple, Union
 
@@ -155,7 +156,8 @@ def value_of(vocabulary: int, name: Union[str, int], what: str) -> int:
     choices = names(vocabulary)
     if isinstance(name, bool):
         raise InvalidArgumentError(ERR_INVALID_ARGUMENT, f"{what} must be a name ({', '.join(choices)}), not bool")
-    if isinstance(name, int):
+    if not isinstance(name, (str, bytes)) and hasattr(name, "__index__"):  # int, numpy.int64, ...
+        name = operator.index(name)
         if 0 <= name < len(choices):
             return name
         raise InvalidArgumentError(ERR_INVALID_ARGUMENT, f"{what} {name} is not one of 0..{len(choices) - 1}")
