@@ -88,7 +88,7 @@ class ProgressMeter {
 };
 
 // How often rank 0 prints a progress line to a log (not a terminal): a round number of steps
-// (1, 2 or 5 x 10^k) that gives at most 20 lines for the run, e.g. 100 for 2500 steps.
+// (1, 2 or 5 x 10^k) that gives at most 20 lines for the run, e.g. 200 for 2500 steps (125 rounded up).
 std::int64_t default_progress_interval(std::int64_t total_steps);
 // Whether `step` of `total` gets a progress line with one every `every` steps (0: none):
 // every multiple of `every`, and always the first step this process runs and the last.

@@ -473,7 +473,7 @@ class DataTest(CliTestCase):
     def test_table_shows_captions_and_thumbnails(self):
         result = braid("data", "--show", "2", "--columns", "8", "--split", "heldout")
         self.assertExit(result, 0)
-        self.assertIn("heldout split", result.stdout)
+        self.assertIn("heldout split, every image 64 px (fixed)", result.stdout)  # no range: one side
         self.assertEqual(len(re.findall(r"^sample \d+: 64 x 64 px", result.stdout, re.M)), 2, result.stdout)
         rows = [line for line in result.stdout.splitlines() if line.startswith("  |")]
         self.assertEqual(len(rows), 16)

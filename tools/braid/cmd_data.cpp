@@ -86,9 +86,15 @@ int run_data(const std::vector<std::string>& args) {
     std::cout << j.dump(2) << "\n";
     return kExitOk;
   }
-  std::printf("shapes dataset: seed %llu, %s split, image sides %d-%d px on a %d px grid (%s), vocabulary %d tokens\n",
-              static_cast<unsigned long long>(shapes.seed), split_text.c_str(), shapes.min_side, shapes.max_side,
-              shapes.patch, sides, data::CaptionTokenizer::vocab_size());
+  // A fixed distribution draws every image at the largest side, which is all there is to say.
+  const std::string side_range =
+      shapes.sides.kind == spec::SizeKind::fixed
+          ? "every image " + std::to_string(shapes.max_side / shapes.patch * shapes.patch) + " px (fixed)"
+          : "image sides " + std::to_string(shapes.min_side) + "-" + std::to_string(shapes.max_side) + " px on a " +
+                std::to_string(shapes.patch) + " px grid (" + sides + ")";
+  std::printf("shapes dataset: seed %llu, %s split, %s, vocabulary %d tokens\n",
+              static_cast<unsigned long long>(shapes.seed), split_text.c_str(), side_range.c_str(),
+              data::CaptionTokenizer::vocab_size());
   for (long long i = first; i < first + show; ++i) {
     const auto s = dataset.get(i, split);
     std::printf("\nsample %lld: %d x %d px, scene %lld\n  %s\n  tokens", i, s.side, s.side,

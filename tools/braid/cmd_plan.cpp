@@ -30,7 +30,8 @@ int run_plan(const std::vector<std::string>& args) {
       "  megatron   one TP x PP x DP grid for the whole model, encoders in the first stage\n"
       "  distmm     one grid per encoder, joined by a contrastive batch-sync (CLIP-like models)\n"
       "  disttrain  encoders, llm and generator on disjoint devices, one pipeline\n"
-      "  optimus    encoder and llm on every device, encoder work in llm bubbles (coarse estimate)\n"
+      "  optimus    encoder and llm on every device, encoder work in llm bubbles (step: the bubble\n"
+      "             scheduler's fine schedule, simulated)\n"
       "\n"
       "options");
   opts.add_options()("help,h", "show this help");
