@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "core/common/error.hpp"
+#include "core/common/file.hpp"
 #include "core/common/text.hpp"
 
 namespace braid::train {
@@ -82,11 +83,21 @@ std::string lines_to_keep(const std::string& path, std::int64_t resume_step, std
 
 // `text` becomes the file's contents atomically: temp file, fsync, rename.
 void replace_file(const std::string& given, const std::string& text) {
-  // Through a symbolic link to its file: the link stays a link.
-  std::error_code ec;
-  const std::string path =
-      std::filesystem::is_symlink(given, ec) ? std::filesystem::canonical(given, ec).string() : given;
-  if (ec) io_error("cannot follow the link", given, ec.value());
+  // Through a symbolic link to its file: the link stays a link. A device or a FIFO is
+  // written to, never replaced.
+  const std::string path = file_behind(given);
+  if (is_special_file(path)) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) io_error("cannot open", path, errno);
+    try {
+      write_all(fd, text, path);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::close(fd);
+    return;
+  }
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) io_error("cannot create", tmp, errno);

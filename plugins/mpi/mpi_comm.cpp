@@ -87,6 +87,13 @@ int bad_comm(const char* call) { return fail(MPI_ERR_COMM, "%s: communicator is 
 
 int bad_request_out(const char* call) { return fail(MPI_ERR_ARG, "%s: request output pointer is NULL", call); }
 
+// A NULL buffer for data that exists: refused here, before MPI (or the self-receive's copy)
+// would read or write through it. `units` of nothing may come with NULL.
+int check_buffer(const void* buffer, size_t units, const char* call, const char* what) {
+  if (buffer || units == 0) return 0;
+  return fail(MPI_ERR_BUFFER, "%s: %s buffer is NULL for %zu elements or bytes", call, what, units);
+}
+
 int to_int(size_t n, const char* call, const char* what, int* out) {
   if (n > static_cast<size_t>(INT_MAX)) {
     return fail(MPI_ERR_COUNT, "%s: %zu %s exceeds MPI's limit of %d per call", call, n, what, INT_MAX);
@@ -327,6 +334,7 @@ int isend(braid_comm_v1* comm, const void* data, size_t bytes, int32_t peer, int
   *request = nullptr;
   int n = 0;
   if (int rc = check_peer(comm, peer, "isend", "peer")) return rc;
+  if (int rc = check_buffer(data, bytes, "isend", "send")) return rc;
   if (int rc = to_int(bytes, "isend", "bytes", &n)) return rc;
   braid_comm_request_v1* r = new_request("isend");
   if (!r) return MPI_ERR_NO_MEM;
@@ -345,6 +353,7 @@ int irecv(braid_comm_v1* comm, void* data, size_t bytes, int32_t peer, int32_t t
   *request = nullptr;
   int n = 0;
   if (int rc = check_peer(comm, peer, "irecv", "peer")) return rc;
+  if (int rc = check_buffer(data, bytes, "irecv", "receive")) return rc;
   if (int rc = to_int(bytes, "irecv", "bytes", &n)) return rc;
   braid_comm_request_v1* r = new_request("irecv");
   if (!r) return MPI_ERR_NO_MEM;
@@ -419,6 +428,8 @@ int iallreduce(braid_comm_v1* comm, const void* send, void* recv, size_t count, 
   if (int rc = to_mpi_type(dtype, "iallreduce", &type)) return rc;
   if (int rc = to_mpi_op(op, "iallreduce", &mpi_op)) return rc;
   if (int rc = to_int(count, "iallreduce", "elements", &n)) return rc;
+  if (int rc = check_buffer(send, count, "iallreduce", "send")) return rc;
+  if (int rc = check_buffer(recv, count, "iallreduce", "receive")) return rc;
   braid_comm_request_v1* r = new_request("iallreduce");
   if (!r) return MPI_ERR_NO_MEM;
   std::snprintf(r->what, sizeof r->what, "MPI_Iallreduce of %d elements over %d ranks", n, comm->size);
@@ -442,6 +453,8 @@ int ireduce_scatter(braid_comm_v1* comm, const void* send, void* recv, size_t re
   if (int rc = to_mpi_type(dtype, "ireduce_scatter", &type)) return rc;
   if (int rc = to_mpi_op(op, "ireduce_scatter", &mpi_op)) return rc;
   if (int rc = to_int(recv_count, "ireduce_scatter", "elements per rank", &n)) return rc;
+  if (int rc = check_buffer(send, recv_count, "ireduce_scatter", "send")) return rc;
+  if (int rc = check_buffer(recv, recv_count, "ireduce_scatter", "receive")) return rc;
   braid_comm_request_v1* r = new_request("ireduce_scatter");
   if (!r) return MPI_ERR_NO_MEM;
   std::snprintf(r->what, sizeof r->what, "MPI_Ireduce_scatter_block of %d elements per rank over %d ranks", n,
@@ -460,6 +473,8 @@ int iallgather(braid_comm_v1* comm, const void* send, void* recv, size_t bytes, 
   *request = nullptr;
   int n = 0;
   if (int rc = to_int(bytes, "iallgather", "bytes", &n)) return rc;
+  if (int rc = check_buffer(send, bytes, "iallgather", "send")) return rc;
+  if (int rc = check_buffer(recv, bytes, "iallgather", "receive")) return rc;
   braid_comm_request_v1* r = new_request("iallgather");
   if (!r) return MPI_ERR_NO_MEM;
   std::snprintf(r->what, sizeof r->what, "MPI_Iallgather of %d bytes per rank over %d ranks", n, comm->size);
@@ -478,6 +493,7 @@ int ibroadcast(braid_comm_v1* comm, void* data, size_t bytes, int32_t root, brai
   int n = 0;
   if (int rc = check_peer(comm, root, "ibroadcast", "root")) return rc;
   if (int rc = to_int(bytes, "ibroadcast", "bytes", &n)) return rc;
+  if (int rc = check_buffer(data, bytes, "ibroadcast", "data")) return rc;
   braid_comm_request_v1* r = new_request("ibroadcast");
   if (!r) return MPI_ERR_NO_MEM;
   std::snprintf(r->what, sizeof r->what, "MPI_Ibcast of %d bytes from rank %d over %d ranks", n, int(root), comm->size);

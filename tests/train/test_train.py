@@ -673,6 +673,29 @@ class Cli(unittest.TestCase):
             for a, b in zip(two, one):
                 self.assertLessEqual(abs(a - b) / abs(b), TOLERANCE)
 
+    def test_ranks_started_with_other_commands_or_files_stop_at_once(self):
+        # Unchecked, other --steps hung at the last common step, other seeds trained apart.
+        base = [CLI, "train", "--threads", "1", "--quiet", "--config"]
+        for first, second, message in [
+                (["--steps", "3"], ["--steps", "5"], "rank 1 was started with another command than rank 0: "
+                                                     "'--steps 5' there, '--steps 3' on rank 0 (argument 7)"),
+                (["--steps", "2", "--seed", "1"], ["--steps", "2", "--seed", "7"], "'--seed 7' there, '--seed 1' on rank 0")]:
+            with self.subTest(second=second):
+                r = subprocess.run([*MPIEXEC, "-n", "1", *base, CLIP, *first, ":", "-n", "1", *base, CLIP, *second],
+                                   cwd=SOURCE_DIR, capture_output=True, text=True, timeout=120)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn(message, r.stderr)
+                self.assertEqual(r.stderr.count("braid: error:"), 1, r.stderr)  # said once, by rank 0
+        with tempfile.TemporaryDirectory() as d:  # one path, other contents: as on two nodes' disks
+            for name, steps in [("a", 10), ("b", 20)]:
+                os.mkdir(f"{d}/{name}")
+                variant(f"{d}/{name}", CLIP, "run.yaml", steps=steps)
+            args = [*base, "run.yaml", "--steps", "2"]
+            r = subprocess.run([*MPIEXEC, "-n", "1", "-wdir", f"{d}/a", *args, ":", "-n", "1", "-wdir", f"{d}/b",
+                                *args], capture_output=True, text=True, timeout=120)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("rank 1 reads other contents than rank 0 from the files the command names", r.stderr)
+
     def test_trainer_section_errors_name_the_line_and_field(self):
         with tempfile.TemporaryDirectory() as d:
             config = variant(d, MLLM, "bad.yaml", steps=0)

@@ -24,6 +24,7 @@
 #include "tools/braid/commands.hpp"
 #include "tools/braid/parse_options.hpp"
 #include "tools/braid/rank_error.hpp"
+#include "tools/braid/same_command.hpp"
 
 namespace po = boost::program_options;
 
@@ -184,6 +185,7 @@ int run_calibrate(const std::vector<std::string>& args) {
   }
 
   runtime::World world = runtime::World::from_plugin("mpi");
+  if (const int code = same_command_or_exit(world, args, {}); code != kExitOk) return code;
   runtime::Communicator& all = world.communicator();
   const int rank = world.rank(), size = world.size();
   try {

@@ -18,6 +18,7 @@
 #include "tools/braid/parse_options.hpp"
 #include "tools/braid/plan_options.hpp"
 #include "tools/braid/rank_error.hpp"
+#include "tools/braid/same_command.hpp"
 
 namespace po = boost::program_options;
 
@@ -140,6 +141,10 @@ int run_train(const std::vector<std::string>& args) {
   }
 
   runtime::World world = runtime::World::from_plugin("mpi");
+  if (const int code =
+          same_command_or_exit(world, args, {plan_opts.config, plan_opts.plan_file, plan_opts.cluster_file});
+      code != kExitOk)
+    return code;
   const int rank = world.rank();
   const auto fail = [&](const std::exception_ptr& error) { return fail_rank(world, error); };
   try {
