@@ -122,6 +122,7 @@ std::optional<Plan> search_distmm(const cost::CostModel& cost, const Constraints
   std::vector<ModulePlacement> placed;  // each combination's, packed (reused: the loop is hot)
   std::function<void(std::size_t, int)> combine = [&](std::size_t k, int used) {
     if (k == options.size()) {
+      if (c.all_devices && used != n) return;
       if (!packs(cost, pick, placed)) return;
       double t = combine_branches(cost, pick, placed);
       if (best_pick.empty() || t < best_time * (1 - 1e-9) || (t <= best_time * (1 + 1e-9) && used < best_devices)) {
@@ -140,8 +141,13 @@ std::optional<Plan> search_distmm(const cost::CostModel& cost, const Constraints
   };
   combine(0, 0);
   if (best_pick.empty()) {
-    if (why)
-      *why = "the encoders' smallest grids that fit memory need more than " + std::to_string(n) + " devices together";
+    if (why) {
+      *why = c.all_devices ? "no combination of the encoders' grids that fit memory uses all " + std::to_string(n) +
+                                 " devices (a module takes a divisor of a node's " + std::to_string(per_node) +
+                                 " devices or whole nodes)"
+                           : "the encoders' smallest grids that fit memory need more than " + std::to_string(n) +
+                                 " devices together";
+    }
     return std::nullopt;
   }
   Plan plan;

@@ -159,6 +159,7 @@ std::optional<Plan> search_disttrain(const cost::CostModel& cost, const Constrai
         if (!best.empty() && combine_chain({}, backbone, gens, m) > best_time * (1 + 1e-9)) return;
         std::function<void(std::size_t, int)> pick_encoders = [&](std::size_t k, int used2) {
           if (k == encs.size()) {
+            if (c.all_devices && used2 != n) return;
             std::vector<const ModuleAnalysis*> all(encs.begin(), encs.end());
             all.insert(all.end(), gens.begin(), gens.end());
             all.push_back(&backbone);
@@ -187,9 +188,13 @@ std::optional<Plan> search_disttrain(const cost::CostModel& cost, const Constrai
   }
   if (best.empty()) {
     if (why) {
-      *why = closest.empty() ? "no split of " + std::to_string(n) + " devices between the encoders, the llm '" +
-                                   llm_spec.name + "' and the generators fits memory and the batch"
-                             : closest;
+      *why = !closest.empty() ? closest
+             : c.all_devices
+                 ? "no split of all " + std::to_string(n) + " devices between the encoders, the llm '" + llm_spec.name +
+                       "' and the generators fits memory and the batch (a module takes a divisor of a node's " +
+                       std::to_string(per_node) + " devices or whole nodes)"
+                 : "no split of " + std::to_string(n) + " devices between the encoders, the llm '" + llm_spec.name +
+                       "' and the generators fits memory and the batch";
     }
     return std::nullopt;
   }

@@ -21,6 +21,9 @@ struct Constraints {
   // Under distmm, every tower of a contrastive model in the same tp (the trainer's batch-sync
   // pairs each TP rank with the same TP rank of the other tower). `braid train` sets it.
   bool towers_share_tp = false;
+  // Every device of the cluster in the plan (disttrain and distmm may leave some idle when
+  // that is as fast): `braid train` sets it, as each of its ranks is one device.
+  bool all_devices = false;
 };
 
 // Counts how much of the space a search visited, for benchmarks and tests.

@@ -111,6 +111,12 @@ PluginLibrary open_plugin(const std::string& name, const char* symbol, const cha
                           const std::function<std::string(const void*)>& check) {
   const std::string file = "libbraid-" + name + ".so";
   std::string tried;
+  // The first file found is the plugin: one that cannot be used is an error, never skipped for
+  // a later one (a BRAID_PLUGIN_PATH the user set would be ignored without a word).
+  const auto unusable = [&](const std::string& path, const std::string& why) {
+    return Error(Status::plugin, path + ": " + why + "\n(braid loads the first " + file +
+                                     " on its search path: BRAID_PLUGIN_PATH, then the folders next to its binary)");
+  };
   for (const auto& dir : plugin_search_path()) {
     const std::string path = (std::filesystem::path(dir) / file).string();
     if (!std::filesystem::exists(path)) {
@@ -120,19 +126,17 @@ PluginLibrary open_plugin(const std::string& name, const char* symbol, const cha
     void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!handle) {
       const char* e = dlerror();
-      tried += "\n  " + path + ": cannot load: " + (e ? e : "unknown dlopen error");
-      continue;
+      throw unusable(path, std::string("cannot load: ") + (e ? e : "unknown dlopen error"));
     }
     const void* api = dlsym(handle, symbol);
     if (!api) {
       dlclose(handle);
-      tried += "\n  " + path + ": does not export " + symbol + " (not a braid " + kind + " plugin, or another version)";
-      continue;
+      throw unusable(
+          path, std::string("does not export ") + symbol + " (not a braid " + kind + " plugin, or another version)");
     }
     if (std::string why = check(api); !why.empty()) {
       dlclose(handle);
-      tried += "\n  " + path + ": incompatible: " + why;
-      continue;
+      throw unusable(path, "incompatible: " + why);
     }
     return {handle, api, path};
   }

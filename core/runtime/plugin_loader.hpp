@@ -60,9 +60,10 @@ struct PluginLibrary {
   const void* api = nullptr;
   std::string path;
 };
-// Opens the first libbraid-<name>.so on the search path that exports `symbol` and whose
+// Opens the first libbraid-<name>.so on the search path, which must export `symbol` with a
 // struct `check` accepts (it returns "" or why not: "interface version 2, ..."). Throws
-// Error(Status::plugin) naming every file tried and why it was not used.
+// Error(Status::plugin) naming that file and why it cannot be used (a later one is never
+// tried: the user's BRAID_PLUGIN_PATH would be ignored silently), or every place looked in.
 PluginLibrary open_plugin(const std::string& name, const char* symbol, const char* kind,
                           const std::function<std::string(const void* api)>& check);
 // Loads libbraid-<name>.so through v2, else v1; throws Error(Status::plugin) naming every

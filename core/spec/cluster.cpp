@@ -153,6 +153,14 @@ ClusterSpec parse_cluster(const Node& root) {
     probe->expect_keys({"rows", "width", "seconds"});
     c.probe.rows = probe->at("rows").as_int_at_least(1);
     c.probe.width = probe->at("width").as_int_at_least(1);
+    // braid train allocates the case twice a run: a GEMM of a few MiB, as calibrate times it.
+    constexpr std::int64_t kMostProbeFloats = std::int64_t{1} << 26;  // 256 MiB of activations or weight
+    if (c.probe.rows > kMostProbeFloats / c.probe.width)
+      probe->at("rows").fail("rows x width is past 2^26 floats (" + std::to_string(c.probe.rows) + " x " +
+                             std::to_string(c.probe.width) + "); braid calibrate writes a case of a few MiB");
+    if (c.probe.width > kMostProbeFloats / c.probe.width)
+      probe->at("width").fail("a " + std::to_string(c.probe.width) + " x " + std::to_string(c.probe.width) +
+                              " weight is past 2^26 floats; braid calibrate writes a case of a few MiB");
     c.probe.seconds = probe->at("seconds").as_positive();
   }
   return c;

@@ -15,6 +15,7 @@ plan::Constraints trainable(const spec::ModelSpec& model, plan::Constraints aske
     if (single_stage_only(model, m) && m.role != spec::Role::loss) asked.encoder_pp = 1;
   }
   if (model.topology == spec::Topology::contrastive) asked.towers_share_tp = true;
+  asked.all_devices = true;  // one rank per device: a device left out is a rank with nothing to run
   return asked;
 }
 

@@ -265,8 +265,9 @@ spec::RunSpec fit_cluster_to_world(const spec::RunSpec& run, int world) {
   } else if (world % width == 0) {
     fitted.cluster.nodes = world / width;
   } else {
+    const std::string cluster = run.cluster.source.empty() ? "the cluster of " + run.source : run.cluster.source;
     throw Error(Status::invalid_argument, std::to_string(world) + " processes do not fill nodes of " +
-                                              std::to_string(width) + " devices (cluster of " + run.source + ")");
+                                              std::to_string(width) + " devices (" + cluster + ")");
   }
   return fitted;
 }

@@ -17,6 +17,7 @@
 #include "core/sim/simulator.hpp"
 #include "core/spec/cluster.hpp"
 #include "core/train/layout.hpp"
+#include "core/train/trainer.hpp"
 #include "tests/unit/support.hpp"
 
 namespace braid {
@@ -141,6 +142,15 @@ TEST(Calibrate, TheClusterFilePricesTheMeasuredCasesAsMeasured) {
   bad.replace(bad.find("seconds: 0.00125"), 16, "seconds: 0");
   test::expect_error([&] { spec::parse_cluster(spec::parse_document(bad, "<calibrated>")); }, Status::bad_config,
                      {"<calibrated>:", "probe.seconds: must be positive"});
+  // A probe braid train could not allocate (it died with std::bad_alloc) is named at its field.
+  for (const auto& [shape, message] : std::vector<std::pair<std::string, std::string>>{
+           {"rows: 100000000, width: 100000", "probe.rows: rows x width is past 2^26 floats (100000000 x 100000)"},
+           {"rows: 1, width: 100000", "probe.width: a 100000 x 100000 weight is past 2^26 floats"}}) {
+    bad = yaml;
+    bad.replace(bad.find("rows: 1024, width: 128"), 22, shape);
+    test::expect_error([&] { spec::parse_cluster(spec::parse_document(bad, "<calibrated>")); }, Status::bad_config,
+                       {"<calibrated>:", message});
+  }
   const cost::DeviceModel device(cluster, spec::Precision::bf16);
   // Each GEMM case is three GEMMs of rows x width x width (the linear op's forward and backward).
   for (std::size_t i = 0; i < c.gemms.size(); ++i) {
@@ -400,6 +410,36 @@ TEST(Calibrate, TrainAsksThePlannerForLayoutsTheTrainerRuns) {
   const plan::Constraints asked = train::trainable(clip.model, {});
   EXPECT_TRUE(asked.towers_share_tp);
   EXPECT_EQ(tps(asked), 1u);
+}
+
+TEST(Calibrate, TrainAsksForPlansOfEveryRank) {
+  // Each rank of braid train is one device: a plan that leaves one out has a rank with nothing
+  // to run, which the trainer refused after the planner had picked it.
+  for (const char* name : {"tiny-mllm.yaml", "tiny-clip.yaml"}) {
+    const spec::RunSpec loaded = test::load(name);
+    const plan::Strategy strategy =
+        loaded.model.topology == spec::Topology::contrastive ? plan::Strategy::distmm : plan::Strategy::disttrain;
+    for (int world : {2, 3, 4, 8}) {
+      const spec::RunSpec run = train::fit_cluster_to_world(loaded, world);
+      const cost::CostModel cost(run);
+      plan::Constraints whole;  // braid train's default: whole modules
+      whole.tp = whole.pp = 1;
+      const plan::Constraints asked = train::trainable(run.model, whole);
+      EXPECT_TRUE(asked.all_devices);
+      const plan::Plan free = orchestrate::make_plan(cost, plan::PlanRequest{strategy, whole, {}}).best;
+      if (world != 3) {
+        EXPECT_EQ(orchestrate::make_plan(cost, plan::PlanRequest{strategy, asked, {}}).best.devices, world);
+        continue;
+      }
+      // 3 devices on one node: modules take 1 or 3 of them, so no split uses all three.
+      EXPECT_EQ(free.devices, 2);
+      test::expect_error(
+          [&] {
+            orchestrate::make_plan(cost, plan::PlanRequest{strategy, asked, {}});
+          },
+          Status::infeasible, {"all 3 devices", "(a module takes a divisor of a node's 3 devices or whole nodes)"});
+    }
+  }
 }
 
 }  // namespace

@@ -46,6 +46,15 @@ TEST_F(PluginDir, AFileThatIsNotALibraryIsReported) {
                      {(dir_ / "libbraid-bogus.so").string() + ": cannot load"});
 }
 
+TEST_F(PluginDir, AnUnusableFileOnTheUsersPathIsNotPassedOver) {
+  // The build's libbraid-host.so comes later on the path; loading it instead of the file the
+  // user pointed at would hide that file's problem.
+  std::ofstream(dir_ / "libbraid-host.so") << "not an ELF file\n";
+  test::expect_error(
+      [] { runtime::load_device_plugin("host"); }, Status::plugin,
+      {(dir_ / "libbraid-host.so").string() + ": cannot load", "braid loads the first libbraid-host.so"});
+}
+
 TEST_F(PluginDir, ALibraryWithoutTheEntryPointIsReported) {
   fs::copy_file(BRAID_LIBRARY_PATH, dir_ / "libbraid-wrong.so");  // a real shared library, not a plugin
   test::expect_error([] { runtime::load_device_plugin("wrong"); }, Status::plugin,
