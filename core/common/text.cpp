@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 namespace braid {
 
@@ -53,6 +54,8 @@ std::string join_choices(const std::vector<std::string>& items, std::string_view
 std::string fixed(double v, int digits) {
   char text[64];
   std::snprintf(text, sizeof text, "%.*f", digits, v);
+  // Rounding noise below the last digit (-1.8e-15) prints as 0, not "-0.0".
+  if (text[0] == '-' && std::strspn(text + 1, "0.") == std::strlen(text + 1)) return text + 1;
   return text;
 }
 

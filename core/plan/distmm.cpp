@@ -91,6 +91,13 @@ std::optional<Plan> search_distmm(const cost::CostModel& cost, const Constraints
   }
   const int constrained = largest_module(cost, spec::Role::encoder);
   const int reserve = static_cast<int>(encoders.size()) - 1;  // every other encoder needs a device
+  if (n <= reserve) {
+    if (why)
+      *why = "distmm puts each of the " + std::to_string(encoders.size()) +
+             " encoders on devices of its own: it needs " + std::to_string(encoders.size()) +
+             " devices, the cluster has " + std::to_string(n);
+    return std::nullopt;
+  }
   std::vector<std::vector<ModuleAnalysis>> options;
   for (int m : encoders) {
     Constraints mc = m == constrained ? c : Constraints{};

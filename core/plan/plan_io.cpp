@@ -20,11 +20,31 @@ using nlohmann::ordered_json;
 // The schedule a plan runs, as users name it.
 std::string schedule_label(const Plan& plan, const spec::RunSpec& run) {
   if (run.model.topology == spec::Topology::contrastive) {
-    return plan.layout == Layout::branches ? "batch-sync (DistMM-Pipe)" : "batch-sync";
+    // The names `braid simulate --schedule` and `braid train` take for what runs by default.
+    return spec::schedule_name(plan.layout == Layout::branches ? spec::Schedule::distmm_pipe
+                                                               : spec::Schedule::batch_sync);
   }
   if (plan.virtual_stages > 1) return "interleaved";
   return spec::schedule_name(plan.schedule == spec::Schedule::interleaved ? spec::Schedule::one_f_one_b
                                                                           : plan.schedule);
+}
+
+// 197.20B, 124.44M, or every digit of a tiny model's (220225): never "0.00B".
+std::string parameter_count(double n) {
+  if (n >= 1e9) return fixed(n / 1e9, 2) + "B";
+  if (n >= 1e6) return fixed(n / 1e6, 2) + "M";
+  return std::to_string(static_cast<long long>(n));
+}
+
+// Towers on their own devices each split the batch over their own replicas.
+std::string microbatches_label(const Plan& plan, const spec::RunSpec& run) {
+  if (plan.layout != Layout::branches) return std::to_string(plan.microbatches) + " microbatches per pipeline";
+  std::string out = "microbatches per replica:";
+  for (std::size_t i = 0; i < plan.modules.size(); ++i) {
+    out += (i ? ", " : " ") + plan.modules[i].name + " " +
+           std::to_string(microbatches_per_step(run.training, plan.modules[i]));
+  }
+  return out;
 }
 
 ordered_json module_json(const ModulePlacement& p) {
@@ -93,7 +113,10 @@ std::string to_json(const PlanReport& r) {
   j["virtual_stages"] = plan.virtual_stages;
   j["global_batch"] = run.training.global_batch;
   ordered_json modules = ordered_json::array();
-  for (const auto& p : plan.modules) modules.push_back(module_json(p));
+  for (const auto& p : plan.modules) {
+    modules.push_back(module_json(p));
+    modules.back()["microbatches"] = microbatches_per_step(run.training, p);  // per replica and step
+  }
   j["modules"] = modules;
   j["estimate"] = estimate_json(plan.estimate);
   if (r.simulated_step_s > 0) j["estimate"]["simulated_iteration_time_s"] = r.simulated_step_s;
@@ -165,11 +188,11 @@ std::string to_table(const PlanReport& r) {
   std::ostringstream s;
   s << "braid plan for " << run.source << "\n";
   s << "model " << run.model.name << " (" << spec::topology_name(run.model.topology) << ", "
-    << fixed(spec::model_parameters(run.model) / 1e9, 2) << "B parameters) on " << run.devices() << " x "
-    << run.cluster.device_name << " (" << run.cluster.nodes << " nodes)\n";
+    << parameter_count(spec::model_parameters(run.model)) << " parameters) on " << run.devices() << " x "
+    << run.cluster.device_name << " (" << run.cluster.nodes << (run.cluster.nodes == 1 ? " node)\n" : " nodes)\n");
   s << "strategy " << strategy_name(plan.strategy) << " (layout " << layout_name(plan.layout) << ", schedule "
     << schedule_label(plan, run) << "), " << plan.devices << " devices, global batch " << run.training.global_batch
-    << ", " << plan.microbatches << " microbatches per pipeline\n\n";
+    << ", " << microbatches_label(plan, run) << "\n\n";
   s << pad("module", 18) << pad("role", 11) << pad("devices", 8, true) << pad("first", 7, true) << pad("tp", 4, true)
     << pad("pp", 4, true) << pad("dp", 6, true) << pad("mb", 5, true) << "  layers per stage\n";
   for (const auto& p : plan.modules) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 
 #include "core/common/error.hpp"
 #include "core/plan/evaluate.hpp"
@@ -79,28 +80,48 @@ std::optional<Plan> search_scored(const cost::CostModel& cost, Strategy s, const
 
 }  // namespace
 
-std::string suggest_fit(const spec::RunSpec& run) {
-  const int per_node = run.cluster.devices_per_node;
-  // Up to 16x the nodes: beyond that the request is a different run.
-  for (int nodes = run.cluster.nodes + 1; nodes <= run.cluster.nodes * 16; ++nodes) {
-    spec::RunSpec bigger = run;
-    bigger.cluster.nodes = nodes;
-    if (fits_with(bigger)) {
-      return "it fits from " + std::to_string(nodes) + " nodes (" + std::to_string(nodes * per_node) +
-             " devices) with a megatron layout";
-    }
-  }
-  if (run.training.recompute != spec::Recompute::full) {
+std::string suggest_fit(const spec::RunSpec& run, Strategy requested) {
+  // Every hint is checked with megatron, the one search that always uses every device.
+  const int per_node = run.cluster.devices_per_node, nodes = run.cluster.nodes;
+  if (requested != Strategy::megatron && requested != Strategy::automatic && fits_with(run))
+    return "a megatron layout fits these devices (--strategy megatron, or auto)";
+  const auto on_nodes = [&](int n) {
     spec::RunSpec r = run;
-    r.training.recompute = spec::Recompute::full;
-    if (fits_with(r)) return "it fits on these devices with 'recompute: full'";
+    r.cluster.nodes = n;
+    return fits_with(r);
+  };
+  const auto fewer = [&](int n) {
+    return "it fits on " + std::to_string(n) + " node" + (n > 1 ? "s (" : " (") + std::to_string(n * per_node) +
+           " devices) with a megatron layout: the batch does not split over more";
+  };
+  // The nearest node count that fits, either way: more for memory, fewer for a batch too
+  // small to split over these. Up to 16x the nodes (beyond, the request is another run) and
+  // down to one, nearest first (128 counts each way, then on down).
+  for (int d = 1; d <= 128 && (nodes - d >= 1 || nodes + d <= nodes * 16); ++d) {
+    if (nodes - d >= 1 && on_nodes(nodes - d)) return fewer(nodes - d);
+    if (nodes + d <= nodes * 16 && on_nodes(nodes + d))
+      return "it fits from " + std::to_string(nodes + d) + " nodes (" + std::to_string((nodes + d) * per_node) +
+             " devices) with a megatron layout";
+  }
+  for (int n = nodes - 129; n >= 1 && n >= nodes - 4096; --n) {  // the rest of the way down
+    if (on_nodes(n)) return fewer(n);
+  }
+  const auto with = [&](const std::string& setting, const std::function<void(spec::TrainingSpec&)>& change) {
+    spec::RunSpec r = run;
+    change(r.training);
+    return fits_with(r) ? "with '" + setting + "' a megatron layout fits these devices" : std::string();
+  };
+  if (run.training.recompute != spec::Recompute::full) {
+    if (auto hint = with("recompute: full", [](auto& t) { t.recompute = spec::Recompute::full; }); !hint.empty())
+      return hint;
   }
   if (run.training.zero_stage < 3) {
-    spec::RunSpec r = run;
-    r.training.zero_stage = 3;
-    if (fits_with(r)) return "it fits on these devices with 'zero_stage: 3'";
+    if (auto hint = with("zero_stage: 3", [](auto& t) { t.zero_stage = 3; }); !hint.empty()) return hint;
   }
-  if (run.training.microbatch > 1) return "no layout fits up to 16x the nodes; try a smaller microbatch";
+  for (int mb = run.training.microbatch / 2; mb >= 1; mb /= 2) {
+    if (auto hint = with("microbatch: " + std::to_string(mb), [mb](auto& t) { t.microbatch = mb; }); !hint.empty())
+      return hint;
+  }
   return "";
 }
 
@@ -155,7 +176,7 @@ PlanResult make_plan(const cost::CostModel& cost, const PlanRequest& request) {
     if (c.tp || c.pp || c.dp) {
       if (search_megatron(cost, Constraints{}, nullptr, nullptr))
         msg += "\n  without the tp/pp/dp constraints megatron finds a plan";
-    } else if (std::string hint = suggest_fit(run); !hint.empty()) {
+    } else if (std::string hint = suggest_fit(run, request.strategy); !hint.empty()) {
       msg += "\n  " + hint;
     }
     throw Error(Status::infeasible, msg);

@@ -31,8 +31,10 @@ std::optional<Plan> search(const cost::CostModel& cost, Strategy s, const Constr
 // what would fit), Status::bad_config for an invalid fixed plan or constraint.
 PlanResult make_plan(const cost::CostModel& cost, const PlanRequest& request);
 
-// What would make an infeasible run fit, as one sentence (or "" when nothing found):
-// the smallest cluster megatron fits on, or a recomputation / ZeRO setting.
-std::string suggest_fit(const spec::RunSpec& run);
+// What would make an infeasible run fit, as one sentence (or "" when nothing found), each
+// checked with megatron's search: megatron on these devices when `requested` was another
+// strategy, the fewest nodes above these it fits on, the most below (a batch too small for
+// these), or a recomputation, ZeRO or microbatch setting.
+std::string suggest_fit(const spec::RunSpec& run, Strategy requested);
 
 }  // namespace braid::plan

@@ -253,6 +253,26 @@ TEST(Planner, InfeasibleSaysWhyAndWhatWouldFit) {
       {"no plan fits 8 x NVIDIA A100-SXM4-80GB", "megatron: infeasible:", "GiB", "it fits from", "nodes ("});
 }
 
+TEST(Planner, TheHintIsOneThatFits) {
+  // Each hint is checked: it once asked for more nodes when megatron fit these, and for more
+  // when the batch was too small to split over these.
+  spec::RunSpec clip = test::load("tiny-clip.yaml");
+  clip.cluster.devices_per_node = 1;  // one device: distmm needs two
+  test::expect_error(
+      [&] {
+        orchestrate::make_plan(cost::CostModel(clip), plan::PlanRequest{Strategy::distmm, {}, {}});
+      },
+      Status::infeasible,
+      {"distmm puts each of the 2 encoders on devices of its own: it needs 2 devices, the cluster has 1",
+       "a megatron layout fits these devices (--strategy megatron, or auto)"});
+  spec::RunSpec mllm = test::load("tiny-mllm.yaml");
+  mllm.cluster.nodes = 9;  // 36 devices for a batch of 32 in microbatches of 4
+  const std::string fewer = plan::suggest_fit(mllm, Strategy::megatron);
+  EXPECT_EQ(fewer, "it fits on 8 nodes (32 devices) with a megatron layout: the batch does not split over more");
+  mllm.cluster.nodes = 8;
+  EXPECT_NO_THROW(orchestrate::make_plan(cost::CostModel(mllm), plan::PlanRequest{Strategy::megatron, {}, {}}));
+}
+
 TEST(Planner, StrategyThatDoesNotApplyIsUnsupported) {
   auto run = test::load("gpt-175b-1024gpu.yaml");
   cost::CostModel cost(run);

@@ -3,6 +3,7 @@
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/common/error.hpp"
@@ -53,6 +54,8 @@ int run_data(const std::vector<std::string>& args) {
   if (format != "table" && format != "json") return bad("--format must be table or json");
   if (split_text != "train" && split_text != "heldout") return bad("--split must be train or heldout");
   if (show < 0 || first < 0) return bad("--show and --first must be >= 0");
+  // Sample indices are int64: the last one shown must be one too.
+  if (show > 0 && first > std::numeric_limits<long long>::max() - show) return bad("--first + --show is past 2^63 - 1");
   if (columns < 1 || columns > 256) return bad("--columns must be in [1, 256]");
   const auto split = split_text == "train" ? data::Split::train : data::Split::heldout;
 

@@ -24,7 +24,10 @@ void PlanOptions::add_to(po::options_description& opts) {
 
 std::string PlanOptions::problem(const po::variables_map& vm) const {
   if (config.empty()) return "--config RUN.yaml is required";
-  if (tp < 0 || pp < 0 || dp < 0) return "--tp, --pp and --dp must be positive";
+  // 0 is the unset default here, so a given 0 is refused by its presence, not its value.
+  for (const char* axis : {"tp", "pp", "dp"}) {
+    if (vm.count(axis) && vm[axis].as<int>() < 1) return "--tp, --pp and --dp must be positive";
+  }
   auto parsed = plan::parse_strategy(strategy);
   if (!parsed || *parsed == plan::Strategy::fixed) {
     std::string guess = closest_match(strategy, {"auto", "megatron", "distmm", "disttrain", "optimus"});
