@@ -17,7 +17,7 @@ void apply(const Report& report, plan::Plan& plan) {
   e.samples_per_s *= speedup;
   e.tflops_per_device *= speedup;
   e.mfu *= speedup;
-  e.bubble_fraction = std::max(0.0, 1 - (1 - e.bubble_fraction) / speedup);
+  e.bubble_fraction = std::max(0.0, 1 - (1 - e.bubble_fraction) * speedup);  // busy / (D T): T shrinks
   e.encoder_exposed_s = std::max(0.0, e.encoder_exposed_s - (before - after));
   e.iteration_time_s = after;
   char note[320];

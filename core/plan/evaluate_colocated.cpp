@@ -43,11 +43,11 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
       tail_stage = s;
     }
     hardware += m * g.loads[s].work.hardware_flops() * g.tp * g.dp;
-    busy += m * g.loads[s].compute() * g.tp * g.dp;
+    busy += g.loads[s].busy_seconds(m, g.tp * g.dp);
   }
 
   // Encoders, each a pipeline of its own over the same devices.
-  double forward = 0, backward = 0, enc_tail = 0, enc_compute = 0;
+  double forward = 0, backward = 0, enc_tail = 0;
   std::vector<MemoryBreakdown> enc_mem(static_cast<std::size_t>(g.stages));
   for (const auto& p : plan.modules) {
     if (p.role != spec::Role::encoder) continue;
@@ -68,17 +68,16 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
     // whenever the cluster has several; its gradient comes back.
     const double handover = cost.comm().p2p(cost.module(p.module, p.tp, p.microbatch_size).output_bytes / p.tp,
                                             devices > run.cluster.devices_per_node);
-    double f_max = 0, b_max = 0, c_max = 0;
+    double f_max = 0, b_max = 0;
     for (std::size_t s = 0; s < loads.size(); ++s) {
       const auto& l = loads[s];
       const double f = l.work.forward_time() + l.p2p_s / 2;
       const double b = l.work.backward_time() + l.p2p_s / 2 + l.shard_comm_s;
       f_max = std::max(f_max, f);
       b_max = std::max(b_max, b);
-      c_max = std::max(c_max, l.compute());
       enc_tail = std::max(enc_tail, l.dp_sync_s + l.optimizer_s);
       hardware += K * l.work.hardware_flops() * p.tp * p.dp;
-      busy += K * l.compute() * p.tp * p.dp;
+      busy += l.busy_seconds(K, p.tp * p.dp);
       // Encoder stage s covers llm stages [s*L/p, (s+1)*L/p); the coarse schedule keeps all K forwards.
       const int span_stages = g.stages / p.pp;
       for (int k = 0; k < span_stages; ++k) {
@@ -92,7 +91,6 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
     // The encoder's own pipeline fills before its last stage hands microbatches over.
     forward += (K + p.pp - 1) * f_max + K * handover;
     backward += (K + p.pp - 1) * b_max + K * handover;
-    enc_compute += K * c_max;
   }
 
   Estimate& e = plan.estimate;
@@ -102,7 +100,8 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
   e.optimizer_s = g.loads[tail_stage].optimizer_s;
   const auto slowest = static_cast<std::size_t>(std::max_element(g.times.begin(), g.times.end()) - g.times.begin());
   record_slowest_stage(e, g.loads[slowest], m);
-  e.compute_s += enc_compute;
+  // The encoder's work is on the critical path as encoder_exposed_s, not in compute_s (the
+  // llm's slowest stage): the breakdown adds up to the step.
   e.pipeline_bubble_s = span - m * g.times[slowest];
   std::vector<StageLoad> loads = g.loads;
   std::vector<double> acts;

@@ -150,7 +150,7 @@ bool evaluate_monolithic(const cost::CostModel& cost, Plan& plan, std::string* w
       e.optimizer_s = l.optimizer_s;
     }
     hardware += m * l.work.hardware_flops() * g.tp * g.dp;
-    busy += m * l.compute() * g.tp * g.dp;
+    busy += l.busy_seconds(m, g.tp * g.dp);
     acts.push_back(l.work.activation_bytes * g.held[s]);
   }
   if (g.contrastive) {

@@ -28,6 +28,12 @@ struct StageLoad {
 
   double time() const { return work.forward_time() + work.backward_time() + p2p_s + shard_comm_s; }
   double compute() const { return work.compute_time(); }
+  // Device-seconds a step keeps each of `devices` devices computing: `microbatches` of work and
+  // the optimizer step (the simulator counts both busy, and the bubble fraction of the plan and
+  // of its simulation are one figure).
+  double busy_seconds(double microbatches, int devices) const {
+    return (microbatches * compute() + optimizer_s) * devices;
+  }
   // The DP collectives of a step left exposed after the pipeline: the gradient reduction
   // hidden behind the last microbatch's backward with `overlap_grad_reduce` (Megatron-Core
   // launches each bucket's reduction as its gradients are ready), the parameter

@@ -203,6 +203,11 @@ class PlanErrorTest(CliTestCase):
     def test_a_stray_word_is_refused(self):
         self.assertUsageError(run_config(CLIP, "megatron"), "too many positional options")
 
+    def test_a_width_of_zero_is_refused(self):
+        # 0 was taken as "no constraint", where -1 was refused.
+        for axis in ("--tp", "--pp", "--dp"):
+            self.assertUsageError(run_config(CLIP, axis, "0"), "--tp, --pp and --dp must be positive")
+
     def test_plan_with_strategy(self):
         plan_file = self.temp_file(run_config(CLIP, "--format", "yaml").stdout, "plan.yaml")
         self.assertUsageError(run_config(CLIP, "--plan", plan_file, "--strategy", "megatron"), "--plan")
@@ -485,6 +490,7 @@ class DataTest(CliTestCase):
                                (["--patch", "0"], "patch 0 must be >= 1"),
                                (["--patch", "80"], "no multiple of the patch 80 in [16, 64]"),
                                (["--config", self.TINY, "--patch", "4"], "--patch is the run's image encoder's"),
+                               (["--first", str(2**63 - 1)], "--first + --show is past 2^63 - 1"),
                                (["--config", MLLM], "which 'vision' does not set")]:
             with self.subTest(args=args):
                 result = braid("data", *args)

@@ -253,6 +253,24 @@ TEST(Planner, InfeasibleSaysWhyAndWhatWouldFit) {
       {"no plan fits 8 x NVIDIA A100-SXM4-80GB", "megatron: infeasible:", "GiB", "it fits from", "nodes ("});
 }
 
+TEST(Planner, TheCriticalPathAddsUpToTheStep) {
+  // Optimus' breakdown counted the encoder twice (in compute and as exposed): 23% over the
+  // step on tiny-mllm-4px.
+  for (const char* name : {"tiny-clip.yaml", "tiny-mllm.yaml", "tiny-mllm-4px.yaml", "llava-13b-256gpu.yaml",
+                           "vit22b-gpt175b-3072gpu.yaml", "clip-vit-l14-64gpu.yaml"}) {
+    const spec::RunSpec run = test::load(name);
+    const cost::CostModel cost(run);
+    for (const auto& alt : orchestrate::make_plan(cost, plan::PlanRequest{}).alternatives) {
+      if (!alt.feasible) continue;
+      SCOPED_TRACE(std::string(name) + " " + plan::strategy_name(alt.strategy));
+      const plan::Estimate& e = alt.plan->estimate;
+      const double parts = e.compute_s + e.pipeline_bubble_s + e.tp_comm_s + e.dp_comm_s + e.p2p_s + e.sync_s +
+                           e.optimizer_s + e.encoder_exposed_s;
+      EXPECT_NEAR(parts / e.iteration_time_s, 1, 1e-9);
+    }
+  }
+}
+
 TEST(Planner, TheHintIsOneThatFits) {
   // Each hint is checked: it once asked for more nodes when megatron fit these, and for more
   // when the batch was too small to split over these.
