@@ -28,12 +28,14 @@ PipelineTimes group_times(const BatchLayout& layout, const pipeline::Program& pr
   t.backward.assign(at(n * m), 0);
   t.send_activation.assign(at(n), 0);
   t.send_grad.assign(at(n), 0);
+  t.tail.assign(at(n), 0);
   for (std::size_t s = 0; s < program.stages.size(); ++s) {
     const auto& st = program.stages[s];
     const int l = level[st.depth];
     const auto& u = st.units.front();
     t.send_activation[at(l)] = std::max(t.send_activation[at(l)], st.send_activation_s);
     t.send_grad[at(l)] = std::max(t.send_grad[at(l)], st.send_grad_s);
+    t.tail[at(l)] = std::max(t.tail[at(l)], st.reduce_grads_s + st.optimizer_s);
     const int d = st.replicas;
     for (int r = g * d / G; r < (g + 1) * d / G; ++r) {
       for (int k = 0; k < m; ++k) {

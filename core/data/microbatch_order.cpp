@@ -25,12 +25,13 @@ class StepEvaluator {
     }
     const auto n = static_cast<std::size_t>(S);
     if ((!t.send_activation.empty() && t.send_activation.size() != n) ||
-        (!t.send_grad.empty() && t.send_grad.size() != n)) {
-      throw Error(Status::invalid_argument, "pipeline send times need one entry per stage");
+        (!t.send_grad.empty() && t.send_grad.size() != n) || (!t.tail.empty() && t.tail.size() != n)) {
+      throw Error(Status::invalid_argument, "pipeline send and tail times need one entry per stage");
     }
     for (int s = 0; s < S; ++s) {
       send_act_.push_back(t.send_activation.empty() ? 0 : t.send_activation[static_cast<std::size_t>(s)]);
       send_grad_.push_back(t.send_grad.empty() ? 0 : t.send_grad[static_cast<std::size_t>(s)]);
+      tail_.push_back(t.tail.empty() ? 0 : t.tail[static_cast<std::size_t>(s)]);
     }
     arrival_.resize(2 * cells);
     compute_.resize(n);
@@ -52,7 +53,9 @@ class StepEvaluator {
         arrival_[static_cast<std::size_t>(x.output)] = send_[s];
       }
     }
-    return *std::max_element(compute_.begin(), compute_.end());
+    double end = 0;
+    for (std::size_t s = 0; s < compute_.size(); ++s) end = std::max(end, compute_[s] + tail_[s]);
+    return end;
   }
 
  private:
@@ -102,7 +105,7 @@ class StepEvaluator {
 
   const PipelineTimes& t_;
   std::vector<Step> steps_;
-  std::vector<double> send_act_, send_grad_;
+  std::vector<double> send_act_, send_grad_, tail_;
   std::vector<double> arrival_;         // when an activation or gradient reaches its stage
   std::vector<double> compute_, send_;  // when each stream of a stage is free
 };

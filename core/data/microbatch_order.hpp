@@ -15,14 +15,18 @@ struct PipelineTimes {
   std::vector<double> forward, backward;  // [stage * microbatches + mb]: compute + exposed TP
   std::vector<double> send_activation;    // per stage: one activation message to the next (empty: 0)
   std::vector<double> send_grad;          // per stage: one gradient message to the previous (empty: 0)
+  // Per stage: what runs after its last backward (its gradient reduction, its optimizer step);
+  // empty: 0. The step ends when the last stage's tail does, so a stage with a long tail must
+  // finish its backwards early.
+  std::vector<double> tail;
 
   double f(int s, int mb) const { return forward[static_cast<std::size_t>(s * microbatches + mb)]; }
   double b(int s, int mb) const { return backward[static_cast<std::size_t>(s * microbatches + mb)]; }
 };
 
 // Step time of Megatron's 1F1B (stage s runs min(stages - s - 1, m) warm-up forwards,
-// then one forward one backward, then the remaining backwards) when the k-th microbatch
-// of the schedule is microbatch order[k]. Each stage has a compute stream and a send
+// then one forward one backward, then the remaining backwards, then its tail) when the k-th
+// microbatch of the schedule is microbatch order[k]. Each stage has a compute stream and a send
 // stream, receives wait for their message: the same model as braid::sim::simulate on the
 // program one_f_one_b builds, computed by a recurrence over each stage's instruction order.
 double one_f_one_b_step(const PipelineTimes& t, std::span<const int> order);

@@ -425,6 +425,17 @@ class SimulateDataTest(CliTestCase):
         mean = report["mean"]["straggler"]
         self.assertLess(mean["intra"]["ratio"], mean["none"]["ratio"])
 
+    def test_ordering_microbatches_never_undoes_the_intra_gain(self):
+        # The order search once ignored the stages' gradient reductions and optimizer steps and
+        # took an order that ended tiny-mllm's llm later: intra + inter slower than intra.
+        result = simulate("configs/runs/tiny-mllm.yaml", "--strategy", "disttrain", "--data", "--format", "json")
+        self.assertExit(result, 0)
+        report = json.loads(result.stdout)["data_report"]
+        self.assertTrue(report["inter_ordered"])
+        for entry in report["per_step"] + [report["mean"]]:
+            times = entry["step_time_s"]
+            self.assertLessEqual(times["intra_inter"], times["intra"] * (1 + 1e-9), entry)
+
     def test_table_without_a_distribution_is_all_equal(self):
         result = simulate(LLAVA, "--strategy", "megatron", "--data")
         self.assertExit(result, 0)

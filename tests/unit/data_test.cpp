@@ -358,6 +358,7 @@ PipelineTimes random_pipeline(std::mt19937_64& rng, int stages, int m, bool send
     }
     t.send_activation.push_back(sends ? send(rng) : 0);
     t.send_grad.push_back(sends ? send(rng) : 0);
+    t.tail.push_back(sends ? 3 * send(rng) : 0);  // a gradient reduction and optimizer step
   }
   return t;
 }
@@ -371,6 +372,7 @@ double simulated_step(const PipelineTimes& t, const std::vector<int>& order) {
     st.depth = s;
     st.send_activation_s = t.send_activation[s];
     st.send_grad_s = t.send_grad[s];
+    st.optimizer_s = t.tail.empty() ? 0 : t.tail[s];
     for (int k = 0; k < t.microbatches; ++k) {
       pipeline::WorkUnit u;
       u.forward_s = t.f(s, order[k]);
@@ -382,6 +384,7 @@ double simulated_step(const PipelineTimes& t, const std::vector<int>& order) {
     p.stages.push_back(st);
   }
   pipeline::one_f_one_b(p, t.microbatches);
+  pipeline::finish_step(p);  // each stage's gradient reduction and optimizer step: its tail
   for (auto& st : p.stages) {
     for (auto& i : st.instructions) {
       if (i.op == pipeline::Op::forward || i.op == pipeline::Op::backward) i.unit = i.microbatch;
@@ -401,8 +404,12 @@ TEST(MicrobatchOrder, StepRecurrenceEqualsTheSimulator) {
     const double mine = data::one_f_one_b_step(t, order), sim = simulated_step(t, order);
     EXPECT_NEAR(mine, sim, 1e-9 * sim) << stages << " stages, " << m << " microbatches";
   }
+  // A stage's tail ends the step when it is the last to finish: the order search must see it
+  // (it kept a microbatch order that finished the llm later to finish the encoder earlier).
+  PipelineTimes tails{2, 2, {1.0, 1.0, 1.0, 1.0}, {2.0, 2.0, 2.0, 2.0}, {0.0, 0.0}, {0.0, 0.0}, {0.0, 5.0}};
+  EXPECT_DOUBLE_EQ(data::one_f_one_b_step(tails, std::vector<int>{0, 1}), simulated_step(tails, {0, 1}));
   // Uniform stages without sends: the closed form (m + p - 1)(f + b).
-  PipelineTimes u{4, 8, std::vector<double>(32, 1.0), std::vector<double>(32, 2.0), {}, {}};
+  PipelineTimes u{4, 8, std::vector<double>(32, 1.0), std::vector<double>(32, 2.0), {}, {}, {}};
   std::vector<int> order(8);
   std::iota(order.begin(), order.end(), 0);
   EXPECT_DOUBLE_EQ(data::one_f_one_b_step(u, order), (8 + 4 - 1) * 3.0);
