@@ -87,7 +87,6 @@ Colocated decompose(const cost::CostModel& cost, const plan::Plan& plan) {
     st.reduce_grads_s -= st.gather_s;
   }
   c.hosts.resize(static_cast<std::size_t>(P));
-  const int devices = P * c.llm.stages[0].replicas * c.llm.stages[0].devices_per_replica;
 
   for (const auto& m : plan.modules) {
     if (m.role != spec::Role::encoder) continue;
@@ -110,9 +109,7 @@ Colocated decompose(const cost::CostModel& cost, const plan::Plan& plan) {
     const auto loads = plan::grid_loads(cost, m, m.microbatch_size);
     const cost::ModuleCost& mc = cost.module(m.module, m.tp, m.microbatch_size);
     const auto kernels = cost.layer_kernels(m.module, m.tp, m.microbatch_size);
-    // Each microbatch's output goes to the llm's first stage, on other nodes
-    // whenever the cluster has several; its gradient comes back.
-    const double handover = cost.comm().p2p(mc.output_bytes / m.tp, devices > run.cluster.devices_per_node);
+    const double handover = plan::colocated_handover_seconds(cost, m, c.llm.stages[0].devices_per_replica, P);
     for (int s = 0; s < P; ++s) {
       auto& st = c.llm.stages[static_cast<std::size_t>(s)];
       Host h;

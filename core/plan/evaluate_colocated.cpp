@@ -64,10 +64,7 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
     }
     const double K = microbatches_per_step(train, p);
     auto loads = grid_loads(cost, p, p.microbatch_size);
-    // Each microbatch's encoder output goes to the llm's first stage, on other nodes
-    // whenever the cluster has several; its gradient comes back.
-    const double handover = cost.comm().p2p(cost.module(p.module, p.tp, p.microbatch_size).output_bytes / p.tp,
-                                            devices > run.cluster.devices_per_node);
+    const double handover = colocated_handover_seconds(cost, p, g.tp, g.stages);
     double f_max = 0, b_max = 0;
     for (std::size_t s = 0; s < loads.size(); ++s) {
       const auto& l = loads[s];

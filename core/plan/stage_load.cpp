@@ -159,4 +159,11 @@ std::vector<StageLoad> grid_loads(const cost::CostModel& cost, const ModulePlace
   return loads;
 }
 
+double colocated_handover_seconds(const cost::CostModel& cost, const ModulePlacement& encoder, int llm_tp,
+                                  int llm_stages) {
+  if (llm_stages == 1 && encoder.tp == llm_tp) return 0;
+  const double bytes = cost.module(encoder.module, encoder.tp, encoder.microbatch_size).output_bytes / encoder.tp;
+  return cost.comm().p2p(bytes, encoder.devices > cost.run().cluster.devices_per_node);
+}
+
 }  // namespace braid::plan

@@ -91,6 +91,13 @@ void record_peak_memory(Estimate& e, const std::vector<StageLoad>& loads, const 
 // microbatches of `samples`, with the pipeline sends between its own stages.
 std::vector<StageLoad> grid_loads(const cost::CostModel& cost, const ModulePlacement& p, int samples);
 
+// One microbatch's hand-over from a colocated encoder to the llm's first stage (its gradient
+// comes back the same way): a point-to-point send, across nodes whenever the grid spans
+// several; none when the llm is one stage of the encoder's tp, whose every device feeds
+// itself (each encoder replica is the llm replica on its devices).
+double colocated_handover_seconds(const cost::CostModel& cost, const ModulePlacement& encoder, int llm_tp,
+                                  int llm_stages);
+
 // The DP group of a pipeline stage: its replicas' devices with the same TP rank.
 cost::GroupShape dp_group_of(const cost::CostModel& cost, const StageDevices& stage);
 // Whether stage `stage` and the next one of that grid are on different nodes.

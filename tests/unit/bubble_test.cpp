@@ -10,7 +10,10 @@
 #include "core/bubble/emit.hpp"
 #include "core/bubble/scheduler.hpp"
 #include "core/orchestrate/planning.hpp"
+#include "core/orchestrate/program.hpp"
 #include "core/plan/plan_io.hpp"
+#include "core/plan/stage_load.hpp"
+#include "core/sim/simulator.hpp"
 #include "tests/unit/support.hpp"
 
 namespace braid {
@@ -109,6 +112,23 @@ TEST(Bubble, FinePassRecoversAtLeastAsMuchAsCoarseAndBothBeatEncoderFirst) {
   EXPECT_GT(r.tp_bubble_tasks, 0);
   for (auto schedule : bubble::colocated_schedules())
     EXPECT_NO_THROW(bubble::check(s.layout, bubble::program_named(s, schedule)));
+}
+
+// An encoder of the llm's tp over a one-stage llm feeds the llm replica on its own devices:
+// no hand-over to price (it was a point-to-point send per microbatch, shown as TP idle even
+// on one device). With llm stages, the first stage's devices receive it.
+TEST(Bubble, AnEncoderFeedingItsOwnDevicesHandsNothingOver) {
+  spec::RunSpec run = test::load("tiny-mllm.yaml");
+  const cost::CostModel cost(run);
+  const plan::Plan plan = orchestrate::make_plan(cost, plan::PlanRequest{plan::Strategy::optimus, {1, 1, 0}, {}}).best;
+  const plan::ModulePlacement* encoder = nullptr;
+  for (const auto& m : plan.modules)
+    if (m.role == spec::Role::encoder) encoder = &m;
+  ASSERT_NE(encoder, nullptr);
+  EXPECT_EQ(plan::colocated_handover_seconds(cost, *encoder, 1, 1), 0);
+  EXPECT_GT(plan::colocated_handover_seconds(cost, *encoder, 1, 2), 0);
+  const sim::Result r = sim::simulate(orchestrate::build_program(cost, plan, spec::Schedule::optimus_fine));
+  EXPECT_EQ(r.bubbles[static_cast<std::size_t>(sim::Cause::tp)], 0);
 }
 
 // The llm's DP collectives are bubbles (Optimus' DP all-gather and reduce-scatter): on the
