@@ -696,6 +696,14 @@ class Cli(unittest.TestCase):
             self.assertEqual(r.returncode, 2, r.stderr)
             self.assertIn("rank 1 reads other contents than rank 0 from the files the command names", r.stderr)
 
+    def test_a_setup_error_is_said_once_and_ends_every_rank(self):
+        # Every rank plans alike, so every rank printed the same error (one line per rank).
+        r = train(3, "--config", CLIP, "--strategy", "distmm", "--steps", "1")
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn("no combination of the encoders' grids that fit memory uses all 3 devices", r.stderr)
+        self.assertEqual(r.stderr.count("braid: error:"), 1, r.stderr)
+        self.assertNotIn("MPI_ABORT", r.stderr)
+
     def test_trainer_section_errors_name_the_line_and_field(self):
         with tempfile.TemporaryDirectory() as d:
             config = variant(d, MLLM, "bad.yaml", steps=0)

@@ -147,8 +147,13 @@ int run_train(const std::vector<std::string>& args) {
     return code;
   const int rank = world.rank();
   const auto fail = [&](const std::exception_ptr& error) { return fail_rank(world, error); };
+  // Set-up: the files, the plan, the options. Every rank does the same, so an error here is
+  // said once and ends every rank, before any waits for another.
+  train::TrainOptions o;
+  std::int64_t total = 0;
+  spec::Schedule runs{};
+  std::exception_ptr setup_error;
   try {
-    train::TrainOptions o;
     o.run = train::fit_cluster_to_world(plan_opts.load_run(), world.size());
     const cost::CostModel cost(o.run);
     plan::PlanRequest request = plan_opts.request(o.run);
@@ -166,10 +171,7 @@ int run_train(const std::vector<std::string>& args) {
     o.profile_ops = vm.count("profile-ops") > 0;
     o.threads = threads;
     o.device = device;
-    // Inside a step, before its pending messages are torn down (they would wait for peers
-    // that wait for this rank).
-    o.on_fatal = [&](const std::exception_ptr& error) { fail(error); };
-    const std::int64_t total = o.steps ? o.steps : o.run.trainer.steps;
+    total = o.steps ? o.steps : o.run.trainer.steps;
     o.progress_every = vm.count("quiet")            ? 0
                        : vm.count("progress-every") ? progress_every
                                                     : train::default_progress_interval(total);
@@ -181,7 +183,15 @@ int run_train(const std::vector<std::string>& args) {
     } catch (const Error& e) {
       throw Error(Status::invalid_argument, std::string("--schedule: ") + e.what());  // an option the plan does not run
     }
-    const spec::Schedule runs = o.schedule.value_or(orchestrate::schedules_for(cost, o.plan).front());
+    runs = o.schedule.value_or(orchestrate::schedules_for(cost, o.plan).front());
+  } catch (const std::exception&) {
+    setup_error = std::current_exception();
+  }
+  if (const int code = agree_on_setup(world, setup_error); code != kExitOk) return code;
+  // Inside a step, before its pending messages are torn down (they would wait for peers
+  // that wait for this rank).
+  o.on_fatal = [&](const std::exception_ptr& error) { fail(error); };
+  try {
     if (rank == 0) {
       std::cout << "braid train: " << o.run.model.name << " on " << world.size() << " process"
                 << (world.size() > 1 ? "es" : "") << ", strategy " << plan::strategy_name(o.plan.strategy)

@@ -17,6 +17,8 @@ int run_calibrate(const std::vector<std::string>& args);
 
 // Exit status for a braid::Error status, and the one place errors are printed.
 int report_error(int status, const std::string& message);
+// The exit status report_error returns for `status`, printing nothing.
+int exit_status(int status);
 
 constexpr int kExitOk = 0;
 constexpr int kExitInternal = 1;

@@ -13,6 +13,10 @@ namespace braid::cli {
 
 int report_error(int status, const std::string& message) {
   std::fprintf(stderr, "braid: error: %s\n", message.c_str());
+  return exit_status(status);
+}
+
+int exit_status(int status) {
   switch (static_cast<Status>(status)) {
     case Status::infeasible:
       return kExitInfeasible;
