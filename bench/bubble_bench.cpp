@@ -56,7 +56,7 @@ std::vector<std::pair<std::string, plan::Plan>> variants(const cost::CostModel& 
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const bool quick = bench::quick_flag(argc, argv, "bubble_bench");
   std::vector<std::string> runs = {"configs/runs/vit22b-gpt175b-1536gpu.yaml"};
   if (!quick) {
@@ -113,3 +113,5 @@ int main(int argc, char** argv) {
   std::printf("\n");
   return met || quick ? 0 : 1;  // the quick ctest entry asserts no wall-clock bound
 }
+
+int main(int argc, char** argv) { return braid::bench::run_reporting("bubble_bench", argc, argv, run); }

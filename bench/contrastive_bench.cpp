@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "bench/peer_support.hpp"
+#include "bench/quick_flag.hpp"
 #include "core/nn/device_ops.hpp"
 #include "core/nn/host_ops.hpp"
 
@@ -71,9 +72,11 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
+  constexpr const char* kUsage =
+      "usage: contrastive_bench [--quick | --big] [--threads T] [--device cpu|host|cuda] [--tf32]\n";
+  bench::exit_on_help(argc, argv, kUsage);
   auto usage = [] {
-    std::fprintf(stderr,
-                 "usage: contrastive_bench [--quick | --big] [--threads T] [--device cpu|host|cuda] [--tf32]\n");
+    std::fprintf(stderr, "%s", kUsage);
     std::exit(2);
   };
   for (int i = 1; i < argc; ++i) {

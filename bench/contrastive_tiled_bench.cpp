@@ -37,6 +37,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/quick_flag.hpp"
 #include "core/nn/blas.hpp"
 #include "core/nn/contrastive_tiled.hpp"
 #include "core/nn/float4.hpp"
@@ -87,9 +88,11 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
+  constexpr const char* kUsage =
+      "usage: contrastive_tiled_bench [--quick] [--big] [--threads T] [--tile W] [--format table|json]\n";
+  bench::exit_on_help(argc, argv, kUsage);
   auto usage = [] {
-    std::fprintf(stderr,
-                 "usage: contrastive_tiled_bench [--quick] [--big] [--threads T] [--tile W] [--format table|json]\n");
+    std::fprintf(stderr, "%s", kUsage);
     std::exit(2);
   };
   auto number = [&](const char* text, long low, long high) {

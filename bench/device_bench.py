@@ -33,7 +33,10 @@ import subprocess
 import sys
 import tempfile
 
-RUNS = ["configs/runs/tiny-clip.yaml", "configs/runs/tiny-mllm.yaml"]
+from bench_tools import check_tools
+
+SOURCE_DIR = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+RUNS = [os.path.join(SOURCE_DIR, "configs/runs", name) for name in ("tiny-clip.yaml", "tiny-mllm.yaml")]
 GOAL = 0.95
 TOLERANCE = 1e-4  # per-step loss, relative, for --device cuda, over its first COMPARED_STEPS steps:
 COMPARED_STEPS = 20  # later, fp32 rounding grows as in any two runs of SGD (tiny-clip: 1e-6 at
@@ -72,6 +75,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="3 steps, one round, no goal check")
     p.add_argument("--format", choices=["table", "json"], default="table")
     a = p.parse_args()
+    check_tools(p, a.braid, None, [("--rounds", a.rounds), ("--steps", a.steps)])
     rounds, steps = (1, 3) if a.quick else (a.rounds, a.steps)
     results = []
     with tempfile.TemporaryDirectory() as d:

@@ -47,6 +47,8 @@ import subprocess
 import sys
 import tempfile
 
+from bench_tools import check_tools
+
 SOURCE_DIR = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 MLLM = os.path.join(SOURCE_DIR, "configs/runs/tiny-mllm.yaml")
 CLIP = os.path.join(SOURCE_DIR, "configs/runs/tiny-clip.yaml")
@@ -153,6 +155,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="2 steps, the 2-rank layouts only")
     p.add_argument("--format", choices=["table", "json"], default="table")
     args = p.parse_args()
+    check_tools(p, args.braid, args.mpiexec, [("--steps", args.steps)])
     if args.quick:
         args.steps = 2
     result = {"steps": args.steps, "nominal_sizes": args.nominal_sizes, "goal_ratio_within": GOAL, "layouts": {},

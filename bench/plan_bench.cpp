@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/quick_flag.hpp"
 #include "core/orchestrate/planning.hpp"
 #include "core/plan/brute_force.hpp"
 
@@ -70,19 +71,22 @@ struct Comparison {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
+  constexpr const char* kUsage = "usage: plan_bench [--quick] [--format table|json] [--config RUN.yaml]\n";
+  bench::exit_on_help(argc, argv, kUsage);
   std::string config = "configs/runs/vit22b-gpt175b-3072gpu.yaml", format = "table";
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--quick")
       quick = true;
-    else if (a == "--format" && i + 1 < argc)
+    else if (a == "--format" && i + 1 < argc &&
+             (std::string(argv[i + 1]) == "table" || std::string(argv[i + 1]) == "json"))
       format = argv[++i];
     else if (a == "--config" && i + 1 < argc)
       config = argv[++i];
     else {
-      std::fprintf(stderr, "usage: plan_bench [--quick] [--format table|json] [--config RUN.yaml]\n");
+      std::fprintf(stderr, "%s", kUsage);
       return 2;
     }
   }
@@ -175,3 +179,5 @@ int main(int argc, char** argv) {
   }
   return all_same ? 0 : 1;
 }
+
+int main(int argc, char** argv) { return braid::bench::run_reporting("plan_bench", argc, argv, run); }

@@ -11,12 +11,15 @@
 #include <string>
 #include <vector>
 
+#include "bench/quick_flag.hpp"
 #include "core/orchestrate/planning.hpp"
 #include "core/orchestrate/program.hpp"
 #include "core/sim/simulator.hpp"
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   using namespace braid;
+  constexpr const char* kUsage = "usage: simulate_bench [--quick] [--config RUN.yaml]\n";
+  bench::exit_on_help(argc, argv, kUsage);
   std::string config = "configs/runs/vit22b-gpt175b-3072gpu.yaml";
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
@@ -26,7 +29,7 @@ int main(int argc, char** argv) {
     } else if (a == "--config" && i + 1 < argc) {
       config = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: simulate_bench [--quick] [--config RUN.yaml]\n");
+      std::fprintf(stderr, "%s", kUsage);
       return 2;
     }
   }
@@ -64,3 +67,5 @@ int main(int argc, char** argv) {
               met ? "met" : "NOT met");
   return 0;
 }
+
+int main(int argc, char** argv) { return braid::bench::run_reporting("simulate_bench", argc, argv, run); }

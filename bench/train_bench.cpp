@@ -74,6 +74,7 @@
 #include <vector>
 
 #include "bench/peer_support.hpp"
+#include "bench/quick_flag.hpp"
 #include "core/common/error.hpp"
 #include "core/cost/cost_model.hpp"
 #include "core/nn/blas.hpp"
@@ -123,11 +124,13 @@ struct Options {
   double second_loss_tolerance() const { return tf32 ? kTf32LossTolerance : kSecondLossTolerance; }
 };
 
+constexpr const char* kUsage =
+    "usage: train_bench [--quick] [--threads T] [--format table|json] [--profile] [--system-malloc]\n"
+    "                   [--device cpu|host|cuda] [--model NAME[,NAME...]] [--compile] [--tf32] "
+    "[--peak-tflops X]\n";
+
 [[noreturn]] void usage() {
-  std::fprintf(stderr,
-               "usage: train_bench [--quick] [--threads T] [--format table|json] [--profile] [--system-malloc]\n"
-               "                   [--device cpu|host|cuda] [--model NAME[,NAME...]] [--compile] [--tf32] "
-               "[--peak-tflops X]\n");
+  std::fprintf(stderr, "%s", kUsage);
   std::exit(2);
 }
 
@@ -144,6 +147,7 @@ std::vector<std::string> split_commas(const std::string& list) {
 
 // bench/quick_flag.hpp takes --quick alone; this bench has more flags.
 Options parse(int argc, char** argv) {
+  bench::exit_on_help(argc, argv, kUsage);
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];

@@ -26,6 +26,13 @@ in_bundle() {
   env -i HOME="$HOME" PATH=/usr/bin:/bin OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     bash -c '. "$0/env.sh" 2>/dev/null && cd "$0" && eval "$1"' "$root" "$1"
 }
+# Sourced by a script under set -e (a library not found is no failure), and refused by name
+# from a shell without BASH_SOURCE.
+sourced=$(env -i HOME="$HOME" PATH=/usr/bin:/bin bash -c 'set -euo pipefail; . "$0/env.sh" 2>/dev/null; echo sourced' \
+  "$root") || fail "env.sh stopped a set -e script"
+[ "$sourced" = sourced ] || fail "env.sh under set -e: $sourced"
+if env -i PATH=/usr/bin:/bin sh -c '. "$0/env.sh"' "$root" 2>"$work/sh.err"; then fail "sh sourced env.sh"; fi
+grep -q "source this file from bash" "$work/sh.err" || fail "sh was not told to use bash: $(cat "$work/sh.err")"
 libs=$(in_bundle 'ldd bin/braid')
 for lib in libyaml-cpp libboost_program_options libopenblas; do
   echo "$libs" | grep "$lib" | grep -qF "$root/deps/" || fail "braid does not load $lib from the bundle: $libs"
