@@ -17,8 +17,8 @@ std::string file_behind(const std::string& path);
 bool is_special_file(const std::string& path);
 
 // Why no file can be written at `path` ("it is a directory", "no directory 'out'", "directory
-// 'out' is not writable", "cannot create a file in '/proc'"), or "" when one can: checked before long work whose result
-// would otherwise be lost at the end.
+// 'out' is not writable", "cannot create a file in '/proc'"), or "" when one can: checked
+// before long work whose result would otherwise be lost at the end.
 std::string unwritable_reason(const std::string& path);
 
 }  // namespace braid

@@ -60,6 +60,8 @@ double combine_chain(const std::vector<const ModuleAnalysis*>& encoders, const M
 // Device counts a disaggregated module may take: a divisor of the node size, or
 // whole nodes, so placements pack without splitting groups across nodes needlessly.
 bool allowed_module_size(int devices, int devices_per_node);
+// That rule in words, for the reason a search gives when no split of the devices follows it.
+std::string module_size_rule(int devices_per_node);
 // Gives each placement (projectors aside) its first device: whole-node modules on
 // node boundaries, largest first; smaller ones inside one node each, first fit,
 // starting at a multiple of their tp. So a module costs where it lands what it costs

@@ -150,8 +150,7 @@ std::optional<Plan> search_distmm(const cost::CostModel& cost, const Constraints
   if (best_pick.empty()) {
     if (why) {
       *why = c.all_devices ? "no combination of the encoders' grids that fit memory uses all " + std::to_string(n) +
-                                 " devices (a module takes a divisor of a node's " + std::to_string(per_node) +
-                                 " devices or whole nodes)"
+                                 " devices (" + module_size_rule(per_node) + ")"
                            : "the encoders' smallest grids that fit memory need more than " + std::to_string(n) +
                                  " devices together";
     }

@@ -191,8 +191,7 @@ std::optional<Plan> search_disttrain(const cost::CostModel& cost, const Constrai
       *why = !closest.empty() ? closest
              : c.all_devices
                  ? "no split of all " + std::to_string(n) + " devices between the encoders, the llm '" + llm_spec.name +
-                       "' and the generators fits memory and the batch (a module takes a divisor of a node's " +
-                       std::to_string(per_node) + " devices or whole nodes)"
+                       "' and the generators fits memory and the batch (" + module_size_rule(per_node) + ")"
                  : "no split of " + std::to_string(n) + " devices between the encoders, the llm '" + llm_spec.name +
                        "' and the generators fits memory and the batch";
     }

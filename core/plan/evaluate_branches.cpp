@@ -34,6 +34,10 @@ bool allowed_module_size(int devices, int per_node) {
   return devices > 0 && (per_node % devices == 0 || devices % per_node == 0);
 }
 
+std::string module_size_rule(int per_node) {
+  return "a module takes a divisor of a node's " + std::to_string(per_node) + " devices or whole nodes";
+}
+
 bool pack_placements(const cost::CostModel& cost, std::vector<ModulePlacement>& placements) {
   const int per_node = cost.run().cluster.devices_per_node, total = cost.run().devices();
   std::vector<std::size_t> order;

@@ -90,21 +90,15 @@ std::string suggest_fit(const spec::RunSpec& run, Strategy requested) {
     r.cluster.nodes = n;
     return fits_with(r);
   };
-  const auto fewer = [&](int n) {
-    return "it fits on " + std::to_string(n) + " node" + (n > 1 ? "s (" : " (") + std::to_string(n * per_node) +
-           " devices) with a megatron layout: the batch does not split over more";
-  };
-  // The nearest node count that fits, either way: more for memory, fewer for a batch too
-  // small to split over these. Up to 16x the nodes (beyond, the request is another run) and
-  // down to one, nearest first (128 counts each way, then on down).
-  for (int d = 1; d <= 128 && (nodes - d >= 1 || nodes + d <= nodes * 16); ++d) {
-    if (nodes - d >= 1 && on_nodes(nodes - d)) return fewer(nodes - d);
-    if (nodes + d <= nodes * 16 && on_nodes(nodes + d))
-      return "it fits from " + std::to_string(nodes + d) + " nodes (" + std::to_string((nodes + d) * per_node) +
+  // The nearest node count that fits, either way: more for memory (up to 16x: beyond, the
+  // request is another run), fewer for a batch too small to split over these (down to one).
+  for (int d = 1; nodes - d >= 1 || nodes + d <= nodes * 16; ++d) {
+    if (const int n = nodes - d; n >= 1 && on_nodes(n))
+      return "it fits on " + std::to_string(n) + " node" + (n > 1 ? "s (" : " (") + std::to_string(n * per_node) +
+             " devices) with a megatron layout: the batch does not split over more";
+    if (const int n = nodes + d; n <= nodes * 16 && on_nodes(n))
+      return "it fits from " + std::to_string(n) + " nodes (" + std::to_string(n * per_node) +
              " devices) with a megatron layout";
-  }
-  for (int n = nodes - 129; n >= 1 && n >= nodes - 4096; --n) {  // the rest of the way down
-    if (on_nodes(n)) return fewer(n);
   }
   const auto with = [&](const std::string& setting, const std::function<void(spec::TrainingSpec&)>& change) {
     spec::RunSpec r = run;

@@ -86,18 +86,7 @@ void replace_file(const std::string& given, const std::string& text) {
   // Through a symbolic link to its file: the link stays a link. A device or a FIFO is
   // written to, never replaced.
   const std::string path = file_behind(given);
-  if (is_special_file(path)) {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0) io_error("cannot open", path, errno);
-    try {
-      write_all(fd, text, path);
-    } catch (...) {
-      ::close(fd);
-      throw;
-    }
-    ::close(fd);
-    return;
-  }
+  if (is_special_file(path)) return write_file_atomically(path, text, "metrics file");  // writes it directly
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) io_error("cannot create", tmp, errno);

@@ -185,7 +185,8 @@ int run_calibrate(const std::vector<std::string>& args) {
   }
 
   runtime::World world = runtime::World::from_plugin("mpi");
-  if (const int code = same_command_or_exit(world, args, {}); code != kExitOk) return code;
+  if (const int code = agree_on_setup(world, [&] { require_same_command(world, args, {}); }); code != kExitOk)
+    return code;
   runtime::Communicator& all = world.communicator();
   const int rank = world.rank(), size = world.size();
   try {

@@ -141,19 +141,15 @@ int run_train(const std::vector<std::string>& args) {
   }
 
   runtime::World world = runtime::World::from_plugin("mpi");
-  if (const int code =
-          same_command_or_exit(world, args, {plan_opts.config, plan_opts.plan_file, plan_opts.cluster_file});
-      code != kExitOk)
-    return code;
   const int rank = world.rank();
   const auto fail = [&](const std::exception_ptr& error) { return fail_rank(world, error); };
-  // Set-up: the files, the plan, the options. Every rank does the same, so an error here is
-  // said once and ends every rank, before any waits for another.
+  // Set-up: every rank runs one command on the same files (checked first), then reads them,
+  // plans and takes the options alike, so an error here is said once and ends every rank.
   train::TrainOptions o;
   std::int64_t total = 0;
   spec::Schedule runs{};
-  std::exception_ptr setup_error;
-  try {
+  const int setup = agree_on_setup(world, [&] {
+    require_same_command(world, args, {plan_opts.config, plan_opts.plan_file, plan_opts.cluster_file});
     o.run = train::fit_cluster_to_world(plan_opts.load_run(), world.size());
     const cost::CostModel cost(o.run);
     plan::PlanRequest request = plan_opts.request(o.run);
@@ -184,10 +180,8 @@ int run_train(const std::vector<std::string>& args) {
       throw Error(Status::invalid_argument, std::string("--schedule: ") + e.what());  // an option the plan does not run
     }
     runs = o.schedule.value_or(orchestrate::schedules_for(cost, o.plan).front());
-  } catch (const std::exception&) {
-    setup_error = std::current_exception();
-  }
-  if (const int code = agree_on_setup(world, setup_error); code != kExitOk) return code;
+  });
+  if (setup != kExitOk) return setup;
   // Inside a step, before its pending messages are torn down (they would wait for peers
   // that wait for this rank).
   o.on_fatal = [&](const std::exception_ptr& error) { fail(error); };

@@ -12,23 +12,9 @@
 
 namespace braid::cli {
 
-int fail_rank(runtime::World& world, const std::exception_ptr& error) {
-  int code = kExitInternal;
-  const std::string where = world.size() > 1 ? "rank " + std::to_string(world.rank()) + ": " : "";
-  try {
-    std::rethrow_exception(error);
-  } catch (const Error& e) {
-    code = report_error(static_cast<int>(e.status()), where + e.what());
-  } catch (const std::exception& e) {
-    code = report_error(static_cast<int>(Status::internal), where + "internal error: " + e.what());
-  }
-  if (world.size() > 1) world.abort(code);
-  return code;
-}
-
 namespace {
 
-// The status and message of `error`, as fail_rank reports it.
+// The status and message of `error`: a braid::Error's own, anything else an internal error.
 std::pair<int, std::string> described(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
@@ -41,7 +27,21 @@ std::pair<int, std::string> described(const std::exception_ptr& error) {
 
 }  // namespace
 
-int agree_on_setup(runtime::World& world, const std::exception_ptr& error) {
+int fail_rank(runtime::World& world, const std::exception_ptr& error) {
+  const auto [status, message] = described(error);
+  const int code =
+      report_error(status, (world.size() > 1 ? "rank " + std::to_string(world.rank()) + ": " : "") + message);
+  if (world.size() > 1) world.abort(code);
+  return code;
+}
+
+int agree_on_setup(runtime::World& world, const std::function<void()>& setup) {
+  std::exception_ptr error;
+  try {
+    setup();
+  } catch (const std::exception&) {
+    error = std::current_exception();
+  }
   const auto [status, message] = error ? described(error) : std::pair<int, std::string>{0, ""};
   const int code = error ? exit_status(status) : kExitOk;
   if (world.size() < 2 || !world.has_communicator()) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <exception>
+#include <functional>
 
 #include "core/runtime/world.hpp"
 
@@ -12,11 +13,11 @@ namespace braid::cli {
 // all at once (the plugin's abort): the others may be waiting for this one in a collective.
 int fail_rank(runtime::World& world, const std::exception_ptr& error);
 
-// After a command's set-up (reading its files, planning), before any rank waits for another:
-// collective over the world. 0 when no rank failed (`error` null everywhere); else every rank
-// returns the exit status, and the error is printed once, by the first rank that failed (with
-// its rank when not every rank did). Ranks given the same command fail alike, so one line says
-// it, not one per rank, and no abort is needed.
-int agree_on_setup(runtime::World& world, const std::exception_ptr& error);
+// Runs a command's set-up (reading its files, planning: nothing that waits for another rank),
+// then, collective over the world, settles whether it failed anywhere. 0 when no rank's
+// `setup` threw; else every rank returns the exit status, and the error is printed once, by
+// the first rank that failed (with its rank when not every rank did). Ranks given the same
+// command fail alike, so one line says it, not one per rank, and no abort is needed.
+int agree_on_setup(runtime::World& world, const std::function<void()>& setup);
 
 }  // namespace braid::cli

@@ -6,7 +6,6 @@
 #include <sstream>
 
 #include "core/common/error.hpp"
-#include "tools/braid/commands.hpp"
 
 namespace braid::cli {
 
@@ -81,17 +80,6 @@ void require_same_command(runtime::World& world, const std::vector<std::string>&
   throw Error(Status::invalid_argument,
               "rank " + std::to_string(other) + " was started with another command than rank 0: " + quoted(theirs, i) +
                   " there, " + quoted(first, i) + " on rank 0 (argument " + std::to_string(i + 1) + ")" + how);
-}
-
-int same_command_or_exit(runtime::World& world, const std::vector<std::string>& args,
-                         const std::vector<std::string>& files) {
-  try {
-    require_same_command(world, args, files);
-    return kExitOk;
-  } catch (const Error& e) {
-    if (world.rank() == 0) return report_error(static_cast<int>(e.status()), e.what());
-    return kExitBadInput;
-  }
 }
 
 }  // namespace braid::cli

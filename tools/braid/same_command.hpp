@@ -17,9 +17,4 @@ namespace braid::cli {
 void require_same_command(runtime::World& world, const std::vector<std::string>& args,
                           const std::vector<std::string>& files);
 
-// The same check for a command's start: 0 when every rank agrees, else the exit status, the
-// error printed once (by rank 0). Every rank returns it, so none waits and none aborts.
-int same_command_or_exit(runtime::World& world, const std::vector<std::string>& args,
-                         const std::vector<std::string>& files);
-
 }  // namespace braid::cli
