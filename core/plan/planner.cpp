@@ -168,8 +168,15 @@ PlanResult make_plan(const cost::CostModel& cost, const PlanRequest& request) {
     for (const auto& a : result.alternatives) msg += std::string("\n  ") + strategy_name(a.strategy) + ": " + a.reason;
     const auto& c = request.constraints;
     if (c.tp || c.pp || c.dp) {
-      if (search_megatron(cost, Constraints{}, nullptr, nullptr))
-        msg += "\n  without the tp/pp/dp constraints megatron finds a plan";
+      // The other constraints stay: they are what the caller can run (braid train's).
+      Constraints free = c;
+      free.tp = free.pp = free.dp = 0;
+      if (auto plan = search_megatron(cost, free, nullptr, nullptr)) {
+        std::string asked;
+        for (auto [name, v] : {std::pair{"tp", c.tp}, {"pp", c.pp}, {"dp", c.dp}})
+          if (v) asked += (asked.empty() ? "" : ", ") + std::string(name) + " " + std::to_string(v);
+        msg += "\n  without " + asked + " megatron finds " + describe_grids(*plan);
+      }
     } else if (std::string hint = suggest_fit(run, request.strategy); !hint.empty()) {
       msg += "\n  " + hint;
     }

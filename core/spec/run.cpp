@@ -42,6 +42,13 @@ bool DataSpec::heterogeneous() const {
 
 const char* attention_name(Attention a) { return a == Attention::flash ? "flash" : "standard"; }
 
+std::string host_threads_problem(long long threads) {
+  if (threads >= 0 && threads <= kMaxHostThreads) return "";
+  if (threads < 0) return "must be >= 0 (got " + std::to_string(threads) + ")";
+  return "at most " + std::to_string(kMaxHostThreads) + " (got " + std::to_string(threads) +
+         "): each is a thread started in every process";
+}
+
 namespace {
 
 // A `model:` or `cluster:` field: a path relative to the run file, or an inline mapping.
@@ -274,7 +281,11 @@ TrainerSpec parse_trainer(const Node& n) {
               "): an evaluation renders and holds every held-out sample");
   count("checkpoint_every", t.checkpoint_every, 0);
   count("keep_checkpoints", t.keep_checkpoints, 0);
-  if (auto f = n.find("threads")) t.threads = static_cast<int>(f->as_int_at_least(0));
+  if (auto f = n.find("threads")) {
+    const long long threads = f->as_int_at_least(0);
+    if (auto problem = host_threads_problem(threads); !problem.empty()) f->fail(problem);
+    t.threads = static_cast<int>(threads);
+  }
   return t;
 }
 

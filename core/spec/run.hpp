@@ -89,6 +89,12 @@ struct TrainerSpec {
   int threads = 0;                 // host threads per process; 0: the node's cores / processes on it
 };
 
+// Host threads a process may be given (trainer.threads, --threads, --data-workers): each
+// one is started, so a count past any host's cores is a typo, not a request.
+constexpr long long kMaxHostThreads = 1024;
+// "" when `threads` is in [0, kMaxHostThreads], else why not ("at most 1024 (got N)").
+std::string host_threads_problem(long long threads);
+
 struct RunSpec {
   std::string source;
   ModelSpec model;

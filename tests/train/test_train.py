@@ -95,6 +95,13 @@ def train(ranks, *args, timeout=600):
     return subprocess.run(cmd, cwd=SOURCE_DIR, capture_output=True, text=True, timeout=timeout)
 
 
+def refused(test, args, message):
+    """`braid ARGS` (one process, as given) exits 2 with `message` on stderr."""
+    r = subprocess.run([CLI, *args], cwd=SOURCE_DIR, capture_output=True, text=True, timeout=120)
+    test.assertEqual(r.returncode, 2, r.stderr)
+    test.assertIn(message, r.stderr)
+
+
 def check(test, result):
     test.assertEqual(result.returncode, 0, "braid train failed:\n" + result.stdout + result.stderr)
 
@@ -359,6 +366,14 @@ class LayoutEquivalence(unittest.TestCase):
         r = train(2, "--config", CLIP, "--steps", "1", "--strategy", "megatron", "--pp", "2")
         self.assertEqual(r.returncode, 2)
         self.assertIn("the CPU trainer pipelines a CLIP tower over stages that each hold a part of it", r.stderr)
+
+    def test_a_process_count_without_a_plan_is_told_the_counts_that_have_one(self):
+        # 3 ranks do not split tiny-clip's batch of 128 at tp 1, pp 1 (braid train's default).
+        r = train(3, "--config", CLIP, "--steps", "1")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("braid train plans tp 1 and pp 1 where --tp and --pp do not say otherwise; it plans on 2 or 4 "
+                      "processes", r.stderr)
+        self.assertEqual(r.stderr.count("no plan fits"), 1, r.stderr)  # said once, not per rank
 
     def test_plan_microbatch_size_runs_as_planned(self):
         # The run file says 16 per microbatch, the plan 8: twice the microbatches, the same step.
@@ -736,9 +751,9 @@ class Cli(unittest.TestCase):
                 check(self, train(2, "--config", CLIP, "--steps", "3", "--quiet", "--data-workers", workers,
                                   "--metrics", f"{d}/{workers}.jsonl"))
             self.assertEqual(losses(d + "/0.jsonl"), losses(d + "/2.jsonl"))
-            r = train(1, "--config", CLIP, "--data-workers", "-1")
-            self.assertEqual(r.returncode, 2)
-            self.assertIn("--data-workers must be >= 0", r.stderr)
+        for workers, message in [("-1", "must be >= 0 (got -1)"), ("100000", "at most 1024 (got 100000)")]:
+            refused(self, ["train", "--config", CLIP, "--data-workers", workers], "--data-workers " + message)
+        refused(self, ["train", "--config", CLIP, "--threads", "5000"], "--threads at most 1024 (got 5000)")
 
     def test_samples_are_priced_where_they_are_made_in_the_step(self):
         # cpu-host.yaml with the rates `braid calibrate` writes, on hosts of 64 cores (a core is
@@ -1210,13 +1225,10 @@ class Calibrate(unittest.TestCase):
         r = subprocess.run([CLI, "calibrate", "--quick"], cwd=SOURCE_DIR, capture_output=True, text=True, timeout=120)
         self.assertEqual(r.returncode, 2)
         self.assertIn("one process measures no links: launch it with mpiexec -n 2", r.stderr)
-        r = subprocess.run([CLI, "calibrate", "--format", "yaml"], cwd=SOURCE_DIR, capture_output=True, text=True)
-        self.assertEqual(r.returncode, 2)
-        self.assertIn("--format must be table or json", r.stderr)
-        r = subprocess.run([CLI, "train", "--config", CLIP, "--cluster", "/nonexistent.yaml"], cwd=SOURCE_DIR,
-                           capture_output=True, text=True)
-        self.assertEqual(r.returncode, 2)
-        self.assertIn("/nonexistent.yaml", r.stderr)
+        refused(self, ["calibrate", "--format", "yaml"], "--format must be table or json")
+        # A thread count no host has is a typo: refused before anything starts that many.
+        refused(self, ["calibrate", "--threads", "100000"], "--threads at most 1024 (got 100000)")
+        refused(self, ["train", "--config", CLIP, "--cluster", "/nonexistent.yaml"], "/nonexistent.yaml")
 
 
 class Memory(unittest.TestCase):

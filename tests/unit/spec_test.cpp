@@ -254,6 +254,8 @@ TEST(Spec, SizesAnIntCannotHoldAreRefused) {
                 "exceeds 2147483647"});
   expect_error([&] { parse(clip_run(kTraining) + "trainer: {eval_samples: 100000}\n"); }, Status::bad_config,
                {"trainer.eval_samples: at most 65536 (got 100000)"});
+  expect_error([&] { parse(clip_run(kTraining) + "trainer: {threads: 5000}\n"); }, Status::bad_config,
+               {"trainer.threads: at most 1024 (got 5000)"});
 }
 
 TEST(Spec, MissingRunFileIsAnIoError) {

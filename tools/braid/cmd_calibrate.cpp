@@ -20,6 +20,7 @@
 #include "core/nn/blas.hpp"
 #include "core/nn/device_backend.hpp"
 #include "core/runtime/world.hpp"
+#include "core/spec/run.hpp"
 #include "core/train/device_collectives.hpp"
 #include "tools/braid/commands.hpp"
 #include "tools/braid/parse_options.hpp"
@@ -174,7 +175,8 @@ int run_calibrate(const std::vector<std::string>& args) {
   }
   std::string problem;
   if (format != "table" && format != "json") problem = "--format must be table or json, not '" + format + "'";
-  if (problem.empty() && threads < 0) problem = "--threads must be >= 0";
+  if (problem.empty() && !spec::host_threads_problem(threads).empty())
+    problem = "--threads " + spec::host_threads_problem(threads);
   if (problem.empty() && device != "auto" && device != "host" && device != "cuda" && device != "emulated")
     problem = "--device must be auto, host, cuda or emulated, got '" + device + "'";
   if (problem.empty() && out == "-" && format == "json")

@@ -2,6 +2,7 @@
 // process or on every process of an mpiexec launch, with the layout a plan gives.
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <iostream>
@@ -11,6 +12,7 @@
 #include "core/orchestrate/planning.hpp"
 #include "core/orchestrate/program.hpp"
 #include "core/runtime/world.hpp"
+#include "core/spec/run.hpp"
 #include "core/train/layout.hpp"
 #include "core/train/train_device.hpp"
 #include "core/train/trainer.hpp"
@@ -56,6 +58,34 @@ const char* kTrainUsage =
     "prediction for the same plan.\n"
     "\n"
     "options";
+
+// The plan braid train runs on `run` (its cluster fitted to the world).
+plan::Plan train_plan(const PlanOptions& plan_opts, const spec::RunSpec& run) {
+  const cost::CostModel cost(run);
+  plan::PlanRequest request = plan_opts.request(run);
+  request.constraints = train::trainable(run.model, request.constraints);
+  return orchestrate::make_plan(cost, request).best;
+}
+
+// "; it plans on 2 or 4 processes": the nearest process counts (up to twice `world`) where
+// the same command finds a plan, or "" when none does.
+std::string process_counts_that_plan(const PlanOptions& plan_opts, const spec::RunSpec& run, int world) {
+  std::vector<int> found;
+  for (int step = 1; step < 2 * world && found.size() < 2; ++step)
+    for (int n : {world - step, world + step}) {
+      if (n < 1 || n > 2 * world || found.size() >= 2) continue;
+      try {
+        train_plan(plan_opts, train::fit_cluster_to_world(run, n));
+        found.push_back(n);
+      } catch (const Error&) {  // no plan there either (or no such world): look further
+      }
+    }
+  if (found.empty()) return "";
+  std::sort(found.begin(), found.end());
+  std::string counts = std::to_string(found[0]);
+  if (found.size() > 1) counts += " or " + std::to_string(found[1]);
+  return "; it plans on " + counts + " process" + (found.size() > 1 || found[0] > 1 ? "es" : "");
+}
 
 }  // namespace
 
@@ -126,15 +156,18 @@ int run_train(const std::vector<std::string>& args) {
   if (problem.empty() && vm.count("steps") && steps < 1) problem = "--steps must be at least 1";
   if (problem.empty() && vm.count("seed") && seed < 0) problem = "--seed must be >= 0";
   if (problem.empty() && vm.count("resume") && checkpoint_dir.empty()) problem = "--resume needs --checkpoint-dir DIR";
-  if (problem.empty() && threads < 0) problem = "--threads must be >= 0";
+  if (problem.empty() && !spec::host_threads_problem(threads).empty())
+    problem = "--threads " + spec::host_threads_problem(threads);
   if (problem.empty()) problem = train::train_device_problem(device);
-  if (problem.empty() && data_workers < 0) problem = "--data-workers must be >= 0";
+  if (problem.empty() && !spec::host_threads_problem(data_workers).empty())
+    problem = "--data-workers " + spec::host_threads_problem(data_workers);
   if (problem.empty() && vm.count("progress-every") && progress_every < 1) problem = "--progress-every must be >= 1";
   if (!problem.empty()) {
     std::fprintf(stderr, "braid train: error: %s\n(see 'braid train --help')\n", problem.c_str());
     return kExitBadInput;
   }
   // Only plans of whole modules run here: tp 1, pp 1 unless asked otherwise.
+  const bool whole_modules = plan_opts.plan_file.empty() && (!plan_opts.tp || !plan_opts.pp);
   if (plan_opts.plan_file.empty()) {
     if (!plan_opts.tp) plan_opts.tp = 1;
     if (!plan_opts.pp) plan_opts.pp = 1;
@@ -150,11 +183,17 @@ int run_train(const std::vector<std::string>& args) {
   spec::Schedule runs{};
   const int setup = agree_on_setup(world, [&] {
     require_same_command(world, args, {plan_opts.config, plan_opts.plan_file, plan_opts.cluster_file});
-    o.run = train::fit_cluster_to_world(plan_opts.load_run(), world.size());
+    const spec::RunSpec asked = plan_opts.load_run();
+    o.run = train::fit_cluster_to_world(asked, world.size());
     const cost::CostModel cost(o.run);
-    plan::PlanRequest request = plan_opts.request(o.run);
-    request.constraints = train::trainable(o.run.model, request.constraints);
-    o.plan = orchestrate::make_plan(cost, request).best;
+    try {
+      o.plan = train_plan(plan_opts, o.run);
+    } catch (const Error& e) {
+      if (e.status() != Status::infeasible || !whole_modules) throw;
+      throw Error(Status::infeasible,
+                  std::string(e.what()) + "\n  braid train plans tp 1 and pp 1 where --tp and --pp " +
+                      "do not say otherwise" + process_counts_that_plan(plan_opts, asked, world.size()));
+    }
     o.steps = steps;
     if (seed >= 0) o.seed = static_cast<std::uint64_t>(seed);
     o.metrics_path = metrics;
