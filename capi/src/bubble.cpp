@@ -31,7 +31,7 @@ BRAID_API braid_status braid_bubble_scheduler_create(const braid_plan* plan, bra
   BRAID_API_BEGIN
   BRAID_REQUIRE(out, "out is NULL");
   *out = nullptr;
-  BRAID_REQUIRE(plan, "plan is NULL");
+  BRAID_REQUIRE_HANDLE(plan, braid_plan);
   const auto& chosen = plan->result.best;
   if (chosen.layout != braid::plan::Layout::colocated) {
     throw braid::Error(braid::Status::unsupported,
@@ -48,13 +48,12 @@ BRAID_API braid_status braid_bubble_scheduler_create(const braid_plan* plan, bra
 }
 
 BRAID_API braid_status braid_bubble_scheduler_destroy(braid_bubble_scheduler* scheduler) {
-  delete scheduler;
-  return BRAID_OK;
+  return braid::capi::destroy_handle(scheduler, __func__, "braid_bubble_scheduler");
 }
 
 BRAID_API braid_status braid_bubble_scheduler_run(braid_bubble_scheduler* scheduler) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(scheduler, "scheduler is NULL");
+  BRAID_REQUIRE_HANDLE(scheduler, braid_bubble_scheduler);
   std::lock_guard<std::mutex> lock(scheduler->mutex);
   if (scheduler->schedules) return BRAID_OK;
   scheduler->schedules =
@@ -66,7 +65,7 @@ BRAID_API braid_status braid_bubble_scheduler_run(braid_bubble_scheduler* schedu
 BRAID_API braid_status braid_bubble_scheduler_report(const braid_bubble_scheduler* scheduler,
                                                      braid_bubble_report* report) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(scheduler, "scheduler is NULL");
+  BRAID_REQUIRE_HANDLE(scheduler, braid_bubble_scheduler);
   // Version 1 ends before the fields "Added later".
   BRAID_REQUIRE_STRUCT(report, braid_bubble_report, offsetof(braid_bubble_report, llm_step_s));
   std::lock_guard<std::mutex> lock(scheduler->mutex);
@@ -104,7 +103,7 @@ BRAID_API braid_status braid_bubble_scheduler_program(const braid_bubble_schedul
   BRAID_API_BEGIN
   BRAID_REQUIRE(out, "out is NULL");
   *out = nullptr;
-  BRAID_REQUIRE(scheduler, "scheduler is NULL");
+  BRAID_REQUIRE_HANDLE(scheduler, braid_bubble_scheduler);
   const auto schedules = braid::bubble::colocated_schedules();
   const std::string name = schedule && *schedule ? schedule : braid::spec::schedule_name(schedules.front());
   const auto parsed = braid::spec::parse_schedule(name);

@@ -148,13 +148,12 @@ BRAID_API braid_status braid_config_load_string(const char* yaml, const char* ba
 }
 
 BRAID_API braid_status braid_config_destroy(braid_config* config) {
-  delete config;
-  return BRAID_OK;
+  return braid::capi::destroy_handle(config, __func__, "braid_config");
 }
 
 BRAID_API braid_status braid_config_devices(const braid_config* config, int32_t* devices) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(config, "config is NULL");
+  BRAID_REQUIRE_HANDLE(config, braid_config);
   BRAID_REQUIRE(devices, "devices is NULL");
   *devices = config->current()->run.devices();
   return BRAID_OK;
@@ -163,7 +162,7 @@ BRAID_API braid_status braid_config_devices(const braid_config* config, int32_t*
 
 BRAID_API braid_status braid_config_run_settings(const braid_config* config, braid_run_settings* settings) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(config, "config is NULL");
+  BRAID_REQUIRE_HANDLE(config, braid_config);
   BRAID_REQUIRE_STRUCT(settings, braid_run_settings, kRunSettingsV1);
   braid_run_settings v = settings_of(config->current()->run);
   v.version = settings->version;  // the caller's: what it knows, for braid_config_set_run_settings
@@ -174,7 +173,7 @@ BRAID_API braid_status braid_config_run_settings(const braid_config* config, bra
 
 BRAID_API braid_status braid_config_set_run_settings(braid_config* config, const braid_run_settings* settings) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(config, "config is NULL");
+  BRAID_REQUIRE_HANDLE(config, braid_config);
   BRAID_REQUIRE(settings, "settings is NULL");
   const auto now = config->current();
   // Fields beyond the caller's struct keep their current values.

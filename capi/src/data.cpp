@@ -41,7 +41,7 @@ BRAID_API braid_status braid_reorder_create(const braid_plan* plan, const braid_
   BRAID_API_BEGIN
   BRAID_REQUIRE(out, "out is NULL");
   *out = nullptr;
-  BRAID_REQUIRE(plan, "plan is NULL");
+  BRAID_REQUIRE_HANDLE(plan, braid_plan);
   BRAID_REQUIRE(batch, "batch is NULL");
   braid_sample_batch b = BRAID_SAMPLE_BATCH_INIT;
   static_assert(braid::capi::valid_versions<braid_sample_batch>(kBatchVersions));
@@ -89,13 +89,12 @@ BRAID_API braid_status braid_reorder_create(const braid_plan* plan, const braid_
 }
 
 BRAID_API braid_status braid_reorder_destroy(braid_reorder* reorder) {
-  delete reorder;
-  return BRAID_OK;
+  return braid::capi::destroy_handle(reorder, __func__, "braid_reorder");
 }
 
 BRAID_API braid_status braid_reorder_info_get(const braid_reorder* reorder, braid_reorder_info* info) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(reorder, "reorder is NULL");
+  BRAID_REQUIRE_HANDLE(reorder, braid_reorder);
   BRAID_REQUIRE_STRUCT(info, braid_reorder_info, sizeof(braid_reorder_info));
   braid_reorder_info v = BRAID_REORDER_INFO_INIT;
   const auto& L = reorder->batch.layout;
@@ -120,7 +119,7 @@ BRAID_API braid_status braid_reorder_info_get(const braid_reorder* reorder, brai
 
 BRAID_API braid_status braid_reorder_ranks(const braid_reorder* reorder, size_t module, int32_t* ranks, size_t count) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(reorder, "reorder is NULL");
+  BRAID_REQUIRE_HANDLE(reorder, braid_reorder);
   BRAID_REQUIRE_SAMPLES(ranks, count);
   BRAID_REQUIRE(module < reorder->batch.module_dp.size(),
                 "module " + std::to_string(module) + " is out of range (the plan has " +
@@ -139,7 +138,7 @@ BRAID_API braid_status braid_reorder_ranks(const braid_reorder* reorder, size_t 
 
 BRAID_API braid_status braid_reorder_cells(const braid_reorder* reorder, int32_t* cells, size_t count) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(reorder, "reorder is NULL");
+  BRAID_REQUIRE_HANDLE(reorder, braid_reorder);
   BRAID_REQUIRE_SAMPLES(cells, count);
   for (std::size_t i = 0; i < count; ++i) cells[i] = reorder->batch.arrangement.cell[i];
   return BRAID_OK;
@@ -148,7 +147,7 @@ BRAID_API braid_status braid_reorder_cells(const braid_reorder* reorder, int32_t
 
 BRAID_API braid_status braid_reorder_microbatches(const braid_reorder* reorder, int32_t* microbatches, size_t count) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(reorder, "reorder is NULL");
+  BRAID_REQUIRE_HANDLE(reorder, braid_reorder);
   BRAID_REQUIRE_SAMPLES(microbatches, count);
   for (std::size_t i = 0; i < count; ++i) microbatches[i] = reorder->batch.arrangement.slot[i];
   return BRAID_OK;
@@ -157,7 +156,7 @@ BRAID_API braid_status braid_reorder_microbatches(const braid_reorder* reorder, 
 
 BRAID_API braid_status braid_reorder_order(const braid_reorder* reorder, size_t group, int32_t* order, size_t count) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(reorder, "reorder is NULL");
+  BRAID_REQUIRE_HANDLE(reorder, braid_reorder);
   BRAID_REQUIRE(order, "order is NULL");
   const auto& orders = reorder->batch.arrangement.orders;
   BRAID_REQUIRE(group < orders.size(), "group " + std::to_string(group) + " is out of range (" +

@@ -58,7 +58,7 @@ BRAID_API braid_status braid_groups_create(const braid_plan* plan, int32_t world
   BRAID_API_BEGIN
   BRAID_REQUIRE(out, "out is NULL");
   *out = nullptr;
-  BRAID_REQUIRE(plan, "plan is NULL");
+  BRAID_REQUIRE_HANDLE(plan, braid_plan);
   auto groups = std::make_unique<braid_groups>();
   groups->topology = braid::runtime::build_groups(plan->config->run.model, plan->result.best, world_size);
   for (const auto& m : groups->topology.modules)
@@ -69,13 +69,12 @@ BRAID_API braid_status braid_groups_create(const braid_plan* plan, int32_t world
 }
 
 BRAID_API braid_status braid_groups_destroy(braid_groups* groups) {
-  delete groups;
-  return BRAID_OK;
+  return braid::capi::destroy_handle(groups, __func__, "braid_groups");
 }
 
 BRAID_API braid_status braid_groups_world_size(const braid_groups* groups, int32_t* size) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(groups, "groups is NULL");
+  BRAID_REQUIRE_HANDLE(groups, braid_groups);
   BRAID_REQUIRE(size, "size is NULL");
   *size = groups->topology.world_size;
   return BRAID_OK;
@@ -84,7 +83,7 @@ BRAID_API braid_status braid_groups_world_size(const braid_groups* groups, int32
 
 BRAID_API braid_status braid_groups_count(const braid_groups* groups, size_t* count) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(groups, "groups is NULL");
+  BRAID_REQUIRE_HANDLE(groups, braid_groups);
   BRAID_REQUIRE(count, "count is NULL");
   *count = groups->groups.size();
   return BRAID_OK;
@@ -93,7 +92,7 @@ BRAID_API braid_status braid_groups_count(const braid_groups* groups, size_t* co
 
 BRAID_API braid_status braid_groups_group(const braid_groups* groups, size_t index, braid_group_info* info) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(groups, "groups is NULL");
+  BRAID_REQUIRE_HANDLE(groups, braid_groups);
   BRAID_REQUIRE_STRUCT(info, braid_group_info, sizeof(braid_group_info));
   BRAID_REQUIRE(index < groups->groups.size(), index_range("index", index, groups->groups.size(), "groups"));
   const auto& g = *groups->groups[index];
@@ -110,7 +109,7 @@ BRAID_API braid_status braid_groups_group(const braid_groups* groups, size_t ind
 
 BRAID_API braid_status braid_groups_rank(const braid_groups* groups, int32_t rank, braid_rank_info* info) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(groups, "groups is NULL");
+  BRAID_REQUIRE_HANDLE(groups, braid_groups);
   BRAID_REQUIRE_STRUCT(info, braid_rank_info, sizeof(braid_rank_info));
   const auto place = groups->topology.place_of(rank);
   braid_rank_info v = BRAID_RANK_INFO_INIT;
@@ -126,7 +125,7 @@ BRAID_API braid_status braid_groups_rank(const braid_groups* groups, int32_t ran
 BRAID_API braid_status braid_groups_holding(const braid_groups* groups, int32_t rank, size_t index,
                                             braid_holding* holding) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(groups, "groups is NULL");
+  BRAID_REQUIRE_HANDLE(groups, braid_groups);
   BRAID_REQUIRE_STRUCT(holding, braid_holding, sizeof(braid_holding));
   groups->topology.place_of(rank);  // checks the rank
   const auto& held = groups->topology.holdings[static_cast<std::size_t>(rank)];
@@ -146,7 +145,7 @@ BRAID_API braid_status braid_groups_holding(const braid_groups* groups, int32_t 
 
 BRAID_API braid_status braid_groups_link_count(const braid_groups* groups, size_t* count) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(groups, "groups is NULL");
+  BRAID_REQUIRE_HANDLE(groups, braid_groups);
   BRAID_REQUIRE(count, "count is NULL");
   *count = groups->topology.links.size();
   return BRAID_OK;
@@ -155,7 +154,7 @@ BRAID_API braid_status braid_groups_link_count(const braid_groups* groups, size_
 
 BRAID_API braid_status braid_groups_link(const braid_groups* groups, size_t index, braid_link_info* info) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(groups, "groups is NULL");
+  BRAID_REQUIRE_HANDLE(groups, braid_groups);
   BRAID_REQUIRE_STRUCT(info, braid_link_info, sizeof(braid_link_info));
   const auto& links = groups->topology.links;
   BRAID_REQUIRE(index < links.size(), index_range("index", index, links.size(), "links"));
@@ -175,7 +174,7 @@ BRAID_API braid_status braid_groups_link(const braid_groups* groups, size_t inde
 BRAID_API braid_status braid_groups_link_pair(const braid_groups* groups, size_t link, size_t pair,
                                               braid_link_pair* out) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(groups, "groups is NULL");
+  BRAID_REQUIRE_HANDLE(groups, braid_groups);
   BRAID_REQUIRE_STRUCT(out, braid_link_pair, sizeof(braid_link_pair));
   const auto& links = groups->topology.links;
   BRAID_REQUIRE(link < links.size(), index_range("link", link, links.size(), "links"));
@@ -197,7 +196,7 @@ BRAID_API braid_status braid_groups_link_pair(const braid_groups* groups, size_t
 
 BRAID_API braid_status braid_groups_batch_sync_count(const braid_groups* groups, size_t* count) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(groups, "groups is NULL");
+  BRAID_REQUIRE_HANDLE(groups, braid_groups);
   BRAID_REQUIRE(count, "count is NULL");
   *count = groups->topology.batch_syncs.size();
   return BRAID_OK;
@@ -206,7 +205,7 @@ BRAID_API braid_status braid_groups_batch_sync_count(const braid_groups* groups,
 
 BRAID_API braid_status braid_groups_batch_sync(const braid_groups* groups, size_t index, braid_batch_sync_info* info) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(groups, "groups is NULL");
+  BRAID_REQUIRE_HANDLE(groups, braid_groups);
   BRAID_REQUIRE_STRUCT(info, braid_batch_sync_info, sizeof(braid_batch_sync_info));
   const auto& syncs = groups->topology.batch_syncs;
   BRAID_REQUIRE(index < syncs.size(), index_range("index", index, syncs.size(), "batch-sync groups"));
@@ -224,7 +223,7 @@ BRAID_API braid_status braid_groups_batch_sync(const braid_groups* groups, size_
 BRAID_API braid_status braid_groups_batch_sync_member(const braid_groups* groups, size_t index, size_t member,
                                                       braid_batch_sync_member* out) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(groups, "groups is NULL");
+  BRAID_REQUIRE_HANDLE(groups, braid_groups);
   BRAID_REQUIRE_STRUCT(out, braid_batch_sync_member, sizeof(braid_batch_sync_member));
   const auto& syncs = groups->topology.batch_syncs;
   BRAID_REQUIRE(index < syncs.size(), index_range("index", index, syncs.size(), "batch-sync groups"));

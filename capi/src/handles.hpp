@@ -2,6 +2,8 @@
 // braid/bubble.h) hold.
 #pragma once
 
+#include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -9,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "capi/src/guard.hpp"
 #include "core/bubble/scheduler.hpp"
 #include "core/cost/cost_model.hpp"
 #include "core/data/batch_reorder.hpp"
@@ -19,6 +22,29 @@
 #include "core/spec/run.hpp"
 
 namespace braid::capi {
+
+// Every handle begins with the tag of its kind (its first eight bytes), so that a handle of
+// another kind passed where this one belongs (a cast in the C caller, arguments swapped) is
+// refused with a status and a message instead of being read as this kind. The handles are
+// opaque, so the tag changes no ABI. A pointer that is no handle at all is still the caller's
+// undefined behaviour.
+constexpr std::uint64_t handle_tag(const char (&name)[9]) {
+  std::uint64_t tag = 0;
+  for (int i = 0; i < 8; ++i) tag = tag << 8 | static_cast<unsigned char>(name[i]);
+  return tag;
+}
+template <std::uint64_t Tag>
+struct Tagged {
+  static constexpr std::uint64_t kTag = Tag;
+  std::uint64_t tag = Tag;
+};
+// Whether `h` (not NULL) begins with the tag of H's kind.
+template <class H>
+bool is_handle(const H* h) {
+  std::uint64_t tag = 0;
+  std::memcpy(&tag, static_cast<const void*>(h), sizeof tag);
+  return tag == H::kTag;
+}
 
 // A run and its cost model (which points into `run`): immutable once made, and shared by
 // the config that made it and every plan (and bubble scheduler) made from it, so that a
@@ -35,7 +61,24 @@ struct PricedRun {
 
 }  // namespace braid::capi
 
-struct braid_config {
+namespace braid::capi {
+// braid_*_destroy: NULL is a no-op; a handle of another kind is refused, not freed as this kind.
+template <class H>
+braid_status destroy_handle(H* h, const char* function, const char* type) {
+  if (h && !is_handle(h))
+    return fail(BRAID_ERR_INVALID_ARGUMENT, std::string(function) + ": the handle is not a " + type +
+                                                " (a handle of another kind); nothing was destroyed");
+  delete h;
+  return BRAID_OK;
+}
+}  // namespace braid::capi
+
+// A handle argument: not NULL, and of its kind.
+#define BRAID_REQUIRE_HANDLE(h, type) \
+  BRAID_REQUIRE(h, #h " is NULL");    \
+  BRAID_REQUIRE(::braid::capi::is_handle(h), #h " is not a " #type " (a handle of another kind)")
+
+struct braid_config : braid::capi::Tagged<braid::capi::handle_tag("braidcfg")> {
   explicit braid_config(braid::spec::RunSpec run)
       : priced_(std::make_shared<const braid::capi::PricedRun>(std::move(run))) {}
 
@@ -55,7 +98,7 @@ struct braid_config {
   std::shared_ptr<const braid::capi::PricedRun> priced_;
 };
 
-struct braid_plan {
+struct braid_plan : braid::capi::Tagged<braid::capi::handle_tag("braidpln")> {
   // The run it was planned with: the config's at braid_plan_create, with the plan
   // options' overrides applied. (`config->run`, `*config->cost` as before.)
   std::shared_ptr<const braid::capi::PricedRun> config;
@@ -68,7 +111,7 @@ struct braid_plan {
   std::string json, yaml;                    // rendered on first request
 };
 
-struct braid_program {
+struct braid_program : braid::capi::Tagged<braid::capi::handle_tag("braidprg")> {
   braid::pipeline::Program program;
   std::vector<std::vector<int32_t>> prev, next;  // per stage, for braid_stage_info
   // Per stage, in the ABI's module numbering (braid_plan_module indices): its module, its parts.
@@ -81,13 +124,13 @@ namespace braid::capi {
 std::unique_ptr<braid_program> make_program(pipeline::Program program, const plan::Plan& plan);
 }  // namespace braid::capi
 
-struct braid_groups {
+struct braid_groups : braid::capi::Tagged<braid::capi::handle_tag("braidgrp")> {
   braid::runtime::Topology topology;
   // Topology::modules' groups, flattened in the order braid/groups.h lists them.
   std::vector<const braid::runtime::Group*> groups;
 };
 
-struct braid_simulation {
+struct braid_simulation : braid::capi::Tagged<braid::capi::handle_tag("braidsim")> {
   const braid_program* program;  // must outlive the simulation
   braid::sim::Result result;
   bool traced = false;                // simulated with record_trace
@@ -95,11 +138,11 @@ struct braid_simulation {
   std::map<int, std::string> gantts;  // by width; kept for the handle's life, so returned texts stay valid
 };
 
-struct braid_reorder {
+struct braid_reorder : braid::capi::Tagged<braid::capi::handle_tag("braidreo")> {
   braid::data::ReorderedBatch batch;
 };
 
-struct braid_bubble_scheduler {
+struct braid_bubble_scheduler : braid::capi::Tagged<braid::capi::handle_tag("braidbub")> {
   std::shared_ptr<const braid::capi::PricedRun> config;  // the plan's run
   braid::plan::Plan plan;                                // a copy: the braid_plan may go first
   mutable std::mutex mutex;                              // run() may race with itself and with readers

@@ -147,7 +147,7 @@ BRAID_API braid_status braid_program_create(const braid_plan* plan, const char* 
   BRAID_API_BEGIN
   BRAID_REQUIRE(out, "out is NULL");
   *out = nullptr;
-  BRAID_REQUIRE(plan, "plan is NULL");
+  BRAID_REQUIRE_HANDLE(plan, braid_plan);
   const auto& cost = *plan->config->cost;
   const auto& chosen = plan->result.best;
   // No name: the schedule the plan options named, else the plan's default.
@@ -160,13 +160,12 @@ BRAID_API braid_status braid_program_create(const braid_plan* plan, const char* 
 }
 
 BRAID_API braid_status braid_program_destroy(braid_program* program) {
-  delete program;
-  return BRAID_OK;
+  return braid::capi::destroy_handle(program, __func__, "braid_program");
 }
 
 BRAID_API braid_status braid_program_schedule(const braid_program* program, const char** schedule) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(program, "program is NULL");
+  BRAID_REQUIRE_HANDLE(program, braid_program);
   BRAID_REQUIRE(schedule, "schedule is NULL");
   *schedule = braid::spec::schedule_name(program->program.schedule);  // static storage
   return BRAID_OK;
@@ -175,7 +174,7 @@ BRAID_API braid_status braid_program_schedule(const braid_program* program, cons
 
 BRAID_API braid_status braid_program_stage_count(const braid_program* program, size_t* count) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(program, "program is NULL");
+  BRAID_REQUIRE_HANDLE(program, braid_program);
   BRAID_REQUIRE(count, "count is NULL");
   *count = program->program.stages.size();
   return BRAID_OK;
@@ -184,7 +183,7 @@ BRAID_API braid_status braid_program_stage_count(const braid_program* program, s
 
 BRAID_API braid_status braid_program_stage(const braid_program* program, size_t stage, braid_stage_info* info) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(program, "program is NULL");
+  BRAID_REQUIRE_HANDLE(program, braid_program);
   // Version 1 ends before gradient_scale and part_count.
   BRAID_REQUIRE_STRUCT(info, braid_stage_info, offsetof(braid_stage_info, gradient_scale));
   const auto& stages = program->program.stages;
@@ -215,7 +214,7 @@ BRAID_API braid_status braid_program_stage(const braid_program* program, size_t 
 BRAID_API braid_status braid_program_instruction(const braid_program* program, size_t stage, size_t index,
                                                  braid_instruction* instruction) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(program, "program is NULL");
+  BRAID_REQUIRE_HANDLE(program, braid_program);
   BRAID_REQUIRE_STRUCT(instruction, braid_instruction, sizeof(braid_instruction));
   const auto& stages = program->program.stages;
   BRAID_REQUIRE(stage < stages.size(), "stage " + stage_range(stage, stages.size()));
@@ -229,7 +228,7 @@ BRAID_API braid_status braid_program_instruction(const braid_program* program, s
 BRAID_API braid_status braid_program_stage_part(const braid_program* program, size_t stage, size_t index,
                                                 braid_stage_part* part) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(program, "program is NULL");
+  BRAID_REQUIRE_HANDLE(program, braid_program);
   BRAID_REQUIRE_STRUCT(part, braid_stage_part, sizeof(braid_stage_part));
   const auto& stages = program->program.stages;
   BRAID_REQUIRE(stage < stages.size(), "stage " + stage_range(stage, stages.size()));
@@ -252,7 +251,7 @@ BRAID_API braid_status braid_program_stage_part(const braid_program* program, si
 
 BRAID_API braid_status braid_program_microbatches(const braid_program* program, int32_t* count) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(program, "program is NULL");
+  BRAID_REQUIRE_HANDLE(program, braid_program);
   BRAID_REQUIRE(count, "count is NULL");
   *count = program->program.microbatches;
   return BRAID_OK;
@@ -261,7 +260,7 @@ BRAID_API braid_status braid_program_microbatches(const braid_program* program, 
 
 BRAID_API braid_status braid_program_rank(const braid_program* program, int32_t rank, braid_program_rank_info* info) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(program, "program is NULL");
+  BRAID_REQUIRE_HANDLE(program, braid_program);
   BRAID_REQUIRE_STRUCT(info, braid_program_rank_info, sizeof(braid_program_rank_info));
   const auto place = program->program.place_of(rank);
   braid_program_rank_info v = BRAID_PROGRAM_RANK_INFO_INIT;
@@ -277,7 +276,7 @@ BRAID_API braid_status braid_program_rank(const braid_program* program, int32_t 
 BRAID_API braid_status braid_program_rank_instruction(const braid_program* program, int32_t rank, size_t index,
                                                       braid_instruction* instruction) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(program, "program is NULL");
+  BRAID_REQUIRE_HANDLE(program, braid_program);
   BRAID_REQUIRE_STRUCT(instruction, braid_instruction, sizeof(braid_instruction));
   const auto stage = static_cast<std::size_t>(program->program.place_of(rank).stage);
   const auto& list = program->program.stages[stage].instructions;
@@ -295,15 +294,17 @@ BRAID_API braid_status braid_simulate(const braid_program* program, const braid_
   BRAID_API_BEGIN
   BRAID_REQUIRE(out, "out is NULL");
   *out = nullptr;
-  BRAID_REQUIRE(program, "program is NULL");
+  BRAID_REQUIRE_HANDLE(program, braid_program);
   braid_simulation_options opts = BRAID_SIMULATION_OPTIONS_INIT;
   if (options)
     BRAID_READ_OPTIONS(options, braid_simulation_options, kSimulationOptionsVersions, BRAID_SIMULATION_OPTIONS_VERSION,
                        BRAID_SIMULATION_OPTIONS_INIT, &opts);
   BRAID_REQUIRE(opts.record_trace == 0 || opts.record_trace == 1,
                 "options->record_trace is " + std::to_string(opts.record_trace) + "; set it to 0 or 1");
-  BRAID_REQUIRE(opts.trace_replicas >= -1, "options->trace_replicas is " + std::to_string(opts.trace_replicas) +
-                                               "; set it to -1 (all replicas) or a count");
+  // A trace of no replica would draw every stage idle: with record_trace, at least one.
+  BRAID_REQUIRE(opts.trace_replicas >= (opts.record_trace ? 1 : 0) || opts.trace_replicas == -1,
+                "options->trace_replicas is " + std::to_string(opts.trace_replicas) +
+                    "; set it to -1 (all replicas) or a count" + (opts.record_trace ? " of at least 1" : ""));
   braid::sim::Options sim_opts;
   sim_opts.trace = opts.record_trace == 1;
   sim_opts.trace_replicas = opts.trace_replicas;
@@ -317,14 +318,13 @@ BRAID_API braid_status braid_simulate(const braid_program* program, const braid_
 }
 
 BRAID_API braid_status braid_simulation_destroy(braid_simulation* simulation) {
-  delete simulation;
-  return BRAID_OK;
+  return braid::capi::destroy_handle(simulation, __func__, "braid_simulation");
 }
 
 BRAID_API braid_status braid_simulation_result_get(const braid_simulation* simulation,
                                                    braid_simulation_result* result) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(simulation, "simulation is NULL");
+  BRAID_REQUIRE_HANDLE(simulation, braid_simulation);
   BRAID_REQUIRE_STRUCT(result, braid_simulation_result, sizeof(braid_simulation_result));
   const auto& r = simulation->result;
   braid_simulation_result v = BRAID_SIMULATION_RESULT_INIT;
@@ -344,7 +344,7 @@ BRAID_API braid_status braid_simulation_result_get(const braid_simulation* simul
 BRAID_API braid_status braid_simulation_stage(const braid_simulation* simulation, size_t stage,
                                               braid_stage_result* result) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(simulation, "simulation is NULL");
+  BRAID_REQUIRE_HANDLE(simulation, braid_simulation);
   BRAID_REQUIRE_STRUCT(result, braid_stage_result, sizeof(braid_stage_result));
   const auto& stages = simulation->result.stages;
   BRAID_REQUIRE(stage < stages.size(), stage_range(stage, stages.size()));
@@ -362,7 +362,7 @@ BRAID_API braid_status braid_simulation_stage(const braid_simulation* simulation
 
 BRAID_API braid_status braid_simulation_write_trace(const braid_simulation* simulation, const char* path) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(simulation, "simulation is NULL");
+  BRAID_REQUIRE_HANDLE(simulation, braid_simulation);
   BRAID_REQUIRE(path, "path is NULL");
   BRAID_REQUIRE(*path, "path is empty");
   BRAID_REQUIRE(simulation->traced,
@@ -374,7 +374,7 @@ BRAID_API braid_status braid_simulation_write_trace(const braid_simulation* simu
 
 BRAID_API braid_status braid_simulation_gantt(const braid_simulation* simulation, int32_t width, const char** text) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(simulation, "simulation is NULL");
+  BRAID_REQUIRE_HANDLE(simulation, braid_simulation);
   BRAID_REQUIRE(text, "text is NULL");
   *text = nullptr;
   BRAID_REQUIRE(width >= 0 && width <= kMaxGanttWidth, "width is " + std::to_string(width) +

@@ -80,7 +80,7 @@ BRAID_API braid_status braid_plan_create(const braid_config* config, const braid
   BRAID_API_BEGIN
   BRAID_REQUIRE(out, "out is NULL");
   *out = nullptr;
-  BRAID_REQUIRE(config, "config is NULL");
+  BRAID_REQUIRE_HANDLE(config, braid_config);
   braid_plan_options opts = BRAID_PLAN_OPTIONS_INIT;
   if (options)
     BRAID_READ_OPTIONS(options, braid_plan_options, kPlanOptionsVersions, BRAID_PLAN_OPTIONS_VERSION,
@@ -125,13 +125,12 @@ BRAID_API braid_status braid_plan_create(const braid_config* config, const braid
 }
 
 BRAID_API braid_status braid_plan_destroy(braid_plan* plan) {
-  delete plan;
-  return BRAID_OK;
+  return braid::capi::destroy_handle(plan, __func__, "braid_plan");
 }
 
 BRAID_API braid_status braid_plan_strategy(const braid_plan* plan, braid_strategy* strategy) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(plan, "plan is NULL");
+  BRAID_REQUIRE_HANDLE(plan, braid_plan);
   BRAID_REQUIRE(strategy, "strategy is NULL");
   *strategy = strategy_to_c(plan->result.best.strategy);
   return BRAID_OK;
@@ -140,7 +139,7 @@ BRAID_API braid_status braid_plan_strategy(const braid_plan* plan, braid_strateg
 
 BRAID_API braid_status braid_plan_module_count(const braid_plan* plan, size_t* count) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(plan, "plan is NULL");
+  BRAID_REQUIRE_HANDLE(plan, braid_plan);
   BRAID_REQUIRE(count, "count is NULL");
   *count = plan->result.best.modules.size();
   return BRAID_OK;
@@ -149,7 +148,7 @@ BRAID_API braid_status braid_plan_module_count(const braid_plan* plan, size_t* c
 
 BRAID_API braid_status braid_plan_module(const braid_plan* plan, size_t index, braid_module_info* info) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(plan, "plan is NULL");
+  BRAID_REQUIRE_HANDLE(plan, braid_plan);
   BRAID_REQUIRE_STRUCT(info, braid_module_info, sizeof(braid_module_info));
   const auto& modules = plan->result.best.modules;
   BRAID_REQUIRE(index < modules.size(), "index " + std::to_string(index) + " is out of range (the plan has " +
@@ -174,7 +173,7 @@ BRAID_API braid_status braid_plan_module(const braid_plan* plan, size_t index, b
 
 BRAID_API braid_status braid_plan_estimate(const braid_plan* plan, braid_estimate* estimate) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(plan, "plan is NULL");
+  BRAID_REQUIRE_HANDLE(plan, braid_plan);
   BRAID_REQUIRE_STRUCT(estimate, braid_estimate, sizeof(braid_estimate));
   const auto& e = plan->result.best.estimate;
   braid_estimate v = BRAID_ESTIMATE_INIT;
@@ -192,7 +191,7 @@ BRAID_API braid_status braid_plan_estimate(const braid_plan* plan, braid_estimat
 
 BRAID_API braid_status braid_plan_to_json(const braid_plan* plan, const char** text) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(plan, "plan is NULL");
+  BRAID_REQUIRE_HANDLE(plan, braid_plan);
   BRAID_REQUIRE(text, "text is NULL");
   auto* p = const_cast<braid_plan*>(plan);  // the rendering is a cache owned by the handle
   std::lock_guard<std::mutex> lock(p->text_mutex);
@@ -204,7 +203,7 @@ BRAID_API braid_status braid_plan_to_json(const braid_plan* plan, const char** t
 
 BRAID_API braid_status braid_plan_to_yaml(const braid_plan* plan, const char** text) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(plan, "plan is NULL");
+  BRAID_REQUIRE_HANDLE(plan, braid_plan);
   BRAID_REQUIRE(text, "text is NULL");
   auto* p = const_cast<braid_plan*>(plan);
   std::lock_guard<std::mutex> lock(p->text_mutex);
@@ -216,7 +215,7 @@ BRAID_API braid_status braid_plan_to_yaml(const braid_plan* plan, const char** t
 
 BRAID_API braid_status braid_plan_alternative_count(const braid_plan* plan, size_t* count) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(plan, "plan is NULL");
+  BRAID_REQUIRE_HANDLE(plan, braid_plan);
   BRAID_REQUIRE(count, "count is NULL");
   *count = plan->result.alternatives.size();
   return BRAID_OK;
@@ -225,7 +224,7 @@ BRAID_API braid_status braid_plan_alternative_count(const braid_plan* plan, size
 
 BRAID_API braid_status braid_plan_alternative(const braid_plan* plan, size_t index, braid_alternative* alternative) {
   BRAID_API_BEGIN
-  BRAID_REQUIRE(plan, "plan is NULL");
+  BRAID_REQUIRE_HANDLE(plan, braid_plan);
   BRAID_REQUIRE_STRUCT(alternative, braid_alternative, sizeof(braid_alternative));
   const auto& alts = plan->result.alternatives;
   BRAID_REQUIRE(index < alts.size(), "index " + std::to_string(index) + " is out of range (" +

@@ -119,8 +119,17 @@ braid::nn::ContrastiveStats read_stats(const char* func, const braid_tensor* sta
   return {view.data, view.data + view.stride};
 }
 
-RowsView<float> optional_view(const char* func, const char* name, braid_tensor* t, braid_device device) {
-  return t ? rows_view<float>(func, name, t, device) : RowsView<float>{};
+// A gradient the caller may leave out (a NULL tensor); one given has its input's shape
+// (`rows` x `cols`, as `like`), even with no elements, where its data may be NULL.
+RowsView<float> optional_grad(const char* func, const char* name, braid_tensor* t, braid_device device, int64_t rows,
+                              int64_t cols, const char* like) {
+  if (!t) return {};
+  const auto view = rows_view<float>(func, name, t, device);
+  if (view.rows != rows || view.cols != cols)
+    throw Error(Status::invalid_argument, std::string(func) + ": " + name + " is (" + std::to_string(view.rows) + ", " +
+                                              std::to_string(view.cols) + "); expected (" + std::to_string(rows) +
+                                              ", " + std::to_string(cols) + ") as " + like + " (or NULL: not wanted)");
+  return view;
 }
 
 }  // namespace
@@ -166,10 +175,12 @@ BRAID_API braid_status braid_contrastive_backward(const braid_tensor* local_imag
   const auto problem = read_problem(__func__, local_image, local_text, all_image, all_text, logit_scale, opts);
   const int64_t n = problem.local_image.rows;
   const braid_device device = local_image->device;
-  const braid::nn::ContrastiveGradViews grads{optional_view(__func__, "grad_local_image", grad_local_image, device),
-                                              optional_view(__func__, "grad_local_text", grad_local_text, device),
-                                              optional_view(__func__, "grad_all_image", grad_all_image, device),
-                                              optional_view(__func__, "grad_all_text", grad_all_text, device)};
+  const int64_t total = problem.all_image.rows, e = problem.local_image.cols;
+  const braid::nn::ContrastiveGradViews grads{
+      optional_grad(__func__, "grad_local_image", grad_local_image, device, n, e, "local_image"),
+      optional_grad(__func__, "grad_local_text", grad_local_text, device, n, e, "local_text"),
+      optional_grad(__func__, "grad_all_image", grad_all_image, device, total, e, "all_image"),
+      optional_grad(__func__, "grad_all_text", grad_all_text, device, total, e, "all_text")};
   const auto st = read_stats(__func__, stats, n, device);
   // open_clip's local mean: the gradient of grad_loss * sum / 2n.
   const double weight = n > 0 ? grad_loss / (2.0 * static_cast<double>(n)) : 0.0;

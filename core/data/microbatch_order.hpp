@@ -39,7 +39,8 @@ struct OrderSearch {
 };
 
 struct OrderOptions {
-  long long max_evaluations = 2000;  // budget of the local search
+  // Budget of the local search; every starting order is timed even past it.
+  long long max_evaluations = 2000;
 };
 
 // Best of the input order and a few heuristic orders, improved by local search (swaps

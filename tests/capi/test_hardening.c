@@ -14,6 +14,8 @@
  *  - braid_config_load_file: a directory, a missing file and (not as root) an unreadable
  *    one are I/O errors that say so.
  *  - braid_last_error: the message of the last call that failed; a success keeps it.
+ *  - a handle of another kind (a cast) is refused by the getters and by _destroy, which
+ *    frees nothing.
  *  - schedule names: an unknown name is an invalid argument with the closest name, a
  *    known schedule the plan cannot run is unsupported.
  *  - every value of every program of every bundled run (the .yaml files of configs/runs), for every
@@ -285,6 +287,16 @@ static void test_input_structs(void) {
   CHECK(api.simulate(h.program, &sim_options, &sim) == BRAID_ERR_INVALID_ARGUMENT && sim == NULL);
   snprintf(part, sizeof part, "below the first version of braid_simulation_options (%zu bytes)", sizeof sim_options);
   CHECK_ERROR(part);
+  /* A trace of no replica would come back as every stage idle. */
+  sim_options = (braid_simulation_options)BRAID_SIMULATION_OPTIONS_INIT;
+  sim_options.record_trace = 1;
+  sim_options.trace_replicas = 0;
+  CHECK(api.simulate(h.program, &sim_options, &sim) == BRAID_ERR_INVALID_ARGUMENT && sim == NULL);
+  CHECK_ERROR("options->trace_replicas is 0; set it to -1 (all replicas) or a count of at least 1");
+  sim_options.record_trace = 0;
+  CHECK(api.simulate(h.program, &sim_options, &sim) == BRAID_OK && sim != NULL);
+  api.simulation_destroy(sim);
+  sim = NULL;
 
   /* braid_sample_batch (no version) and braid_reorder_options. */
   braid_sample_batch batch = BRAID_SAMPLE_BATCH_INIT;
@@ -349,6 +361,30 @@ static void test_input_structs(void) {
   CHECK(api.config_set_run_settings(h.config, &settings) == BRAID_OK);
 }
 
+/* A handle of another kind (a C cast) is refused by name, by getters and _destroy alike,
+ * and leaves the handle it really is intact. */
+static void test_handle_kinds(void) {
+  size_t count = 0;
+  CHECK(api.plan_module_count((const braid_plan*)h.config, &count) == BRAID_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR("braid_plan_module_count: plan is not a braid_plan (a handle of another kind)");
+  braid_stage_info stage = BRAID_STAGE_INFO_INIT;
+  CHECK(api.program_stage((const braid_program*)h.plan, 0, &stage) == BRAID_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR("program is not a braid_program");
+  braid_simulation_result result = BRAID_SIMULATION_RESULT_INIT;
+  CHECK(api.simulation_result_get((const braid_simulation*)h.program, &result) == BRAID_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR("simulation is not a braid_simulation");
+  braid_bubble_report report = BRAID_BUBBLE_REPORT_INIT;
+  CHECK(api.bubble_scheduler_report((const braid_bubble_scheduler*)h.reorder, &report) == BRAID_ERR_INVALID_ARGUMENT);
+  CHECK(api.plan_destroy((braid_plan*)h.config) == BRAID_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR("braid_plan_destroy: the handle is not a braid_plan");
+  CHECK(api.config_destroy((braid_config*)h.simulation) == BRAID_ERR_INVALID_ARGUMENT);
+  /* Nothing was freed: each still works as what it is. */
+  braid_run_settings settings = BRAID_RUN_SETTINGS_INIT;
+  CHECK(api.config_run_settings(h.config, &settings) == BRAID_OK);
+  CHECK(api.simulation_result_get(h.simulation, &result) == BRAID_OK);
+  CHECK(api.plan_module_count(h.plan, &count) == BRAID_OK && count > 0);
+}
+
 static void test_struct_sizes(void) {
   h.config = load_llava();
   if (!h.config) return;
@@ -371,6 +407,7 @@ static void test_struct_sizes(void) {
   if (h.plan && h.ranked && h.program && h.simulation && h.reorder && h.scheduler) {
     test_output_struct_sizes();
     test_input_structs();
+    test_handle_kinds();
   }
   api.bubble_scheduler_destroy(h.scheduler);
   api.plan_destroy(colocated);

@@ -454,6 +454,10 @@ static void test_misuse(void) {
   make_view(&vg, grads, N - 1, E, 0);
   EXPECT_FAILS(api.backward(li, lt, ai, at, 10.0f, &o, st, 1.0f, NULL, NULL, NULL, &vg.t, &ds, NULL),
                BRAID_ERR_INVALID_ARGUMENT, "grad_all_text", "(5, 4)");
+  /* A gradient given without elements is of the wrong shape too, not "not wanted" (only NULL is). */
+  make_view(&vg, NULL, 0, E, 0);
+  EXPECT_FAILS(api.backward(li, lt, ai, at, 10.0f, &o, st, 1.0f, &vg.t, NULL, NULL, NULL, &ds, NULL),
+               BRAID_ERR_INVALID_ARGUMENT, "grad_local_image", "(0, 4); expected (2, 4) as local_image");
   make_view(&vg, grads, N, E, 0);
   vg.t.dtype.code = BRAID_DTYPE_INT;
   EXPECT_FAILS(api.backward(li, lt, ai, at, 10.0f, &o, st, 1.0f, NULL, NULL, &vg.t, NULL, &ds, NULL),

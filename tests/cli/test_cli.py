@@ -324,7 +324,8 @@ class SimulateTest(CliTestCase):
         self.assertGreater(doc["bubbles"]["batch_sync"], 0)
 
     def test_bad_options(self):
-        for args, fragment in ((["--format", "xml"], "--format"), (["--trace-replicas", "-2"], "--trace-replicas")):
+        for args, fragment in ((["--format", "xml"], "--format"), (["--trace-replicas", "-2"], "--trace-replicas"),
+                               (["--trace-replicas", "0"], "--trace-replicas must be -1 (all) or at least 1")):
             with self.subTest(args=args):
                 result = simulate(CLIP, *args)
                 self.assertExit(result, 2)

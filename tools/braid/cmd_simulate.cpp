@@ -146,7 +146,9 @@ int run_simulate(const std::vector<std::string>& args) {
   }
   std::string problem = plan_opts.problem(vm);
   if (problem.empty() && format != "table" && format != "json") problem = "--format must be table or json";
-  if (problem.empty() && trace_replicas < -1) problem = "--trace-replicas must be -1 (all) or more";
+  // A trace of no replica would draw every stage idle.
+  if (problem.empty() && (trace_replicas < -1 || trace_replicas == 0))
+    problem = "--trace-replicas must be -1 (all) or at least 1";
   if (!problem.empty()) {
     std::fprintf(stderr, "braid simulate: error: %s\n(see 'braid simulate --help')\n", problem.c_str());
     return kExitBadInput;
@@ -176,8 +178,7 @@ int run_simulate(const std::vector<std::string>& args) {
                                               : orchestrate::build_program(cost, chosen, requested);
   sim::Options sim_opts;
   sim_opts.trace = !trace.empty() || vm.count("gantt");
-  // The Gantt draws each stage's first replica: record at least that one.
-  sim_opts.trace_replicas = trace.empty() ? 1 : (vm.count("gantt") && trace_replicas == 0 ? 1 : trace_replicas);
+  sim_opts.trace_replicas = trace.empty() ? 1 : trace_replicas;  // the Gantt alone draws each stage's first
   const auto start = std::chrono::steady_clock::now();
   const sim::Result r = sim::simulate(program, sim_opts);
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

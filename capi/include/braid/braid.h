@@ -4,6 +4,8 @@
  * Conventions (after NCCL, SQLite, zstd and libgit2):
  *  - C99; every name starts with braid_ (functions, types) or BRAID_ (macros, enum values).
  *  - Opaque handles; every _create/_load has a _destroy, and _destroy(NULL) is a no-op.
+ *    A handle of another kind where one is expected (a cast) is BRAID_ERR_INVALID_ARGUMENT,
+ *    _destroy included (it frees nothing).
  *  - Every function returns a braid_status and writes results through out-parameters.
  *    On failure, braid_last_error() (thread-local) holds the whole message: what went
  *    wrong, and for bad input the file, line, column and field. A successful call does

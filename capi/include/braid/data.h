@@ -60,7 +60,10 @@ typedef struct braid_reorder_options {
   size_t struct_size; /* sizeof(braid_reorder_options) */
   uint32_t version;   /* BRAID_REORDER_OPTIONS_VERSION */
   braid_reordering reordering;
-  int64_t max_evaluations; /* inter search: 1F1B step times per pipeline group (0: braid's default) */
+  /* inter search: 1F1B step times per pipeline group (0: braid's default, 2000). The search
+   * times each of its starting orders (the input order and a few heuristic ones) even past
+   * it: a budget below their count gives their best (braid_reorder_info.evaluations says). */
+  int64_t max_evaluations;
 } braid_reorder_options;
 
 #define BRAID_REORDER_OPTIONS_VERSION 1

@@ -305,7 +305,7 @@ typedef struct braid_simulation_options {
   size_t struct_size;     /* sizeof(braid_simulation_options) */
   uint32_t version;       /* BRAID_SIMULATION_OPTIONS_VERSION */
   int32_t record_trace;   /* 1: keep the events for braid_simulation_write_trace / _gantt */
-  int32_t trace_replicas; /* DP replicas per stage to record (-1: all) */
+  int32_t trace_replicas; /* DP replicas per stage to record (-1: all; at least 1 with record_trace) */
 } braid_simulation_options;
 
 #define BRAID_SIMULATION_OPTIONS_VERSION 1
