@@ -1,6 +1,8 @@
 """braid.torch.ContrastiveLoss on real gloo process groups: after DDP averages the
 gradients, the loss and every gradient equal a single-process CLIP loss written here
-(open_clip's formulation), on 1, 2 and 4 processes and on sub-groups of the world.
+(open_clip's formulation), on 1, 2 and 4 processes and on sub-groups of the world. Ranks
+that disagree on the features' shape, and a rank outside the loss's group, get a
+ValueError instead of gloo aborting the process or a torch error.
 
 Environment: BRAID_LIBRARY (the libbraid.so to test), PYTHONPATH with integrations/python.
 Needs PyTorch (Debian's python3-torch): skipped with the reason printed without it.
@@ -82,6 +84,51 @@ def worker(rank, world, init_file, group_size, results):
                      {name: p.grad.clone() for name, p in model.module.named_parameters()})
     dist.barrier()
     dist.destroy_process_group()
+
+
+def error_of(call):
+    try:
+        call()
+        return "no error"
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+
+
+def mismatch_worker(rank, world, init_file, results):
+    """Rank 1 passes one feature more than rank 0, then calls the loss of a group it is not in."""
+    import braid.torch as bt
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    outside = dist.new_group([0])
+    features = F.normalize(torch.randn(ROWS, EMBED + rank), dim=-1)
+    scale = torch.tensor(2.0)
+    got = {"width": error_of(lambda: bt.ContrastiveLoss()(features, features, scale))}
+    if rank == 1:
+        got["outside"] = error_of(lambda: bt.ContrastiveLoss(group=outside)(features, features, scale))
+    results[rank] = got
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@unittest.skipIf(torch is None, REASON if torch is None else "")
+class ContrastiveLossRefusesMismatches(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        with tempfile.TemporaryDirectory() as tmp:
+            results = mp.Manager().dict()
+            mp.spawn(mismatch_worker, args=(2, os.path.join(tmp, "init"), results), nprocs=2, join=True)
+            cls.results = dict(results)
+
+    def test_ranks_with_different_feature_widths_all_get_a_value_error(self):
+        want = (f"ValueError: ContrastiveLoss: every rank of the group must pass image_features and text_features "
+                f"of the same shape (rows, features), got ({ROWS}, {EMBED}), ({ROWS}, {EMBED + 1})")
+        for rank in range(2):
+            self.assertEqual(self.results[rank]["width"], want, f"rank {rank}")
+
+    def test_a_rank_outside_the_group_gets_a_value_error(self):
+        self.assertEqual(self.results[1]["outside"], "ValueError: ContrastiveLoss: rank 1 is not a member of its "
+                                                     "group; call the loss on the group's ranks only")
 
 
 @unittest.skipIf(torch is None, REASON if torch is None else "")

@@ -1,7 +1,8 @@
 """braid.torch.ReorderingBatchSampler and braid.torch.Groups on real gloo processes:
 every rank computes the same sample assignment without communicating, the union of the
 ranks' samples is each global batch (each sample once), and the torch groups follow
-braid's groups on every rank.
+braid's groups on every rank. A replica out of range or another global batch than the
+plan's is refused.
 
 Environment: BRAID_LIBRARY, BRAID_SOURCE_DIR, PYTHONPATH with integrations/python.
 """
@@ -73,6 +74,37 @@ class SamplerYieldsTheRunOrder(unittest.TestCase):
                 self.assertTrue(all(len(p) == 1 for p in positions), f"{m.name}: a microbatch mixes positions")
                 self.assertEqual([p.pop() for p in positions], list(range(len(got))),
                                  f"{m.name} replica {replica}: not in run order")
+
+
+@unittest.skipIf(torch is None, REASON)
+class SamplerRefusesWhatThePlanDoesNotHave(unittest.TestCase):
+    """A replica the module does not have, or a global batch other than the plan's (whose
+    microbatches would have another size), is a ValueError naming the argument."""
+
+    @classmethod
+    def setUpClass(cls):
+        import braid
+
+        cls.plan = braid.Config.from_file(RUN).plan(strategy="disttrain")  # vision: 2 replicas, global batch 16
+
+    def sampler(self, **options):
+        import braid.torch as bt
+
+        arguments = {"module": "vision", "replica": 0, "global_batch": 16, **options}
+        return bt.ReorderingBatchSampler(self.plan, DATASET, sizes, **arguments)
+
+    def test_replica_out_of_range(self):
+        for replica in (-1, 2):
+            with self.subTest(replica=replica), self.assertRaisesRegex(
+                    ValueError, rf"replica {replica} is out of range: module 'vision' has 2 data-parallel replicas"):
+                self.sampler(replica=replica)
+
+    def test_global_batch_other_than_the_plans(self):
+        self.assertEqual(len(self.sampler()), DATASET // 16 * 2)  # 2 microbatches per global batch
+        for batch in (0, 8, 32):
+            with self.subTest(global_batch=batch), self.assertRaisesRegex(
+                    ValueError, rf"global_batch {batch} is not the plan's 16"):
+                self.sampler(global_batch=batch)
 
 
 @unittest.skipIf(torch is None, REASON)

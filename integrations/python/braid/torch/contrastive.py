@@ -38,6 +38,17 @@ def _float32_rows(x: torch.Tensor, name: str) -> torch.Tensor:
     return x.detach().to(torch.float32).contiguous()
 
 
+def _check_same_shape(features: torch.Tensor, group) -> None:
+    """Every rank's (rows, features), compared before the all-gather: gloo aborts the
+    process on tensors of different shapes."""
+    mine = torch.tensor(features.shape, dtype=torch.int64, device=features.device)
+    shapes = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(shapes, mine, group=group)
+    if any(not torch.equal(s, mine) for s in shapes):
+        raise ValueError("ContrastiveLoss: every rank of the group must pass image_features and text_features of "
+                         "the same shape (rows, features), got " + ", ".join(str(tuple(s.tolist())) for s in shapes))
+
+
 class _ContrastiveFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, image: torch.Tensor, text: torch.Tensor, logit_scale: torch.Tensor, group, tile: int):
@@ -48,12 +59,10 @@ class _ContrastiveFunction(torch.autograd.Function):
         local_text = _float32_rows(text, "text_features")
         distributed = group is not None or (dist.is_available() and dist.is_initialized())
         if distributed:
-            sizes = [torch.zeros(1, dtype=torch.int64, device=image.device) for _ in range(dist.get_world_size(group))]
-            dist.all_gather(sizes, torch.tensor([local_image.shape[0]], dtype=torch.int64, device=image.device),
-                            group=group)
-            if any(int(s) != local_image.shape[0] for s in sizes):
-                raise ValueError("ContrastiveLoss: every rank of the group must hold the same number of rows, got "
-                                 + ", ".join(str(int(s)) for s in sizes))
+            if dist.get_rank(group) < 0:
+                raise ValueError(f"ContrastiveLoss: rank {dist.get_rank()} is not a member of its group; call the "
+                                 "loss on the group's ranks only")
+            _check_same_shape(local_image, group)
             all_image = _gather_rows(local_image, group)
             all_text = _gather_rows(local_text, group)
             offset = dist.get_rank(group) * local_image.shape[0]
@@ -102,9 +111,10 @@ class ContrastiveLoss(torch.nn.Module):
     group; None: the world, or one process when torch.distributed is not initialised).
 
     ``loss_fn(image_features, text_features, logit_scale)``: this rank's L2-normalised
-    features (n, E), every rank the same n, and the exponentiated scale (a tensor of one
-    value, whose gradient takes its shape); returns this rank's local mean loss. ``tile``: rows and columns per tile of braid's
-    kernel (0: its default)."""
+    features (n, E), every rank the same n and E, and the exponentiated scale (a tensor of
+    one value, whose gradient takes its shape); returns this rank's local mean loss. Every
+    rank of ``group`` calls it, and only those. ``tile``: rows and columns per tile of
+    braid's kernel (0: its default)."""
 
     def __init__(self, group=None, tile: int = 0) -> None:
         super().__init__()

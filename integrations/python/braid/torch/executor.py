@@ -13,7 +13,8 @@ What the host provides:
   upstream module's output (None for a module that starts the model) and ``batch`` the
   microbatch's data; every other layer as ``layer(x)``.
 * ``loss_fn(output, batch)``: per-sample losses (shape ``[samples]``) of the model's last
-  module; the step's loss is their mean over the global batch.
+  module; the step's loss is their mean over the global batch. Required on a stage that
+  ends the model; any other shape is refused (a mean would be divided again).
 * a contrastive model's towers end in a BATCH_SYNC: CLIP's loss over the group's
   samples, with ``logit_scale`` (the exponentiated scale) — the step's loss is the mean
   of the groups' losses weighted by their sample counts.
@@ -23,7 +24,13 @@ What the host provides:
 Gradients: every backward starts from the step's loss as defined above, so a rank's
 gradients are its partial derivatives of that loss; REDUCE_GRADS sums them over the
 module's DP group (fan-in producers included, whose consumers' losses already span all
-of them) and scales by the stage's ``gradient_scale``.
+of them) and scales by the stage's ``gradient_scale``. Each parameter is reduced once
+however many layers share it; one with ``requires_grad=False`` is left alone. Gradients
+accumulate as in PyTorch: what ``p.grad`` held when ``step`` began (a host that steps its
+optimizer itself, every other step) is kept, and only this step's part is reduced.
+
+Messages between stages carry their tensors' dtype: a stage receives activations and
+gradients in the dtype its peer sent (float32, float64, float16 or bfloat16).
 
 Samples (positions in the step's global batch G): the step's contrastive groups (G / C,
 C the contrastive batch; one group without a contrastive loss) are consecutive blocks of
@@ -54,7 +61,8 @@ LayerSource = Union[Sequence[torch.nn.Module], Callable[[int], torch.nn.Module]]
 
 # Message kinds, part of the point-to-point tag (with the microbatch).
 _ACTIVATION, _GRADIENT = 0, 1
-_HEADER = 8  # int64 slots: ndim, then the shape
+_HEADER = 8  # int64 slots: dtype (its index in _DTYPES), ndim, then the shape
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def _replica_peers(my_replicas: int, my_replica: int, peer_replicas: int) -> List[int]:
@@ -66,6 +74,16 @@ def _replica_peers(my_replicas: int, my_replica: int, peer_replicas: int) -> Lis
         return [my_replica // (my_replicas // peer_replicas)]
     k = peer_replicas // my_replicas
     return list(range(my_replica * k, my_replica * k + k))
+
+
+def _all_reduce_sum(tensor: torch.Tensor, group) -> None:
+    """All-reduce (sum) in place; gloo has no bfloat16 all-reduce, so it sums a float32 copy."""
+    if tensor.dtype == torch.bfloat16 and dist.get_backend(group) == "gloo":
+        wide = tensor.to(torch.float32)
+        dist.all_reduce(wide, group=group)
+        tensor.copy_(wide)
+    else:
+        dist.all_reduce(tensor, group=group)
 
 
 class ProgramExecutor:
@@ -88,12 +106,6 @@ class ProgramExecutor:
         self.modules = plan.modules
         settings = plan.config.run_settings
         self.global_batch = int(global_batch if global_batch is not None else settings.global_batch)
-        # Contrastive groups per step (BATCH_SYNC group g is the step's g-th contrastive batch).
-        contrastive = int(settings.contrastive_batch) or self.global_batch
-        if self.global_batch % contrastive:
-            raise ValueError(f"braid.torch: the contrastive batch {contrastive} does not divide the global batch "
-                             f"{self.global_batch}")
-        self.contrastive_groups = self.global_batch // contrastive
         self.stages = program.stages
         me = program.rank(self.rank)
         self.stage_index, self.replica = me.stage, me.replica
@@ -110,17 +122,24 @@ class ProgramExecutor:
                 raise KeyError(f"braid.torch: stage '{self.stage.name}' runs module '{name}' but no layers were given "
                                f"for it (given: {', '.join(sorted(layers)) or 'none'})")
             source = layers[name]
+            built_on_demand = callable(source) and not isinstance(source, torch.nn.Module)
+            if not built_on_demand:
+                self._check_layer_count(part.module, source)
             for i in range(part.first_layer, part.first_layer + part.layer_count):
-                layer = source(i) if callable(source) and not isinstance(source, torch.nn.Module) else source[i]
+                layer = source(i) if built_on_demand else source[i]
                 if colocated and part.module in self.encoders:
                     self.encoder_layers.setdefault(part.module, {})[i] = layer
                 else:
                     self.layers.append((part.module, i == 0, layer))
-                self.module_parameters.setdefault(part.module, []).extend(layer.parameters())
+                self._hold_parameters(part.module, layer)
         self._check_supported()
-        self.optimizer = make_optimizer(self.parameters()) if make_optimizer else None
         self.microbatches = sorted({i.microbatch for i in self.instructions if i.opcode == "Forward"})
+        # Contrastive groups per step (BATCH_SYNC group g is the step's g-th contrastive batch).
+        self.contrastive_groups = self._check_global_batch(int(settings.contrastive_batch))
         self.terminal = not self.stage.next and not any(i.opcode == "BatchSync" for i in self.instructions)
+        if self.terminal and loss_fn is None:
+            raise ValueError(f"braid.torch: stage '{self.stage.name}' ends the model: give loss_fn (per-sample losses)")
+        self.optimizer = make_optimizer(self.parameters()) if make_optimizer else None
         # The dispatch table: opcode name -> handler. A host engine may rebind entries to
         # run an opcode its own way (braid.deepspeed routes every opcode through DeepSpeed's
         # instruction map and calls these handlers for braid's semantics).
@@ -151,6 +170,39 @@ class ProgramExecutor:
         return run
 
     # ---- what this executor runs --------------------------------------------------------
+
+    def _check_layer_count(self, module: int, source: Sequence[torch.nn.Module]) -> None:
+        name = self.modules[module].name
+        planned = sum(self.modules[module].layers_per_stage)
+        if len(source) != planned:
+            raise ValueError(f"braid.torch: layers['{name}'] has {len(source)} layers but the plan's module '{name}' "
+                             f"has {planned}")
+
+    def _hold_parameters(self, module: int, layer: torch.nn.Module) -> None:
+        """Files ``layer``'s parameters under ``module`` for REDUCE_GRADS, each parameter
+        once on this rank (tied weights would otherwise be summed twice)."""
+        held = {id(p) for params in self.module_parameters.values() for p in params}
+        fresh = [p for p in layer.parameters() if id(p) not in held]
+        self.module_parameters.setdefault(module, []).extend(fresh)
+
+    def _check_global_batch(self, contrastive_batch: int) -> int:
+        """Checks that ``global_batch`` splits evenly everywhere samples() splits it;
+        returns the step's number of contrastive groups."""
+        batch = self.global_batch
+        if batch <= 0:
+            raise ValueError(f"braid.torch: global_batch must be positive, got {batch}")
+        contrastive = contrastive_batch or batch
+        if batch % contrastive:
+            raise ValueError(f"braid.torch: global_batch {batch} is not a multiple of the contrastive batch "
+                             f"{contrastive}")
+        for index, stage in enumerate(self.stages):
+            if self._upstream(index) is not None:
+                continue  # holds what its producers send
+            split = stage.replicas * self._stage_microbatches(index)
+            if batch % split:
+                raise ValueError(f"braid.torch: global_batch {batch} does not split evenly over stage '{stage.name}' "
+                                 f"({stage.replicas} replicas x {self._stage_microbatches(index)} microbatches)")
+        return batch // contrastive
 
     def _check_supported(self) -> None:
         for module in self.encoder_layers:
@@ -257,6 +309,9 @@ class ProgramExecutor:
         self._encoder: Dict[Tuple[int, int], Dict[str, Any]] = {}  # (plan module, encoder microbatch) -> state
         self.loss = 0.0
         self._executed: List[Any] = []
+        # Gradients left from earlier steps are already reduced: only this step's part is.
+        self._grads_at_entry = {id(p): p.grad.detach().clone() for p in self._trained_parameters()
+                                if p.grad is not None and bool(p.grad.any())}
         for instruction in self.instructions:
             self.dispatch[instruction.opcode](instruction)
         for work, _ in self._pending:
@@ -281,10 +336,20 @@ class ProgramExecutor:
         for _, first, layer in self.layers:
             x = layer(x, batch) if first else layer(x)
         if self.terminal:
-            losses = self.loss_fn(x, batch)
-            x = losses.sum() / self.global_batch
-            self.loss += float(x)
+            x = self._loss(x, batch, m)
         self._outputs[m] = x
+
+    def _loss(self, output: torch.Tensor, batch: Mapping[str, torch.Tensor], microbatch: int) -> torch.Tensor:
+        """The microbatch's share of the step's loss: its per-sample losses over the global batch."""
+        losses = self.loss_fn(output, batch)
+        samples = len(self.samples(self.stage_index, self.replica, microbatch))
+        if not torch.is_tensor(losses) or tuple(losses.shape) != (samples,):
+            got = tuple(losses.shape) if torch.is_tensor(losses) else type(losses).__name__
+            raise ValueError(f"braid.torch: loss_fn must return per-sample losses, shape ({samples},) for microbatch "
+                             f"{microbatch}, got {got}")
+        share = losses.sum() / self.global_batch
+        self.loss += float(share)
+        return share
 
     def _backward(self, ins) -> None:
         m = ins.microbatch
@@ -295,6 +360,19 @@ class ProgramExecutor:
             out.backward(self._grads.pop(m))
         if self.encoder_layers:
             self._encoder_gradient(m, self._inputs.pop(m))
+
+    def _input_grad(self, x: torch.Tensor, microbatch: int, layers: str) -> torch.Tensor:
+        """The gradient of a received input: None when a layer cut it from the loss."""
+        if x.grad is None:
+            raise ValueError(f"braid.torch: layers {layers} of stage '{self.stage.name}' pass no gradient back to "
+                             f"their input of microbatch {microbatch}: one detaches or ignores its input")
+        return x.grad
+
+    def _stage_layer_names(self) -> str:
+        """The layers a received input flows through (colocated encoders' aside)."""
+        mine = {id(layer) for _, _, layer in self.layers}
+        names = [name for name, layer in self.named_layers() if id(layer) in mine]
+        return names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
 
     # ---- point to point -------------------------------------------------------------------
 
@@ -313,11 +391,16 @@ class ProgramExecutor:
         if rows % len(ranks):
             raise RuntimeError(f"braid.torch: {rows} rows cannot be split evenly over the {len(ranks)} replicas of "
                                f"stage '{self.stages[peer_stage].name}' (fan-out)")
+        if tensor.dtype not in _DTYPES or tensor.dim() > _HEADER - 2:
+            raise TypeError(f"braid.torch: stage '{self.stage.name}' sends a {tensor.dtype} tensor of {tensor.dim()} "
+                            f"dimensions to stage '{self.stages[peer_stage].name}'; messages carry "
+                            f"{', '.join(str(d) for d in _DTYPES)} tensors of up to {_HEADER - 2} dimensions")
         for part, dst in zip(tensor.detach().split(rows // len(ranks), dim=0), ranks):
-            part = part.contiguous().to(torch.float32)
+            part = part.contiguous()
             header = torch.zeros(_HEADER, dtype=torch.int64)
-            header[0] = part.dim()
-            header[1:1 + part.dim()] = torch.tensor(part.shape, dtype=torch.int64)
+            header[0] = _DTYPES.index(part.dtype)
+            header[1] = part.dim()
+            header[2:2 + part.dim()] = torch.tensor(part.shape, dtype=torch.int64)
             tag = self._tag(kind, microbatch)
             self._pending.append((dist.isend(header, dst, tag=tag), header))
             self._pending.append((dist.isend(part, dst, tag=tag), part))
@@ -328,8 +411,8 @@ class ProgramExecutor:
             header = torch.zeros(_HEADER, dtype=torch.int64)
             tag = self._tag(kind, microbatch)
             dist.recv(header, src, tag=tag)
-            shape = tuple(int(v) for v in header[1:1 + int(header[0])])
-            part = torch.empty(shape, dtype=torch.float32)
+            shape = tuple(int(v) for v in header[2:2 + int(header[1])])
+            part = torch.empty(shape, dtype=_DTYPES[int(header[0])])
             dist.recv(part, src, tag=tag)
             parts.append(part)
         return torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
@@ -342,7 +425,8 @@ class ProgramExecutor:
 
     def _send_grad(self, ins) -> None:
         x = self._inputs.pop(ins.microbatch)
-        self._send(x.grad, ins.peer, _GRADIENT, ins.microbatch)
+        self._send(self._input_grad(x, ins.microbatch, self._stage_layer_names()), ins.peer, _GRADIENT,
+                   ins.microbatch)
 
     def _recv_grad(self, ins) -> None:
         self._grads[ins.microbatch] = self._recv(ins.peer, _GRADIENT, ins.microbatch)
@@ -440,7 +524,8 @@ class ProgramExecutor:
             return
         out = state["outputs"].pop(layer_index)
         if layer_index + 1 in state["inputs"]:
-            grad = state["inputs"].pop(layer_index + 1).grad
+            name = f"{self.modules[module].name}_{layer_index + 1}"
+            grad = self._input_grad(state["inputs"].pop(layer_index + 1), ins.microbatch, name)
         else:
             grad = state["grads"].pop("output")
         out.backward(grad)
@@ -465,28 +550,42 @@ class ProgramExecutor:
         """Hands the llm input's gradient back to the encoder microbatches its rows came from."""
         module = next(iter(self.encoder_layers))
         at = {s: k for k, s in enumerate(self.samples(self.stage_index, self.replica, microbatch))}
+        grad_x = self._input_grad(x, microbatch, self._stage_layer_names())
         for (mod, _), state in self._encoder.items():
             if mod != module or "samples" not in state or not any(s in at for s in state["samples"]):
                 continue
             grad = state["grads"].setdefault("output", torch.zeros_like(state["outputs"][max(state["outputs"])]))
             for k, s in enumerate(state["samples"]):
                 if s in at:
-                    grad[k] += x.grad[at[s]]
+                    grad[k] += grad_x[at[s]]
 
     # ---- gradients and the optimizer ------------------------------------------------------
+
+    def _trained_parameters(self) -> List[torch.nn.Parameter]:
+        return [p for params in self.module_parameters.values() for p in params if p.requires_grad]
 
     def _reduce_grads(self, ins) -> None:
         scale = self.stage.gradient_scale
         for module, params in self.module_parameters.items():
             name = self.groups.name_of(module, "dp")
-            replicated = len(self.groups.ranks(name)) > 1
+            group = self.groups.groups[name] if len(self.groups.ranks(name)) > 1 else None
             for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                if replicated:
-                    dist.all_reduce(p.grad, group=self.groups.groups[name])
-                if scale != 1.0:
-                    p.grad.mul_(scale)
+                if p.requires_grad:  # a frozen parameter gets no gradient, so no update
+                    self._reduce_grad(p, group, scale)
+
+    def _reduce_grad(self, p: torch.nn.Parameter, group, scale: float) -> None:
+        """Sums this step's gradient of ``p`` over ``group`` (None: not replicated) and
+        scales it; the part accumulated before the step is already reduced."""
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        before = self._grads_at_entry.get(id(p))
+        grad = p.grad if before is None else p.grad - before
+        if group is not None:
+            _all_reduce_sum(grad, group)
+        if scale != 1.0:
+            grad.mul_(scale)
+        if before is not None:
+            p.grad.copy_(before + grad)
 
     def _optimizer_step(self, ins) -> None:
         if self.optimizer is not None:

@@ -16,9 +16,10 @@ class Groups:
     """Every group of a ``braid.Groups`` as a torch.distributed group.
 
     ``groups[name]`` is the group braid names ``name`` ("vision.dp[pp=0,tp=0]");
-    :meth:`of` finds the group of a rank along an axis of a module; :meth:`batch_sync`
-    the group a contrastive batch-sync gathers over. Groups this rank is not in are
-    created too (torch requires it) but hold no communicator here."""
+    :meth:`of` finds the group of a rank along an axis of a module; ``batch_syncs[i]``
+    is the group the i-th contrastive batch-sync of braid's list gathers over. Groups
+    this rank is not in are created too (torch requires it) but hold no communicator
+    here."""
 
     def __init__(self, braid_groups, backend: Optional[str] = None) -> None:
         if not dist.is_initialized():

@@ -17,10 +17,11 @@ class ReorderingBatchSampler(torch.utils.data.Sampler):
     ``plan``: the ``braid.Plan`` being trained; ``sizes(index)``: a sample's sizes, a
     mapping with any of ``image_resolution``, ``text_tokens``, ``audio_tokens``,
     ``generated_image_resolution``; ``module``: the plan module whose data-parallel
-    replica ``replica`` this rank is (its stage's first module); ``global_batch``: the
-    run's. ``reordering``: "none", "intra" or "intra_inter". Dataset order is
-    ``range(len(dataset_size))``, shuffled with ``seed`` each epoch when ``shuffle``;
-    a last partial global batch is dropped (braid balances whole batches)."""
+    replica ``replica`` this rank is (its stage's first module, ``0 <= replica < dp``);
+    ``global_batch``: the plan's (``plan.config.run_settings.global_batch``: braid splits
+    it into the plan's microbatches). ``reordering``: "none", "intra" or "intra_inter".
+    Dataset order is ``range(len(dataset_size))``, shuffled with ``seed`` each epoch when
+    ``shuffle``; a last partial global batch is dropped (braid balances whole batches)."""
 
     def __init__(self, plan, dataset_size: int, sizes: Callable[[int], Mapping[str, int]], module: str,
                  replica: int, global_batch: int, reordering: str = "intra_inter", shuffle: bool = False,
@@ -28,6 +29,13 @@ class ReorderingBatchSampler(torch.utils.data.Sampler):
         names = [m.name for m in plan.modules]
         if module not in names:
             raise ValueError(f"ReorderingBatchSampler: the plan has no module '{module}' (it has {', '.join(names)})")
+        replicas = plan.modules[names.index(module)].dp
+        if not 0 <= int(replica) < replicas:
+            raise ValueError(f"ReorderingBatchSampler: replica {replica} is out of range: module '{module}' has "
+                             f"{replicas} data-parallel replicas")
+        planned = plan.config.run_settings.global_batch
+        if int(global_batch) != planned:  # another batch would reorder into microbatches of another size
+            raise ValueError(f"ReorderingBatchSampler: global_batch {global_batch} is not the plan's {planned}")
         self.plan, self.dataset_size, self.sizes = plan, int(dataset_size), sizes
         self.module, self.replica, self.global_batch = module, int(replica), int(global_batch)
         self.reordering, self.shuffle, self.seed, self.epoch = reordering, bool(shuffle), int(seed), 0
