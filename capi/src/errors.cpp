@@ -16,6 +16,12 @@ namespace {
 thread_local std::string last_error;
 }
 
+std::string entry_message(const char* function, const Error& e) {
+  const std::string message = e.what();
+  if (e.status() != Status::invalid_argument || message.rfind(function, 0) == 0) return message;
+  return std::string(function) + ": " + message;
+}
+
 braid_status fail(braid_status status, const std::string& message) noexcept {
   try {
     last_error = message;

@@ -17,6 +17,11 @@ namespace braid::capi {
 // Records the message of the failing call for braid_last_error() on this thread. Only
 // failures write it: a successful call leaves the last failure's message in place.
 braid_status fail(braid_status status, const std::string& message) noexcept;
+// The message of an error braid threw inside entry point `function`: a bad argument's is
+// prefixed with the function ("braid_groups_create: the plan runs on 4 devices but the
+// world has 0 ranks"), unless it names it already; others (a run file's line and field,
+// an I/O error's path) are as thrown.
+std::string entry_message(const char* function, const Error& e);
 
 // "info->struct_size is 8, below the first version of braid_stage_info (96 bytes); set it
 // to sizeof(braid_stage_info) (112)", or why another size is refused: above
@@ -112,19 +117,19 @@ braid_status read_options(const char* func, const char* name, const char* type, 
 }  // namespace braid::capi
 
 #define BRAID_API_BEGIN try {
-#define BRAID_API_END                                                                           \
-  }                                                                                             \
-  catch (const ::braid::Error& e) {                                                             \
-    return ::braid::capi::fail(static_cast<braid_status>(e.status()), e.what());                \
-  }                                                                                             \
-  catch (const std::bad_alloc&) {                                                               \
-    return ::braid::capi::fail(BRAID_ERR_OUT_OF_MEMORY, "out of host memory");                  \
-  }                                                                                             \
-  catch (const std::exception& e) {                                                             \
-    return ::braid::capi::fail(BRAID_ERR_INTERNAL, std::string("internal error: ") + e.what()); \
-  }                                                                                             \
-  catch (...) {                                                                                 \
-    return ::braid::capi::fail(BRAID_ERR_INTERNAL, "internal error: unknown exception");        \
+#define BRAID_API_END                                                                                             \
+  }                                                                                                               \
+  catch (const ::braid::Error& e) {                                                                               \
+    return ::braid::capi::fail(static_cast<braid_status>(e.status()), ::braid::capi::entry_message(__func__, e)); \
+  }                                                                                                               \
+  catch (const std::bad_alloc&) {                                                                                 \
+    return ::braid::capi::fail(BRAID_ERR_OUT_OF_MEMORY, "out of host memory");                                    \
+  }                                                                                                               \
+  catch (const std::exception& e) {                                                                               \
+    return ::braid::capi::fail(BRAID_ERR_INTERNAL, std::string("internal error: ") + e.what());                   \
+  }                                                                                                               \
+  catch (...) {                                                                                                   \
+    return ::braid::capi::fail(BRAID_ERR_INTERNAL, "internal error: unknown exception");                          \
   }
 
 // Argument checks that return BRAID_ERR_INVALID_ARGUMENT with the argument's name.

@@ -16,7 +16,8 @@
  *  - braid_last_error: the message of the last call that failed; a success keeps it.
  *  - a handle of another kind (a cast) is refused by the getters and by _destroy, which
  *    frees nothing.
- *  - schedule names: an unknown name is an invalid argument with the closest name, a
+ *  - schedule names: an unknown name is an invalid argument with the closest name (the
+ *    message begins with the entry point, as every bad argument's does), a
  *    known schedule the plan cannot run is unsupported.
  *  - every value of every program of every bundled run (the .yaml files of configs/runs), for every
  *    feasible strategy and every schedule it runs, bubble scheduler programs included,
@@ -492,6 +493,8 @@ static void test_schedule_names(void) {
   if (plan) {
     CHECK(api.program_create(plan, "gpipee", &program) == BRAID_ERR_INVALID_ARGUMENT && program == NULL);
     CHECK_ERROR("unknown schedule 'gpipee' (did you mean 'gpipe'?)");
+    /* A bad argument found inside braid names the entry point too. */
+    CHECK(strncmp(api.last_error(), "braid_program_create: ", 22) == 0);
     CHECK(api.program_create(plan, "1F1B", &program) == BRAID_ERR_INVALID_ARGUMENT && program == NULL);
     CHECK_ERROR("did you mean '1f1b'?");
     CHECK(api.program_create(plan, "two-phase", &program) == BRAID_ERR_UNSUPPORTED && program == NULL);

@@ -4,7 +4,7 @@
  *
  * A colocated plan (strategy optimus) puts the encoders and the llm on every device.
  * The scheduler cuts the encoders' work into kernel-sized tasks and places them into
- * the llm pipeline's bubbles, giving three programs of one training step:
+ * the llm pipeline's bubbles, giving four programs of one training step:
  *
  *   "encoder-first"   every encoder forward before the llm starts, every backward after
  *                     it ends (what a colocated engine does without a scheduler);
@@ -55,7 +55,7 @@ typedef braid_status (*braid_bubble_scheduler_create_fn)(const braid_plan*, brai
 BRAID_API braid_status braid_bubble_scheduler_destroy(braid_bubble_scheduler* scheduler);
 typedef braid_status (*braid_bubble_scheduler_destroy_fn)(braid_bubble_scheduler*);
 
-/* Schedules the plan: all three programs and the report. Idempotent: a second call
+/* Schedules the plan: all four programs and the report. Idempotent: a second call
  * returns BRAID_OK at once and changes nothing. Safe to call from several threads (one
  * runs, the others wait for it). BRAID_ERR_BAD_CONFIG when the plan cannot run as a
  * colocated program (the message says why); on failure nothing is kept and a later
@@ -108,12 +108,12 @@ BRAID_API braid_status braid_bubble_scheduler_report(const braid_bubble_schedule
 typedef braid_status (*braid_bubble_scheduler_report_fn)(const braid_bubble_scheduler*, braid_bubble_report*);
 
 /* A new program holding the scheduled step: `schedule` is "optimus-fine" (NULL or "": the
- * default), "optimus-coarse" or "encoder-first". The caller owns it (braid_program_destroy);
+ * default), "optimus-coarse", "encoder-first" or "optimus-online". The caller owns it (braid_program_destroy);
  * it is self-contained and may outlive the scheduler, the plan and the config. It is the
  * program braid_program_create(plan, schedule) builds, without scheduling again; iterate
  * and simulate it with braid/pipeline.h. BRAID_ERR_INVALID_ARGUMENT before
  * braid_bubble_scheduler_run has succeeded, or for another schedule name (the message
- * lists the three). */
+ * lists the four). */
 BRAID_API braid_status braid_bubble_scheduler_program(const braid_bubble_scheduler* scheduler, const char* schedule,
                                                       braid_program** out);
 typedef braid_status (*braid_bubble_scheduler_program_fn)(const braid_bubble_scheduler*, const char*, braid_program**);
