@@ -34,12 +34,22 @@ std::vector<std::pair<double, double>> table(const std::vector<std::pair<double,
   return rows;
 }
 
-// A YAML double-quoted scalar: names and CPU strings may hold ':' or '#'.
+// A YAML double-quoted scalar: names and CPU strings may hold ':' or '#', and a name given
+// on the command line any control character (escaped, or a line break would read as a space).
 std::string quoted(const std::string& text) {
   std::string out = "\"";
   for (char ch : text) {
-    if (ch == '"' || ch == '\\') out += '\\';
-    out += ch;
+    const auto byte = static_cast<unsigned char>(ch);
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (byte < 0x20 || byte == 0x7f) {
+      char escape[8];
+      std::snprintf(escape, sizeof escape, "\\x%02x", byte);
+      out += escape;
+    } else {
+      out += ch;
+    }
   }
   return out + "\"";
 }
@@ -141,18 +151,20 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
                         std::to_string(c.cores) + " cores)") +
        ";\n";
   y += "# CPU: " + c.cpu + "; communication: " + c.communication + ".\n";
-  y += "# Every figure is the cost model's own parameter fitted to timings of braid's host ops (core/nn)\n";
+  const bool gpu = c.device_memory_bytes > 0;
+  y += std::string("# Every figure is the cost model's own parameter fitted to timings of braid's ") +
+       (gpu ? "ops on the GPU (its CUDA backend)" : "host ops (core/nn)") + "\n";
   y += "# and of its communication plugin on this machine" + std::string(c.quick ? " (--quick: short ladders)" : "") +
        "; `braid calibrate --format json` lists the timings.\n";
   y += "name: " + quoted(name) + "\n";
   y += "nodes: " + std::to_string(c.nodes) + "\n";
   y += "devices_per_node: " + std::to_string(c.per_node) + "\n";
   y += "device:\n";
-  const bool gpu = c.device_memory_bytes > 0;
   y += "  name: " + quoted(c.cpu + ", one process (float32, " + c.library + ")") + "\n";
-  y += gpu ? "  # The GPU's memory.\n" : "  # The host's RAM shared by the processes on it.\n";
+  y += gpu ? "  # The GPU's memory (its share where processes share a GPU).\n"
+           : "  # The host's RAM shared by the processes on it.\n";
   y += "  memory_gib: " + num((gpu ? c.device_memory_bytes : c.memory_per_process_bytes) / kGiB) + "\n";
-  y += (gpu ? "  # A device-to-device copy of 1 GiB, "
+  y += (gpu ? "  # A device-to-device copy of " + std::string(c.quick ? "64 MiB" : "1 GiB") + ", "
             : "  # STREAM-style triad over arrays far larger than the caches, ") +
        std::string(!c.shared ? "every process at once" : "as many processes at once as cores") + ".\n";
   y += "  memory_bandwidth_gbs: " + num(f.memory_bandwidth / 1e9) + "\n";
@@ -162,10 +174,12 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
   y += "  peak_tflops: {fp32: " + peak + ", fp16: " + peak + ", bf16: " + peak + "}\n";
   y += "links:\n";
   y += "  intra_node:\n";
-  y += link_yaml(f.intra, false,
-                 "Alpha-beta fit (least squares in log time) of p2p ping-pong and all-gather between\n"
-                 "    # processes on one host, then of all-reduce's summing; worst point off by " +
-                     num(100 * f.intra.worst_error) + "%.");
+  y +=
+      link_yaml(f.intra, false,
+                c.per_node == 1 ? "Not measured (one process per host): the fit between hosts below."
+                                : "Alpha-beta fit (least squares in log time) of p2p ping-pong and all-gather between\n"
+                                  "    # processes on one host, then of all-reduce's summing; worst point off by " +
+                                      num(100 * f.intra.worst_error) + "%.");
   y += "  inter_node:\n";
   if (f.inter) {
     y += link_yaml(*f.inter, true,
@@ -202,7 +216,8 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
     for (const auto& t : c.samples)
       if (begins(t, kRenderSample)) sides += (sides.empty() ? "" : ", ") + num(std::sqrt(t.work));
     y += sides + " px),\n# one described (no image) describe_sample_us. Priced in the step when no core is left for\n";
-    y += "# the workers (cores_per_node below) or braid train runs none.\n";
+    y += std::string("# the workers") + (!gpu || c.shared ? " (cores_per_node below)" : "") +
+         " or braid train runs none.\n";
     y += "data:\n";
     y += "  render_sample_us: " + num(f.render_sample_s * 1e6) + "\n";
     y += "  render_pixel_ns: " + num(f.render_pixel_s * 1e9) + "\n";
@@ -267,6 +282,10 @@ nlohmann::ordered_json to_json(const Calibration& c, const Fitted& f) {
   j["cores_per_node"] = c.cores;
   j["measuring_at_once_per_node"] = c.per_turn;
   j["quick"] = c.quick;
+  // What the file writes from the host rather than from a fit.
+  j["memory_per_process_bytes"] = c.memory_per_process_bytes;
+  j["device_memory_bytes"] = c.device_memory_bytes;
+  j["memory_reserved_bytes"] = c.reserved_bytes;
   j["fitted"] = {{"peak_flops", f.peak_flops},
                  {"gemm", f.gemm},
                  {"memory_bandwidth_bytes_per_s", f.memory_bandwidth},

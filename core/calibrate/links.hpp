@@ -29,7 +29,7 @@ struct LinkFit {
   double bandwidth = 0;
   double latency = 0;
   double reduce_bandwidth = 0;  // bytes/s of the all-reduce's summing; 0: none measurable
-  double worst_error = 0;       // largest |model / measured - 1| over the points
+  double worst_error = 0;       // largest max(model / measured, measured / model) - 1 over the points
   int points = 0;
 };
 

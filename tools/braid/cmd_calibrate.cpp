@@ -104,7 +104,9 @@ std::string utc_now() {
   return buf;
 }
 
-// Rank 0's progress: one bar rewritten in place on a terminal, a line per phase elsewhere.
+// Rank 0's progress: one bar rewritten in place where standard error is a terminal, a line
+// per phase elsewhere (mpiexec pipes its ranks' standard error; the pseudo-terminal it gives
+// their standard output is there even when its own output goes to a file).
 class Progress {
  public:
   Progress(bool show, int total) : show_(show), live_(show && isatty(STDERR_FILENO)), total_(total) {}
@@ -222,6 +224,18 @@ int run_calibrate(const std::vector<std::string>& args) {
       host_of.emplace_back(names.data() + static_cast<std::size_t>(r) * kName);
       ranks_on[host_of.back()].push_back(r);
     }
+    // One devices_per_node for every host: a launch of 2 + 1 processes would read as 2 x 2.
+    const int uneven = agree_on_setup(world, [&] {
+      const auto& [first_host, first_ranks] = *ranks_on.begin();
+      for (const auto& [h, rs] : ranks_on)
+        if (rs.size() != first_ranks.size())
+          throw Error(Status::invalid_argument,
+                      "the hosts run different numbers of processes (" + first_host + ": " +
+                          std::to_string(first_ranks.size()) + ", " + h + ": " + std::to_string(rs.size()) +
+                          "), but a cluster file has one count of devices per node: launch as many on every host "
+                          "(Open MPI: --map-by ppr:N:node)");
+    });
+    if (uneven != kExitOk) return uneven;
     std::vector<int> firsts;  // the first rank of each host, ascending
     for (const auto& [h, rs] : ranks_on) firsts.push_back(rs.front());
     std::sort(firsts.begin(), firsts.end());
@@ -254,17 +268,23 @@ int run_calibrate(const std::vector<std::string>& args) {
       c.cpu += device == "host" ? ", ops through the host backend (device interface 2)"
                                 : ", ops through the host backend as an emulated device";
     } else if (device == "cuda") {
-      try {
-        backend = nn::DeviceBackend::open_for_process("cuda", 1, world.local_rank());
-      } catch (const Error& e) {
-        throw Error(e.status(), std::string("--device cuda: no GPU: ") + e.what());
-      }
+      // Said once, every rank stopping alike (no abort), when a rank has no GPU.
+      const int opened = agree_on_setup(world, [&] {
+        try {
+          backend = nn::DeviceBackend::open_for_process("cuda", 1, world.local_rank());
+        } catch (const Error& e) {
+          throw Error(e.status(), std::string("--device cuda: no GPU: ") + e.what());
+        }
+      });
+      if (opened != kExitOk) return opened;
       gpus = backend->device_count();
       c.cpu = backend->info().name + " (" + std::to_string(gpus) +
               " per node; cuBLAS and braid's kernels, CUDA backend); host " + c.cpu;
       c.threads = 1;
       c.library = "cuBLAS";
-      c.device_memory_bytes = backend->info().memory_bytes;
+      // Processes sharing a GPU (more of them on the host than GPUs) share its memory.
+      const int sharing = (world.local_size() + std::max(1, gpus) - 1) / std::max(1, gpus);
+      c.device_memory_bytes = backend->info().memory_bytes / std::max(1, sharing);
     }
     nn::set_blas_threads(c.threads);  // as braid train: its GEMMs on as many OpenBLAS threads
     // Turns on this host's cores: as many processes at once as its cores hold; every process
