@@ -34,6 +34,13 @@ bool is_special_file(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
 }
 
+bool same_directory(const std::string& a, const std::string& b) {
+  std::error_code ea, eb;
+  const fs::path pa = fs::weakly_canonical(fs::absolute(a, ea), ea), pb = fs::weakly_canonical(fs::absolute(b, eb), eb);
+  if (ea || eb) return fs::path(a).lexically_normal() == fs::path(b).lexically_normal();
+  return pa / "" == pb / "";  // "ckpt/" and "ckpt" alike
+}
+
 void write_file_atomically(const std::string& given, const std::string& text, const std::string& what) {
   const std::string path = file_behind(given);
   if (is_special_file(path)) {  // /dev/null, /dev/stdout, a FIFO: no rename can replace one

@@ -291,6 +291,17 @@ int committed_world(const std::string& dir, std::int64_t step) {
 }
 
 // latest_valid for `world` ranks, or (nullopt) for the world each checkpoint records.
+// Whether every file of committed checkpoint `step` reads and checks out.
+bool validates(const std::string& dir, std::int64_t step) {
+  try {
+    const int w = committed_world(dir, step);
+    for (int r = 0; r < w; ++r) read_shard(dir, step, r, w);
+    return true;
+  } catch (const CheckpointError&) {
+    return false;
+  }
+}
+
 CheckpointScan scan_checkpoints(const std::string& dir, std::optional<int> world) {
   CheckpointScan scan;
   const auto steps = list_steps(dir);
@@ -299,7 +310,7 @@ CheckpointScan scan_checkpoints(const std::string& dir, std::optional<int> world
     if (!files.committed) {
       if (!files.shards.empty())
         scan.skipped.push_back({step, checkpoint_file_name(step),
-                                "missing: never committed (a rank stopped before the checkpoint was complete)"});
+                                "missing: never committed (a rank stopped before the checkpoint was complete)", false});
       continue;  // only .tmp leftovers: an interrupted write, not a checkpoint
     }
     try {
@@ -388,12 +399,16 @@ void commit(const std::string& dir, std::int64_t step, int world, int keep_last)
     write_durably(dir, checkpoint_file_name(step), encode_checkpoint(manifest));
   }
   if (keep_last == 0) return;
+  // The newest `keep_last` checkpoints that validate (this one does) stay, with any damaged
+  // ones among them: one that no longer reads must not push out a good one, or a resume
+  // could be left with fewer good checkpoints than asked (or none).
   const auto steps = list_steps(dir);
-  std::vector<std::int64_t> committed;  // newest first, up to `step`
-  for (auto it = steps.rbegin(); it != steps.rend(); ++it)
-    if (it->second.committed && it->first <= step) committed.push_back(it->first);
-  if (committed.size() <= static_cast<std::size_t>(keep_last)) return;
-  const std::int64_t oldest_kept = committed[static_cast<std::size_t>(keep_last) - 1];
+  std::vector<std::int64_t> valid;  // newest first, up to `step`
+  for (auto it = steps.rbegin(); it != steps.rend() && valid.size() < static_cast<std::size_t>(keep_last); ++it)
+    if (it->second.committed && it->first <= step && (it->first == step || validates(dir, it->first)))
+      valid.push_back(it->first);
+  if (valid.size() < static_cast<std::size_t>(keep_last)) return;
+  const std::int64_t oldest_kept = valid.back();
   for (const auto& [s, files] : steps)
     if (s < oldest_kept) remove_step(dir, s, files);
 }

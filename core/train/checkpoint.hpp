@@ -1,6 +1,6 @@
-// Training checkpoints: named float32 tensors and named byte blobs (optimizer step, RNG
-// state, data cursor) for one rank, in a self-checking file, written so that a crash at
-// any moment leaves every earlier checkpoint intact.
+// Training checkpoints: named float32 tensors and named byte blobs (the trainer's: each
+// parameter's AdamW step count) for one rank, in a self-checking file, written so that a
+// crash at any moment leaves every earlier checkpoint intact.
 //
 // Layout of a checkpoint directory, for step 123:
 //   one process (world 1):  step-000123.braidckpt                the whole checkpoint
@@ -150,8 +150,9 @@ CheckpointContents read_checkpoint(const std::string& dir, std::int64_t step);  
 
 struct SkippedCheckpoint {
   std::int64_t step = 0;
-  std::string file;    // the file at fault, e.g. "step-000200.rank-0001.braidckpt"
-  std::string reason;  // e.g. "checksum mismatch: stored 0x1a2b3c4d, computed 0x5e6f7a8b"
+  std::string file;       // the file at fault, e.g. "step-000200.rank-0001.braidckpt"
+  std::string reason;     // e.g. "checksum mismatch: stored 0x1a2b3c4d, computed 0x5e6f7a8b"
+  bool committed = true;  // false: shards a rank left before the checkpoint was complete
 };
 
 struct CheckpointScan {

@@ -334,6 +334,12 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   const std::string meta = metadata(o, seed, size);
   Executor* executor_ptr = nullptr;
   if (!o.gradients_dir.empty()) {
+    // Dumps are files of a checkpoint's name and format: among checkpoints a resume would
+    // take the newest dump for one.
+    if (!o.checkpoint_dir.empty() && same_directory(o.gradients_dir, o.checkpoint_dir))
+      throw Error(Status::invalid_argument, "--dump-gradients '" + o.gradients_dir +
+                                                "' is the checkpoint directory: its step files would read as "
+                                                "checkpoints; give it a directory of its own");
     if (rank == 0) create_checkpoint_dir(o.gradients_dir);
     eo.after_reduce = [&](std::int64_t step) {
       world.communicator().barrier();
@@ -371,6 +377,13 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
     // The newest checkpoint whatever world wrote it: another layout is resharded on load.
     const CheckpointScan scan = latest_valid_any(o.checkpoint_dir);
     if (rank == 0) log << "braid train: " << describe(scan) << "\n";
+    // Committed checkpoints and none usable: starting afresh would overwrite them and the
+    // metrics file, which a person may still repair (or that hold a manifest's good shards).
+    if (!scan.step &&
+        std::any_of(scan.skipped.begin(), scan.skipped.end(), [](const SkippedCheckpoint& s) { return s.committed; }))
+      throw Error(Status::bad_config, "--resume: no checkpoint in '" + o.checkpoint_dir +
+                                          "' is usable (listed above); nothing was changed: move them aside to "
+                                          "start afresh, or give another --checkpoint-dir");
     if (scan.step) {
       const std::string identity = run_identity(o, seed);
       std::optional<CheckpointContents> own;
@@ -402,7 +415,8 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   // On the device, built or restored: what this rank holds.
   place_training_state(ops, executor.held_parameters(), executor.parameters());
   std::optional<MetricsWriter> metrics;
-  if (rank == 0 && !o.metrics_path.empty())
+  // Nothing to train (a finished run resumed): its metrics file stays as it is, summary included.
+  if (rank == 0 && !o.metrics_path.empty() && total >= first)
     metrics.emplace(o.metrics_path, first > 1 ? std::optional<std::int64_t>(first - 1) : std::nullopt);
 
   const std::vector<data::Sample> heldout = heldout_samples(dataset, run.trainer.eval_samples);

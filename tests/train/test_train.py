@@ -547,10 +547,64 @@ class Checkpoints(unittest.TestCase):
             self.assertEqual([m["step"] for m in records if not any(m.get(k) for k in run_records)], [1, 2, 3])
             self.assertEqual(sum(1 for m in records if m.get("summary")), 1)
             self.assertEqual(sum(1 for m in records if m.get("memory")), 1)
-            # Nothing left to train: where the run stands.
-            r = train(2, "--config", config, "--steps", "3", "--checkpoint-dir", ckpt, "--resume")
+            # Nothing left to train: where the run stands, its metrics (summary included) untouched.
+            with open(link) as f:
+                finished = f.read()
+            r = train(2, "--config", config, "--steps", "3", "--checkpoint-dir", ckpt, "--resume", "--metrics", link)
             check(self, r)
             self.assertIn("nothing to train: the run is at step 3 of 3", r.stdout + r.stderr)
+            with open(link) as f:
+                self.assertEqual(f.read(), finished)
+
+    def test_damaged_checkpoints_are_never_written_over_nor_pruned_in_place_of_good_ones(self):
+        def flip(path):
+            with open(path, "r+b") as f:
+                f.seek(100)
+                byte = f.read(1)
+                f.seek(100)
+                f.write(bytes([byte[0] ^ 0xFF]))
+
+        with tempfile.TemporaryDirectory() as d:
+            config = variant(d, CLIP, "clip.yaml", checkpoint_every=2, keep_checkpoints=2, eval_every=0,
+                             eval_samples=8)
+            ckpt, log = d + "/ckpt", d + "/m.jsonl"
+            check(self, train(1, "--config", config, "--steps", "5", "--quiet", "--metrics", log,
+                              "--checkpoint-dir", ckpt))
+            self.assertEqual(sorted(os.listdir(ckpt)), [".lock", "step-000004.braidckpt", "step-000005.braidckpt"])
+            # The newest (the last step's) damaged: resumed from step 4, and the checkpoint of step 6
+            # (not of 5) prunes to 2 good ones, keeping step 4, not the damaged 5 alone.
+            flip(os.path.join(ckpt, "step-000005.braidckpt"))
+            r = train(1, "--config", config, "--steps", "6", "--quiet", "--metrics", log, "--checkpoint-dir", ckpt,
+                      "--resume")
+            check(self, r)
+            self.assertIn("resuming from step-000004", r.stderr)
+            self.assertEqual(sorted(os.listdir(ckpt)),
+                             [".lock", "step-000004.braidckpt", "step-000005.braidckpt", "step-000006.braidckpt"])
+            # Every one damaged: refused, nothing written over (checkpoints, metrics).
+            for step in (4, 6):
+                flip(os.path.join(ckpt, f"step-00000{step}.braidckpt"))
+            def files():
+                out = {}
+                for name in sorted(os.listdir(ckpt)) + [log]:
+                    with open(os.path.join(ckpt, name), "rb") as f:
+                        out[name] = f.read()
+                return out
+            before = files()
+            r = train(1, "--config", config, "--steps", "7", "--metrics", log, "--checkpoint-dir", ckpt, "--resume")
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(f"--resume: no checkpoint in '{ckpt}' is usable (listed above); nothing was changed",
+                          r.stderr)
+            self.assertEqual(files(), before)
+            # Gradient dumps are named as checkpoints: not in the checkpoint directory.
+            r = train(1, "--config", config, "--steps", "1", "--checkpoint-dir", d + "/fresh",
+                      "--dump-gradients", d + "/fresh/")
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("is the checkpoint directory", r.stderr)
+            # A write that fails inside a step (a directory where the dump goes) is said once.
+            os.makedirs(d + "/dumps/step-000001.braidckpt")
+            r = train(1, "--config", config, "--steps", "1", "--dump-gradients", d + "/dumps")
+            self.assertNotEqual(r.returncode, 0)
+            self.assertEqual(r.stderr.count("braid: error:"), 1, r.stderr)
 
     def test_a_link_to_nowhere_is_no_checkpoint_directory(self):
         with tempfile.TemporaryDirectory() as d:

@@ -222,8 +222,10 @@ int run_train(const std::vector<std::string>& args) {
   });
   if (setup != kExitOk) return setup;
   // Inside a step, before its pending messages are torn down (they would wait for peers
-  // that wait for this rank).
-  o.on_fatal = [&](const std::exception_ptr& error) { fail(error); };
+  // that wait for this rank). One process returns from it, and the error then reaches the
+  // catch below: said there already, not again.
+  int fatal = kExitOk;
+  o.on_fatal = [&](const std::exception_ptr& error) { fatal = fail(error); };
   try {
     if (rank == 0) {
       std::cout << "braid train: " << o.run.model.name << " on " << world.size() << " process"
@@ -235,7 +237,7 @@ int run_train(const std::vector<std::string>& args) {
     train::train(o, world, std::cout, std::cerr);
     return kExitOk;
   } catch (const std::exception&) {
-    return fail(std::current_exception());
+    return fatal != kExitOk ? fatal : fail(std::current_exception());
   }
 }
 
