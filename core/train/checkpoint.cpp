@@ -291,11 +291,18 @@ int committed_world(const std::string& dir, std::int64_t step) {
 }
 
 // latest_valid for `world` ranks, or (nullopt) for the world each checkpoint records.
-// Whether every file of committed checkpoint `step` reads and checks out.
+// Reads every file of committed checkpoint `step` as `world` ranks wrote it (its commit
+// record's world when none is given); CheckpointError at the first that does not check out.
+// Returns the world.
+int read_every_shard(const std::string& dir, std::int64_t step, std::optional<int> world) {
+  const int w = world ? *world : committed_world(dir, step);
+  for (int r = 0; r < w; ++r) read_shard(dir, step, r, w);
+  return w;
+}
+
 bool validates(const std::string& dir, std::int64_t step) {
   try {
-    const int w = committed_world(dir, step);
-    for (int r = 0; r < w; ++r) read_shard(dir, step, r, w);
+    read_every_shard(dir, step, std::nullopt);
     return true;
   } catch (const CheckpointError&) {
     return false;
@@ -314,10 +321,8 @@ CheckpointScan scan_checkpoints(const std::string& dir, std::optional<int> world
       continue;  // only .tmp leftovers: an interrupted write, not a checkpoint
     }
     try {
-      const int w = world ? *world : committed_world(dir, step);
-      for (int r = 0; r < w; ++r) read_shard(dir, step, r, w);
+      scan.world = read_every_shard(dir, step, world);
       scan.step = step;
-      scan.world = w;
       return scan;
     } catch (const CheckpointError& e) {
       scan.skipped.push_back({step, fs::path(e.path()).filename().string(), e.reason()});
@@ -403,7 +408,10 @@ void commit(const std::string& dir, std::int64_t step, int world, int keep_last)
   // ones among them: one that no longer reads must not push out a good one, or a resume
   // could be left with fewer good checkpoints than asked (or none).
   const auto steps = list_steps(dir);
-  std::vector<std::int64_t> valid;  // newest first, up to `step`
+  const auto committed =
+      std::count_if(steps.begin(), steps.end(), [&](const auto& s) { return s.second.committed && s.first <= step; });
+  if (committed <= keep_last) return;  // nothing to prune: no checkpoint need be read
+  std::vector<std::int64_t> valid;     // newest first, up to `step`
   for (auto it = steps.rbegin(); it != steps.rend() && valid.size() < static_cast<std::size_t>(keep_last); ++it)
     if (it->second.committed && it->first <= step && (it->first == step || validates(dir, it->first)))
       valid.push_back(it->first);
