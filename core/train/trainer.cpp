@@ -25,14 +25,13 @@
 #include "core/train/executor.hpp"
 #include "core/train/host_staging.hpp"
 #include "core/train/inputs.hpp"
+#include "core/train/lr_schedule.hpp"
 #include "core/train/sharded_state.hpp"
 #include "core/train/train_device.hpp"
 #include "core/train/zero.hpp"
 
 namespace braid::train {
 namespace {
-
-constexpr double kPi = 3.14159265358979323846;
 
 // The samples the trainer trains on, for the cost model that prices its program: the dataset
 // draws each image's side and caption, and a microbatch runs one pass per side with its text
@@ -165,8 +164,10 @@ std::string layout_for_people(const std::string& layout) {
   return at == std::string::npos ? layout : layout.substr(0, at) + " (" + layout.substr(at + 2) + ")";
 }
 
+// `schedule`: the learning rates the state was trained under (checkpoints; null for gradient dumps).
 void save(const std::string& dir, std::int64_t step, int rank, int world, const std::string& meta, Executor& executor,
-          bool with_state, runtime::Communicator& comm, int keep) {
+          const LrSchedule* schedule, runtime::Communicator& comm, int keep) {
+  const bool with_state = schedule != nullptr;
   // Optimizer state not created yet is saved without elements (a default Tensor is a scalar's shape).
   const auto state = [](const nn::Tensor& t) { return t.data.empty() ? nn::Tensor(nn::Shape{0}) : t; };
   // ZeRO-sharded state gathered over each DP group: a checkpoint holds tensor-parallel slices.
@@ -193,6 +194,7 @@ void save(const std::string& dir, std::int64_t step, int rank, int world, const 
       c.add_tensor(state_name("grad", *p.param), host(whole("grad", p, p.param->grad)));
     }
   }
+  if (schedule) schedule->record(c);
   write_shard(dir, step, rank, world, c);
   comm.barrier();
   if (rank == 0) commit(dir, step, world, keep);
@@ -247,12 +249,7 @@ double probe_host(const spec::ClusterSpec& cluster, runtime::Communicator& comm,
 }  // namespace
 
 double learning_rate(const spec::TrainerSpec& t, std::int64_t step, std::int64_t total) {
-  if (t.warmup_steps > 0 && step <= t.warmup_steps)
-    return t.learning_rate * static_cast<double>(step) / static_cast<double>(t.warmup_steps);
-  const double span = static_cast<double>(std::max<std::int64_t>(1, total - t.warmup_steps));
-  const double progress = std::clamp(static_cast<double>(step - t.warmup_steps) / span, 0.0, 1.0);
-  const double floor = t.min_lr_ratio * t.learning_rate;
-  return floor + (t.learning_rate - floor) * 0.5 * (1.0 + std::cos(kPi * progress));
+  return LrSchedule::of(t, total).at(step);
 }
 
 spec::RunSpec fit_cluster_to_world(const spec::RunSpec& run, int world) {
@@ -277,6 +274,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   const int rank = world.rank(), size = world.size();
   const std::uint64_t seed = o.seed.value_or(run.data.seed);
   const std::int64_t total = o.steps > 0 ? o.steps : run.trainer.steps;
+  const LrSchedule schedule = LrSchedule::of(run.trainer, total);
   const runtime::Topology topology = runtime::build_groups(run.model, o.plan, size);
   std::vector<RankLayout> layouts;
   for (int r = 0; r < size; ++r) layouts.push_back(layout_for(run.model, topology, r));
@@ -343,7 +341,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
     if (rank == 0) create_checkpoint_dir(o.gradients_dir);
     eo.after_reduce = [&](std::int64_t step) {
       world.communicator().barrier();
-      save(o.gradients_dir, step, rank, size, meta, *executor_ptr, false, world.communicator(), 0);
+      save(o.gradients_dir, step, rank, size, meta, *executor_ptr, nullptr, world.communicator(), 0);
     };
   }
   const cost::CostModel cost(run, trained_samples(dataset), cost::Kernels::reference);
@@ -356,8 +354,9 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   report.layout = executor.layout().summary;
   std::int64_t first = 1;
   std::optional<CheckpointDirLock> checkpoint_lock;  // rank 0's, for the whole run
-  if (!o.checkpoint_dir.empty()) {
-    if (rank == 0) {
+  const auto agreed = [&](const std::function<void()>& checks) { o.agree ? o.agree(checks) : checks(); };
+  agreed([&] {
+    if (rank == 0 && !o.checkpoint_dir.empty()) {
       create_checkpoint_dir(o.checkpoint_dir);
       checkpoint_lock.emplace(o.checkpoint_dir);
       if (const auto step = o.resume ? std::nullopt : newest_checkpoint_file(o.checkpoint_dir))
@@ -365,53 +364,68 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
                                                   "' already holds checkpoints (up to " + checkpoint_file_name(*step) +
                                                   "): continue them with --resume, or give another --checkpoint-dir");
     }
-    comm.barrier();
-  }
-  // The trace is written after the last step: refuse a path it cannot go to before training.
-  if (rank == 0 && !o.trace_path.empty()) {
-    if (const std::string why = unwritable_reason(o.trace_path); !why.empty())
-      throw Error(Status::io, "cannot write the trace to '" + o.trace_path + "': " + why);
-  }
-  if (o.resume) {
-    if (o.checkpoint_dir.empty()) throw Error(Status::invalid_argument, "--resume needs --checkpoint-dir");
-    // The newest checkpoint whatever world wrote it: another layout is resharded on load.
-    const CheckpointScan scan = latest_valid_any(o.checkpoint_dir);
-    if (rank == 0) log << "braid train: " << describe(scan) << "\n";
-    // Committed checkpoints and none usable: starting afresh would overwrite them and the
-    // metrics file, which a person may still repair (or that hold a manifest's good shards).
-    if (!scan.step &&
-        std::any_of(scan.skipped.begin(), scan.skipped.end(), [](const SkippedCheckpoint& s) { return s.committed; }))
-      throw Error(Status::bad_config, "--resume: no checkpoint in '" + o.checkpoint_dir +
-                                          "' is usable (listed above); nothing was changed: move them aside to "
-                                          "start afresh, or give another --checkpoint-dir");
-    if (scan.step) {
-      const std::string identity = run_identity(o, seed);
-      std::optional<CheckpointContents> own;
-      if (scan.world == size) {
-        own = read_shard(o.checkpoint_dir, *scan.step, rank, size);
-        expect_same_run(*own, identity);
-      }
-      // The same layout: this rank's own shard holds its state (unless a plan with the same
-      // grids split the layers otherwise; then the whole state is cut as for another layout).
-      if (own && own->metadata == meta && holds_all(*own, executor.parameters())) {
-        restore(*own, executor.parameters());
-      } else {
-        own.reset();
-        const std::vector<CheckpointContents> shards = read_all_shards(o.checkpoint_dir, *scan.step);
-        for (const auto& c : shards) expect_same_run(c, identity);
-        if (rank == 0) {
-          std::string label = checkpoint_file_name(*scan.step);  // "step-000123"
-          label.erase(label.rfind('.'));
-          log << "braid train: resharding checkpoint " << label << " from "
-              << layout_for_people(split_metadata(shards.front().metadata).second) << " to "
-              << layout_for_people(layout_description(o, size)) << "\n";
-        }
-        restore_resharded(shards, o.checkpoint_dir + "/" + checkpoint_file_name(*scan.step), executor.parameters());
-      }
-      first = *scan.step + 1;
-      report.summary.checkpoint = o.checkpoint_dir + "/" + checkpoint_file_name(*scan.step);
+    // The trace is written after the last step: refuse a path it cannot go to before training.
+    if (rank == 0 && !o.trace_path.empty()) {
+      if (const std::string why = unwritable_reason(o.trace_path); !why.empty())
+        throw Error(Status::io, "cannot write the trace to '" + o.trace_path + "': " + why);
     }
-  }
+  });
+  comm.barrier();  // the directory exists before the other ranks look into it
+  if (o.resume)
+    agreed([&] {
+      if (o.checkpoint_dir.empty()) throw Error(Status::invalid_argument, "--resume needs --checkpoint-dir");
+      // The newest checkpoint whatever world wrote it: another layout is resharded on load.
+      const CheckpointScan scan = latest_valid_any(o.checkpoint_dir);
+      if (rank == 0) log << "braid train: " << describe(scan) << "\n";
+      // Committed checkpoints and none usable: starting afresh would overwrite them and the
+      // metrics file, which a person may still repair (or that hold a manifest's good shards).
+      if (!scan.step &&
+          std::any_of(scan.skipped.begin(), scan.skipped.end(), [](const SkippedCheckpoint& s) { return s.committed; }))
+        throw Error(Status::bad_config, "--resume: no checkpoint in '" + o.checkpoint_dir +
+                                            "' is usable (listed above); nothing was changed: move them aside to "
+                                            "start afresh, or give another --checkpoint-dir");
+      if (scan.step) {
+        const std::string identity = run_identity(o, seed);
+        // Before anything is restored: a refusal leaves the run as it was.
+        const auto same_schedule = [&](const CheckpointContents& c) {
+          if (*scan.step >= total) return;  // nothing left to train
+          const std::string change = schedule_change(c, schedule, *scan.step + 1);
+          if (change.empty()) return;
+          if (!o.override_lr_schedule)
+            throw Error(Status::bad_config, "--resume: " + change +
+                                                "; resume with the --steps and trainer settings it was trained with, "
+                                                "or pass --override-lr-schedule to train the steps left on this run's");
+          if (rank == 0)
+            log << "braid train: --override-lr-schedule: " << change << "; the steps left follow this run's\n";
+        };
+        std::optional<CheckpointContents> own;
+        if (scan.world == size) {
+          own = read_shard(o.checkpoint_dir, *scan.step, rank, size);
+          expect_same_run(*own, identity);
+        }
+        // The same layout: this rank's own shard holds its state (unless a plan with the same
+        // grids split the layers otherwise; then the whole state is cut as for another layout).
+        if (own && own->metadata == meta && holds_all(*own, executor.parameters())) {
+          same_schedule(*own);
+          restore(*own, executor.parameters());
+        } else {
+          own.reset();
+          const std::vector<CheckpointContents> shards = read_all_shards(o.checkpoint_dir, *scan.step);
+          for (const auto& c : shards) expect_same_run(c, identity);
+          same_schedule(shards.front());
+          if (rank == 0) {
+            std::string label = checkpoint_file_name(*scan.step);  // "step-000123"
+            label.erase(label.rfind('.'));
+            log << "braid train: resharding checkpoint " << label << " from "
+                << layout_for_people(split_metadata(shards.front().metadata).second) << " to "
+                << layout_for_people(layout_description(o, size)) << "\n";
+          }
+          restore_resharded(shards, o.checkpoint_dir + "/" + checkpoint_file_name(*scan.step), executor.parameters());
+        }
+        first = *scan.step + 1;
+        report.summary.checkpoint = o.checkpoint_dir + "/" + checkpoint_file_name(*scan.step);
+      }
+    });
   // On the device, built or restored: what this rank holds.
   place_training_state(ops, executor.held_parameters(), executor.parameters());
   std::optional<MetricsWriter> metrics;
@@ -443,7 +457,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
     // The first step this process runs warms up allocators and caches: it is not timed, unless it is all there is.
     const bool timed_step = step > first || total == first;
     if (timed_ops) timed_ops->set_recording(timed_step);
-    const StepResult r = executor.step(step, learning_rate(run.trainer, step, total));
+    const StepResult r = executor.step(step, schedule.at(step));
     if (timed_ops) timed_ops->set_recording(false);
     report.wait_seconds += r.wait_seconds;
     if (timed_step) {
@@ -492,7 +506,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       report.evals.push_back(std::move(e));
     }
     if (!o.checkpoint_dir.empty() && ((ckpt_every > 0 && step % ckpt_every == 0) || step == total)) {
-      save(o.checkpoint_dir, step, rank, size, meta, executor, true, comm,
+      save(o.checkpoint_dir, step, rank, size, meta, executor, &schedule, comm,
            static_cast<int>(run.trainer.keep_checkpoints));
       report.summary.checkpoint = o.checkpoint_dir + "/" + checkpoint_file_name(step);
     }

@@ -31,6 +31,7 @@ struct TrainOptions {
   std::string metrics_path;                // JSON lines; "" for none
   std::string checkpoint_dir;              // "" for no checkpoints
   bool resume = false;                     // continue from the newest valid checkpoint in checkpoint_dir
+  bool override_lr_schedule = false;       // resume a checkpoint of another learning-rate schedule (lr_schedule.hpp)
   std::string gradients_dir;               // tests: each step's reduced gradients, as checkpoint shards
   bool reorder = true;                     // DistTrain intra-step reordering over DP replicas
   int data_workers = 1;                    // threads rendering the next steps' samples ahead (0: none)
@@ -40,6 +41,10 @@ struct TrainOptions {
   // Called with an error thrown inside a step while its messages are still pending (the CLI
   // reports it and aborts the world); the error is rethrown when it returns.
   std::function<void(const std::exception_ptr&)> on_fatal;
+  // Runs checks every rank makes before training (the checkpoint directory, the resume) so that
+  // a failure is said once and every rank stops alike (the CLI: agree_on_setup), throwing when
+  // one failed; null: the checks run as they are.
+  std::function<void(const std::function<void()>&)> agree;
   int threads = 0;                  // host threads; 0: the run file's, else cores / local processes
   std::string device = "auto";      // auto | host | cuda: what runs the ops (see train_device.hpp)
   std::int64_t progress_every = 1;  // rank 0 prints a progress line every N steps; 0: none

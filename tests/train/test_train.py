@@ -486,6 +486,15 @@ class LayoutEquivalence(unittest.TestCase):
         self.assert_same(MLLM, 4, "--plan", plan_tp)
 
 
+def contents(directory, *others):
+    """Every file of `directory` (and the files `others`) by name: its bytes."""
+    out = {}
+    for name in sorted(os.listdir(directory)) + list(others):
+        with open(os.path.join(directory, name), "rb") as f:
+            out[name] = f.read()
+    return out
+
+
 class Checkpoints(unittest.TestCase):
     def test_resume_is_bit_identical_and_skips_a_corrupted_checkpoint(self):
         with tempfile.TemporaryDirectory() as d:
@@ -518,11 +527,7 @@ class Checkpoints(unittest.TestCase):
             check(self, train(2, "--config", config, "--steps", "2", "--quiet", "--metrics", link,
                               "--checkpoint-dir", ckpt))
             def files():
-                out = {}
-                for name in os.listdir(ckpt):
-                    with open(os.path.join(ckpt, name), "rb") as f:
-                        out[name] = f.read()
-                return out
+                return contents(ckpt)
 
             before = files()
             # Without --resume a run would write over them: refused, nothing touched.
@@ -584,11 +589,7 @@ class Checkpoints(unittest.TestCase):
             for step in (4, 6):
                 flip(os.path.join(ckpt, f"step-00000{step}.braidckpt"))
             def files():
-                out = {}
-                for name in sorted(os.listdir(ckpt)) + [log]:
-                    with open(os.path.join(ckpt, name), "rb") as f:
-                        out[name] = f.read()
-                return out
+                return contents(ckpt, log)
             before = files()
             r = train(1, "--config", config, "--steps", "7", "--metrics", log, "--checkpoint-dir", ckpt, "--resume")
             self.assertEqual(r.returncode, 2, r.stderr)
@@ -605,6 +606,37 @@ class Checkpoints(unittest.TestCase):
             r = train(1, "--config", config, "--steps", "1", "--dump-gradients", d + "/dumps")
             self.assertNotEqual(r.returncode, 0)
             self.assertEqual(r.stderr.count("braid: error:"), 1, r.stderr)
+
+    def test_a_resume_under_another_learning_rate_schedule_is_refused_unless_asked_for(self):
+        with tempfile.TemporaryDirectory() as d:
+            config = variant(d, CLIP, "clip.yaml", warmup_steps=1, checkpoint_every=3, eval_every=0, eval_samples=8)
+            ckpt, log = d + "/ckpt", d + "/m.jsonl"
+            check(self, train(1, "--config", config, "--steps", "3", "--quiet", "--metrics", log,
+                              "--checkpoint-dir", ckpt))
+            def files():
+                return contents(ckpt, log)
+            before = files()
+            # Steps 2-3 went down a cosine of 3 steps, not of 4: refused on 2 ranks, said once,
+            # nothing changed.
+            r = train(2, "--config", config, "--steps", "4", "--metrics", log, "--checkpoint-dir", ckpt, "--resume")
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(f"--resume: checkpoint '{ckpt}/step-000003.braidckpt' was trained under a learning-rate "
+                          "schedule of 3 steps (peak 0.001, warm-up 1 step, floor 0.1 of the peak), this run's is "
+                          "of 4 steps", r.stderr)
+            self.assertIn("its step 2 trained at", r.stderr)
+            self.assertIn("or pass --override-lr-schedule", r.stderr)
+            self.assertEqual(r.stderr.count("braid: error:"), 1, r.stderr)
+            self.assertNotIn("MPI_ABORT", r.stderr)
+            self.assertEqual(files(), before)
+            # Asked for: step 4 trains on the 4-step schedule.
+            r = train(2, "--config", config, "--steps", "4", "--quiet", "--metrics", log, "--checkpoint-dir", ckpt,
+                      "--resume", "--override-lr-schedule")
+            check(self, r)
+            self.assertIn("--override-lr-schedule: checkpoint", r.stderr)
+            self.assertEqual(len(losses(log)), 4)
+            r = train(1, "--config", config, "--steps", "4", "--checkpoint-dir", ckpt, "--override-lr-schedule")
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("--override-lr-schedule needs --resume", r.stderr)
 
     def test_a_link_to_nowhere_is_no_checkpoint_directory(self):
         with tempfile.TemporaryDirectory() as d:

@@ -25,6 +25,7 @@
 
 #include "core/nn/tensor_parallel.hpp"
 #include "core/train/checkpoint.hpp"
+#include "core/train/lr_schedule.hpp"
 #include "core/train/memory_meter.hpp"
 #include "core/train/metrics.hpp"
 #include "core/train/sharded_state.hpp"
@@ -505,6 +506,45 @@ nn::Parameter held_parameter(const std::string& name, nn::Shape full, nn::Tensor
   p.full_shape = std::move(full);
   p.slice = slice;
   return p;
+}
+
+// The schedule a checkpoint records reads back; a resume is refused only where the steps the
+// checkpoint trained would have taken other rates under the new schedule.
+TEST(LrSchedule, ACheckpointKeepsItsScheduleAndAResumeComparesTheStepsItTrained) {
+  spec::TrainerSpec t;
+  t.learning_rate = 1e-3;
+  t.warmup_steps = 4;
+  t.min_lr_ratio = 0.1;
+  const LrSchedule ten = LrSchedule::of(t, 10);
+  EXPECT_DOUBLE_EQ(ten.at(2), 0.5e-3);               // warm-up
+  EXPECT_DOUBLE_EQ(ten.at(4), 1e-3);                 // the peak
+  EXPECT_DOUBLE_EQ(ten.at(10), 0.1e-3);              // the floor at the last step
+  EXPECT_DOUBLE_EQ(ten.at(7), 0.1e-3 + 0.9e-3 / 2);  // half way down the cosine
+  EXPECT_DOUBLE_EQ(ten.at(50), 0.1e-3);              // past the end: the floor
+
+  CheckpointContents c;
+  c.source = "ck/step-000003.braidckpt";
+  EXPECT_EQ(schedule_change(c, ten, 4), "");  // written before schedules were recorded: nothing to compare
+  ten.record(c);
+  ASSERT_TRUE(LrSchedule::recorded(c));
+  EXPECT_EQ(*LrSchedule::recorded(c), ten);
+  EXPECT_EQ(schedule_change(c, ten, 4), "");
+  // A longer run still in its warm-up at the checkpoint trained the same rates: resumable.
+  EXPECT_EQ(schedule_change(c, LrSchedule::of(t, 20), 4), "");
+  // Past the warm-up the cosine of 10 steps is not that of 20: step 5 differs.
+  const std::string longer = schedule_change(c, LrSchedule::of(t, 20), 6);
+  EXPECT_NE(longer.find("checkpoint 'ck/step-000003.braidckpt' was trained under a learning-rate schedule of 10 "
+                        "steps (peak 0.001, warm-up 4 steps, floor 0.1 of the peak), this run's is of 20 steps"),
+            std::string::npos)
+      << longer;
+  EXPECT_NE(longer.find("its step 5 trained at "), std::string::npos) << longer;
+  // Another peak differs from the first step.
+  spec::TrainerSpec hotter = t;
+  hotter.learning_rate = 2e-3;
+  EXPECT_NE(schedule_change(c, LrSchedule::of(hotter, 10), 2)
+                .find("its step 1 trained at 0.00025 where this run's "
+                      "schedule gives 0.0005"),
+            std::string::npos);
 }
 
 TEST(ShardedState, NamesRoundTripAndMalformedOnesAreNotStateNames) {

@@ -107,6 +107,10 @@ int run_train(const std::vector<std::string>& args) {
       "write checkpoints here every trainer.checkpoint_every steps and at the end")(
       "resume",
       "continue from the newest valid checkpoint in --checkpoint-dir (a corrupted one is reported and skipped)")(
+      "override-lr-schedule",
+      "with --resume: train the steps left on this run's learning-rate schedule when the checkpoint was trained "
+      "under another (another --steps, or the run file's learning_rate, warmup_steps or min_lr_ratio changed); "
+      "without it such a resume is refused")(
       "schedule", po::value(&schedule)->value_name("S"),
       "the program to run, one the plan allows (default: the plan's first): 1f1b | gpipe (llm pipelines); "
       "batch-sync | distmm-pipe | two-phase (contrastive models); optimus-fine | optimus-coarse | encoder-first | "
@@ -156,6 +160,8 @@ int run_train(const std::vector<std::string>& args) {
   if (problem.empty() && vm.count("steps") && steps < 1) problem = "--steps must be at least 1";
   if (problem.empty() && vm.count("seed") && seed < 0) problem = "--seed must be >= 0";
   if (problem.empty() && vm.count("resume") && checkpoint_dir.empty()) problem = "--resume needs --checkpoint-dir DIR";
+  if (problem.empty() && vm.count("override-lr-schedule") && !vm.count("resume"))
+    problem = "--override-lr-schedule needs --resume";
   if (problem.empty() && !spec::host_threads_problem(threads).empty())
     problem = "--threads " + spec::host_threads_problem(threads);
   if (problem.empty()) problem = train::train_device_problem(device);
@@ -199,6 +205,7 @@ int run_train(const std::vector<std::string>& args) {
     o.metrics_path = metrics;
     o.checkpoint_dir = checkpoint_dir;
     o.resume = vm.count("resume") > 0;
+    o.override_lr_schedule = vm.count("override-lr-schedule") > 0;
     o.gradients_dir = gradients_dir;
     o.reorder = !vm.count("no-reorder");
     o.data_workers = data_workers;
@@ -226,6 +233,10 @@ int run_train(const std::vector<std::string>& args) {
   // catch below: said there already, not again.
   int fatal = kExitOk;
   o.on_fatal = [&](const std::exception_ptr& error) { fatal = fail(error); };
+  o.agree = [&](const std::function<void()>& checks) {
+    fatal = agree_on_setup(world, checks);
+    if (fatal != kExitOk) throw Error(Status::bad_config, "set-up failed on some rank (said above)");
+  };
   try {
     if (rank == 0) {
       std::cout << "braid train: " << o.run.model.name << " on " << world.size() << " process"
