@@ -92,7 +92,8 @@ def ds_config(run, strategy, **braid_keys):
     return config
 
 
-def worker(rank, init_file, config, kind, results):
+def start_engine(rank, init_file, config, kind):
+    """This rank's process group and braid.deepspeed engine."""
     import logging
 
     os.environ.update(LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(WORLD))
@@ -106,6 +107,11 @@ def worker(rank, init_file, config, kind, results):
     modules = clip_layers() if kind == "clip" else mllm_layers()
     engine, _, _, _ = braid.deepspeed.initialize(config=config, modules=modules, loss_fn=caption_loss,
                                                  logit_scale=LOGIT_SCALE)
+    return engine
+
+
+def worker(rank, init_file, config, kind, results):
+    engine = start_engine(rank, init_file, config, kind)
     data = dataset(kind, engine.train_batch_size(), DATA_SEED)
     sizes = sample_sizes(engine.train_batch_size()) if config["braid"].get("reorder", "none") != "none" else None
     losses = [float(engine.train_batch(data, sizes=sizes)) for _ in range(STEPS)]
@@ -123,6 +129,29 @@ def worker(rank, init_file, config, kind, results):
         "zero": engine.zero_optimization_stage(),
         "arrangement": engine.braid_arrangement,
     }
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def refusing_worker(rank, init_file, config, kind, results):
+    """What this rank raises for a batch of another length than the global batch, and for
+    DeepSpeed's checkpoints; then one step of the right batch, which must still run."""
+    from deepspeed.runtime.pipe.module import PipelineError
+
+    engine = start_engine(rank, init_file, config, kind)
+    size = engine.train_batch_size()
+    raised = {}
+    for name, attempt in {"double batch": lambda: engine.train_batch(dataset(kind, 2 * size, DATA_SEED)),
+                          "half batch": lambda: engine.train_batch(dataset(kind, size // 2, DATA_SEED)),
+                          "save": lambda: engine.save_checkpoint("unused"),
+                          "load": lambda: engine.load_checkpoint("unused")}.items():
+        try:
+            attempt()
+            raised[name] = None
+        except PipelineError as e:
+            raised[name] = str(e)
+    engine.train_batch(dataset(kind, size, DATA_SEED))
+    results[rank] = {"raised": raised, "size": size, "steps": engine.global_steps}
     dist.barrier()
     dist.destroy_process_group()
 
@@ -206,6 +235,24 @@ class EngineReproducesOneProcess(unittest.TestCase):
         arrangement = arrangements.pop()
         self.assertEqual(sorted(arrangement), list(range(len(arrangement))))
         self.assertNotEqual(list(arrangement), sorted(arrangement), "braid's reordering moved no sample")
+
+    def test_a_batch_of_another_size_and_deepspeed_checkpoints_are_refused_on_every_rank(self):
+        # Before: 2x the global batch trained silently on its first half; half of it failed
+        # with an IndexError on some ranks while the others waited in a collective.
+        with tempfile.TemporaryDirectory() as tmp:
+            results = mp.Manager().dict()
+            mp.spawn(refusing_worker, args=(os.path.join(tmp, "init"), ds_config("tiny-mllm-4px.yaml", "optimus"),
+                                            "mllm", results), nprocs=WORLD, join=True)
+            results = dict(results)
+        self.assertEqual(sorted(results), list(range(WORLD)))
+        for rank, got in results.items():
+            size = got["size"]
+            self.assertIn(f"holds {2 * size} samples; a step takes the whole global batch, train_batch_size = {size}",
+                          got["raised"]["double batch"] or "", f"rank {rank}")
+            self.assertIn(f"holds {size // 2} samples", got["raised"]["half batch"] or "", f"rank {rank}")
+            self.assertIn("save_checkpoint is not supported yet", got["raised"]["save"] or "", f"rank {rank}")
+            self.assertIn("load_checkpoint is not supported yet", got["raised"]["load"] or "", f"rank {rank}")
+            self.assertEqual(got["steps"], 1, f"rank {rank}: the right batch trains after the refusals")
 
     def test_optimus_colocated_with_encoder_tasks(self):
         results = self.train(ds_config("tiny-mllm-4px.yaml", "optimus"), "mllm")

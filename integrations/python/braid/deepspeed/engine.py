@@ -306,13 +306,14 @@ class BraidPipelineEngine(PipelineEngine):
         batch = data_iter if data_iter is not None else self._next_batch()
         if batch is None:
             raise PipelineError("braid.deepspeed: train_batch() needs the step's global batch (or set_dataiterator)")
+        data = _sampler(batch, self.executor.global_batch)  # checked before the step's state changes
         self.module.train()
         self.total_loss = None
         self._compute_loss = True
         self.braid_trace = []
         self.fwd_outputs = []
         self.timers("train_batch").start()
-        result = self.executor.step(self._arranged(_sampler(batch), sizes))
+        result = self.executor.step(self._arranged(data, sizes))
         self.braid_executed = result["executed"]  # as the executor's handlers recorded them
         share = torch.tensor([float(result["loss"])], dtype=torch.float64)
         dist.all_reduce(share)  # every rank's share of the step's loss
@@ -369,6 +370,18 @@ class BraidPipelineEngine(PipelineEngine):
 
     def eval_batch(self, *args, **kwargs):
         raise PipelineError("braid.deepspeed: eval_batch is not supported yet; braid's programs are training steps")
+
+    def save_checkpoint(self, *args, **kwargs):
+        # DeepSpeed names a pipeline's checkpoint files by layer index within one
+        # PipelineModule; a braid rank holds its part of several modules, so the files of
+        # different modules would share names. Refused alike on every rank, before any collective.
+        raise PipelineError("braid.deepspeed: save_checkpoint is not supported yet (DeepSpeed's files name layers "
+                            "of one pipeline module; a braid rank holds parts of several): save each rank's "
+                            "engine.module.state_dict() and engine.optimizer.state_dict() instead")
+
+    def load_checkpoint(self, *args, **kwargs):
+        raise PipelineError("braid.deepspeed: load_checkpoint is not supported yet (see save_checkpoint): load each "
+                            "rank's engine.module.state_dict() and engine.optimizer.state_dict() instead")
 
     def set_dataiterator(self, iterator):
         """The iterator :meth:`train_batch` takes each step's global batch from."""
@@ -474,9 +487,21 @@ def _is_batch(data) -> bool:
     return isinstance(data, Mapping) or callable(data) and not hasattr(data, "__next__")
 
 
-def _sampler(batch) -> Callable[[List[int]], Mapping[str, torch.Tensor]]:
-    """The executor's data callable (positions in the global batch -> tensors)."""
+def _sampler(batch, global_batch: int) -> Callable[[List[int]], Mapping[str, torch.Tensor]]:
+    """The executor's data callable (positions in the global batch -> tensors). A mapping
+    holds the whole global batch on every rank: another length would train on part of it
+    (longer) or fail on the ranks reading past its end (shorter), so it is refused alike
+    everywhere, before any collective."""
     if isinstance(batch, Mapping):
+        for key, value in batch.items():
+            try:
+                length = len(value)
+            except TypeError:
+                length = None
+            if length != global_batch:
+                held = "no batch dimension" if length is None else f"{length} samples"
+                raise PipelineError(f"braid.deepspeed: train_batch(): '{key}' holds {held}; a step takes the whole "
+                                    f"global batch, train_batch_size = {global_batch} samples, on every rank")
         return lambda indices: {k: v[indices] for k, v in batch.items()}
     if callable(batch):
         return batch
