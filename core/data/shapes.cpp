@@ -171,19 +171,29 @@ ShapesConfig run_shapes_config(const spec::RunSpec& run, std::uint64_t seed) {
                                          ": braid train draws images up to the image encoder's " +
                                          "max_image_size, which '" + encoder->name +
                                          "' does not set (braid's reference runs do: configs/runs/tiny-*.yaml)");
+  const std::string field =
+      "model " + run.model.name + " (" + run.model.source + "): image encoder '" + encoder->name + "' ";
+  if (encoder->max_image_size > kMaxImageSide)
+    throw Error(Status::unsupported, field + "has max_image_size " + std::to_string(encoder->max_image_size) +
+                                         "; braid train's generated images are at most " +
+                                         std::to_string(kMaxImageSide) + " px a side");
   spec::DataSpec data = run.data;
   data.seed = seed;
   const int min_side = std::max(encoder->patch_size, data.image.kind == spec::SizeKind::fixed ? 16 : data.image.min);
+  if (min_side > encoder->max_image_size)
+    throw Error(Status::unsupported, field + "has max_image_size " + std::to_string(encoder->max_image_size) +
+                                         ", below the smallest side the run draws (" + std::to_string(min_side) +
+                                         " px: data.image_resolution's min, or the patch size)");
   return shapes_config(data, encoder->patch_size, std::max(8, min_side), encoder->max_image_size);
 }
 
 ShapesDataset::ShapesDataset(ShapesConfig config) : config_(std::move(config)) {
   const auto& c = config_;
   check(c.patch >= 1, "patch " + std::to_string(c.patch) + " must be >= 1");
-  check(c.min_side >= 8 && c.min_side <= c.max_side && c.max_side <= 1024,
+  check(c.min_side >= 8 && c.min_side <= c.max_side && c.max_side <= kMaxImageSide,
         "sides [" + std::to_string(c.min_side) + ", " + std::to_string(c.max_side) +
-            "] must satisfy 8 <= min_side <= max_side <= 1024");
-  check((c.min_side + c.patch - 1) / c.patch <= c.max_side / c.patch,
+            "] must satisfy 8 <= min_side <= max_side <= " + std::to_string(kMaxImageSide));
+  check((c.min_side - 1) / c.patch + 1 <= c.max_side / c.patch,  // no overflow at a patch near INT_MAX
         "no multiple of the patch " + std::to_string(c.patch) + " in [" + std::to_string(c.min_side) + ", " +
             std::to_string(c.max_side) + "]");
   check(c.pair_fraction >= 0 && c.pair_fraction <= 1,

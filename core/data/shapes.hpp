@@ -29,6 +29,8 @@ namespace braid::data {
 enum class Split : std::uint8_t { train, heldout };
 const char* split_name(Split s);
 
+inline constexpr int kMaxImageSide = 1024;  // the largest side the dataset renders, in pixels
+
 struct ShapesConfig {
   std::uint64_t seed = 0;
   int patch = 4;                     // image sides are multiples of this (the encoder's patch size)

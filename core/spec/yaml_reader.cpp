@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <sstream>
 
 #include <yaml-cpp/depthguard.h>  // YAML::DeepRecursion: yaml.h leaves it out
 
@@ -241,6 +240,10 @@ Node parse_document(const std::string& text, const std::string& source) {
   return out;
 }
 
+namespace {
+constexpr std::size_t kMaxDocumentBytes = std::size_t{16} << 20;
+}  // namespace
+
 Node load_document(const std::string& path) {
   // An ifstream opens a directory and reads it as empty text: say what it is instead.
   std::error_code ec;
@@ -249,10 +252,19 @@ Node load_document(const std::string& path) {
   if (!in) {
     throw Error(Status::io, "cannot read '" + path + "': " + std::strerror(errno));
   }
-  std::ostringstream text;
-  text << in.rdbuf();
+  // A spec file is a few KiB; a device such as /dev/zero (or a wrong path to a large file)
+  // would otherwise be read without end.
+  std::string text;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
+    text.append(chunk, static_cast<std::size_t>(in.gcount()));
+    if (text.size() > kMaxDocumentBytes)
+      throw Error(Status::bad_config, "'" + path + "' is larger than " + std::to_string(kMaxDocumentBytes >> 20) +
+                                          " MiB: not a braid spec file (run, model, cluster and plan files are a few "
+                                          "KiB)");
+  }
   if (in.bad()) throw Error(Status::io, "error while reading '" + path + "'");
-  return parse_document(text.str(), path);
+  return parse_document(text, path);
 }
 
 }  // namespace braid::spec

@@ -89,7 +89,7 @@ class HelpTest(CliTestCase):
     def test_unknown_command(self):
         result = braid("plna")
         self.assertExit(result, 2)
-        self.assertIn("plna", result.stderr)
+        self.assertIn("unknown command 'plna' (did you mean 'plan'?)", result.stderr)
 
     def test_info_json(self):
         result = braid("info", "--format", "json")
@@ -201,7 +201,19 @@ class PlanErrorTest(CliTestCase):
         self.assertUsageError(run_config(CLIP, "--tensor-parallel", "8"), "tensor-parallel")
 
     def test_a_stray_word_is_refused(self):
-        self.assertUsageError(run_config(CLIP, "megatron"), "too many positional options")
+        self.assertUsageError(run_config(CLIP, "megatron"), "unexpected word 'megatron': options begin with --")
+
+    def test_an_empty_file_name_is_refused(self):
+        # '' was taken as left out: the run's own cluster, or a search where --plan was given.
+        self.assertUsageError(run_config(CLIP, "--cluster", ""), "--cluster names no file")
+        self.assertUsageError(run_config(CLIP, "--plan", "", "--strategy", "megatron"), "--plan names no file")
+        self.assertUsageError(braid("plan", "--config", ""), "--config names no file")
+
+    def test_a_device_is_no_spec_file(self):
+        # /dev/zero was read without end, growing memory.
+        result = braid("plan", "--config", "/dev/zero")
+        self.assertExit(result, 2)
+        self.assertIn("'/dev/zero' is larger than 16 MiB: not a braid spec file", result.stderr)
 
     def test_a_width_of_zero_is_refused(self):
         # 0 was taken as "no constraint", where -1 was refused.
@@ -475,6 +487,7 @@ class DataTest(CliTestCase):
         self.assertEqual(doc["seed"], 1)  # data.seed of the run file
         self.assertEqual(doc["sides"], "lognormal")
         self.assertEqual(doc["patch"], 8)  # the image encoder's
+        self.assertEqual((doc["min_side"], doc["max_side"]), (16, 32))  # on the grid, up to max_image_size
         self.assertEqual(doc["vocab_size"], 28)
         self.assertEqual([s["index"] for s in doc["samples"]], list(range(3, 9)))
         for s in doc["samples"]:
@@ -486,6 +499,18 @@ class DataTest(CliTestCase):
         again = json.loads(braid("data", "--config", self.TINY, "--show", "1", "--first", "5", "--format",
                                  "json").stdout)
         self.assertEqual(again["samples"][0], doc["samples"][2])  # sample 5 whatever the range read
+
+    def oversized_run(self):
+        """tiny-mllm with its image encoder's max_image_size past what the dataset renders."""
+        with open(os.path.join(SOURCE_DIR, "configs/models/tiny-mllm.yaml")) as f:
+            model = f.read()
+        assert model.count("max_image_size: 32") == 1, "tiny-mllm's image encoder changed"
+        model_path = self.temp_file(model.replace("max_image_size: 32", "max_image_size: 2048"), "model.yaml")
+        with open(os.path.join(SOURCE_DIR, self.TINY)) as f:
+            run = f.read()
+        run = run.replace("model: ../models/tiny-mllm.yaml", "model: " + model_path)
+        run = run.replace("cluster: ../", "cluster: " + os.path.join(SOURCE_DIR, "configs") + "/")
+        return self.temp_file(run, "run.yaml")
 
     def test_table_shows_captions_and_thumbnails(self):
         result = braid("data", "--show", "2", "--columns", "8", "--split", "heldout")
@@ -499,11 +524,18 @@ class DataTest(CliTestCase):
 
     def test_bad_options(self):
         for args, fragment in [(["--split", "test"], "--split must be train or heldout"),
-                               (["--patch", "0"], "patch 0 must be >= 1"),
-                               (["--patch", "80"], "no multiple of the patch 80 in [16, 64]"),
+                               (["--patch", "0"], "--patch must be in [1, 64]"),
+                               (["--patch", "80"], "--patch must be in [1, 64]"),
+                               # 2^31 - 1 overflowed the grid's check into images of 0 px
+                               (["--patch", str(2**31 - 1)], "--patch must be in [1, 64]"),
+                               (["--config", ""], "--config names no file"),
+                               (["extra"], "unexpected word 'extra'"),
                                (["--config", self.TINY, "--patch", "4"], "--patch is the run's image encoder's"),
                                (["--first", str(2**63 - 1)], "--first + --show is past 2^63 - 1"),
-                               (["--config", MLLM], "which 'vision' does not set")]:
+                               (["--config", MLLM], "which 'vision' does not set"),
+                               (["--config", self.oversized_run()],
+                                "image encoder 'vision' has max_image_size 2048; braid train's generated images are "
+                                "at most 1024 px a side")]:
             with self.subTest(args=args):
                 result = braid("data", *args)
                 self.assertExit(result, 2)
@@ -536,6 +568,18 @@ class GroupsTest(CliTestCase):
         for option in ("--config", "--ranks", "--strategy", "--plan", "--format", "--all", "fan"):
             self.assertIn(option, result.stdout)
         self.assertIn("groups", braid("--help").stdout)
+
+    def test_a_plan_file_for_another_world_is_named(self):
+        # The error named the run file's plan where --plan gave one.
+        plan = braid("plan", "--config", "configs/runs/tiny-mllm.yaml", "--strategy", "megatron", "--tp", "1",
+                     "--pp", "1", "--format", "yaml")
+        self.assertExit(plan, 0)
+        self.assertIn("\ndevices: 4\n", plan.stdout)
+        path = self.temp_file(plan.stdout, "plan.yaml")
+        result = braid("groups", "--config", "configs/runs/tiny-mllm.yaml", "--ranks", "2", "--plan", path)
+        self.assertExit(result, 2)
+        self.assertIn(f"the plan runs on 4 devices but the world has 2 ranks: start one rank per device (the plan of "
+                      f"{path})", result.stderr)
 
     def test_json_distmm_batch_sync(self):
         doc = self.groups_json(CLIP, 64, "--strategy", "distmm")

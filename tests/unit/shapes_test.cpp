@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <numbers>
 #include <set>
@@ -431,6 +432,9 @@ TEST(Shapes, RejectsBadConfigurations) {
                {"shapes dataset: patch 0 must be >= 1"});
   expect_error(make([](ShapesConfig& c) { c.patch = 8, c.min_side = 17, c.max_side = 23; }), Status::invalid_argument,
                {"no multiple of the patch 8 in [17, 23]"});
+  // min_side + patch - 1 overflowed here, and the dataset drew images of 0 px.
+  expect_error(make([](ShapesConfig& c) { c.patch = std::numeric_limits<int>::max(); }), Status::invalid_argument,
+               {"no multiple of the patch 2147483647 in [16, 64]"});
   expect_error(make([](ShapesConfig& c) { c.heldout_fraction = 0.9; }), Status::invalid_argument,
                {"heldout_fraction 0.9", "outside [0.01, 0.5]"});
   expect_error(make([](ShapesConfig& c) {

@@ -57,9 +57,15 @@ int run_data(const std::vector<std::string>& args) {
   // Sample indices are int64: the last one shown must be one too.
   if (show > 0 && first > std::numeric_limits<long long>::max() - show) return bad("--first + --show is past 2^63 - 1");
   if (columns < 1 || columns > 256) return bad("--columns must be in [1, 256]");
+  if (vm.count("config") && config.empty()) return bad("--config names no file");
   const auto split = split_text == "train" ? data::Split::train : data::Split::heldout;
 
   data::ShapesConfig shapes;
+  if (vm.count("patch") && (patch < 1 || patch > shapes.max_side)) {
+    const std::string why = "--patch must be in [1, " + std::to_string(shapes.max_side) +
+                            "]: image sides are multiples of it, up to " + std::to_string(shapes.max_side) + " px";
+    return bad(why.c_str());
+  }
   shapes.patch = patch;
   if (!config.empty()) {  // what braid train draws for this run: its encoder's grid, not --patch
     if (vm.count("patch")) return bad("--patch is the run's image encoder's with --config");
@@ -68,6 +74,11 @@ int run_data(const std::vector<std::string>& args) {
   }
   const data::ShapesDataset dataset(shapes);
   const char* sides = shapes.sides.kind == spec::SizeKind::fixed ? "fixed" : spec::size_kind_name(shapes.sides.kind);
+  // The sides on the patch grid: what the dataset can draw (a fixed distribution, the largest).
+  const int largest = shapes.max_side / shapes.patch * shapes.patch;
+  const int smallest = shapes.sides.kind == spec::SizeKind::fixed
+                           ? largest
+                           : (shapes.min_side - 1) / shapes.patch * shapes.patch + shapes.patch;
 
   if (format == "json") {
     nlohmann::ordered_json j;
@@ -75,6 +86,8 @@ int run_data(const std::vector<std::string>& args) {
     j["split"] = split_text;
     j["patch"] = shapes.patch;
     j["sides"] = sides;
+    j["min_side"] = smallest;
+    j["max_side"] = largest;
     j["vocab_size"] = data::CaptionTokenizer::vocab_size();
     j["scenes"] = data::kSceneCount;
     j["samples"] = nlohmann::ordered_json::array();
@@ -90,11 +103,10 @@ int run_data(const std::vector<std::string>& args) {
     return kExitOk;
   }
   // A fixed distribution draws every image at the largest side, which is all there is to say.
-  const std::string side_range =
-      shapes.sides.kind == spec::SizeKind::fixed
-          ? "every image " + std::to_string(shapes.max_side / shapes.patch * shapes.patch) + " px (fixed)"
-          : "image sides " + std::to_string(shapes.min_side) + "-" + std::to_string(shapes.max_side) + " px on a " +
-                std::to_string(shapes.patch) + " px grid (" + sides + ")";
+  const std::string side_range = shapes.sides.kind == spec::SizeKind::fixed
+                                     ? "every image " + std::to_string(largest) + " px (fixed)"
+                                     : "image sides " + std::to_string(smallest) + "-" + std::to_string(largest) +
+                                           " px on a " + std::to_string(shapes.patch) + " px grid (" + sides + ")";
   std::printf("shapes dataset: seed %llu, %s split, %s, vocabulary %d tokens\n",
               static_cast<unsigned long long>(shapes.seed), split_text.c_str(), side_range.c_str(),
               data::CaptionTokenizer::vocab_size());

@@ -78,8 +78,11 @@ int run_groups(const std::vector<std::string>& args) {
   } catch (const Error& e) {
     if (e.status() != Status::invalid_argument) throw;
     // Say which plan: `auto` may pick one that leaves some of the cluster's devices unused.
-    std::fprintf(stderr, "braid groups: error: %s (the %s plan of %s)\n", e.what(), plan::strategy_name(plan.strategy),
-                 plan_opts.config.c_str());
+    if (!plan_opts.plan_file.empty())
+      std::fprintf(stderr, "braid groups: error: %s (the plan of %s)\n", e.what(), plan_opts.plan_file.c_str());
+    else
+      std::fprintf(stderr, "braid groups: error: %s (the %s plan of %s)\n", e.what(),
+                   plan::strategy_name(plan.strategy), plan_opts.config.c_str());
     return kExitBadInput;
   }
   if (format == "json") {

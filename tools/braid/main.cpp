@@ -7,6 +7,7 @@
 
 #include "braid/braid.h"
 #include "core/common/error.hpp"
+#include "core/common/text.hpp"
 #include "tools/braid/commands.hpp"
 
 namespace braid::cli {
@@ -82,6 +83,9 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     return report_error(static_cast<int>(braid::Status::internal), std::string("internal error: ") + e.what());
   }
-  std::fprintf(stderr, "braid: error: unknown command '%s'\n\n%s", command.c_str(), kUsage);
+  const std::string guess =
+      braid::closest_match(command, {"plan", "info", "simulate", "data", "groups", "calibrate", "train"});
+  std::fprintf(stderr, "braid: error: unknown command '%s'%s\n\n%s", command.c_str(),
+               guess.empty() ? "" : (" (did you mean '" + guess + "'?)").c_str(), kUsage);
   return kExitBadInput;
 }

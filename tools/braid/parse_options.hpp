@@ -8,12 +8,27 @@
 
 namespace braid::cli {
 
-// Options only: a stray word ("braid plan --config run.yaml extra") is an error. Without a
-// positional description Boost would drop it silently.
+// Options only: a stray word ("braid plan --config run.yaml extra") is an error, which names
+// the word. Without a positional description Boost would drop it silently.
 inline boost::program_options::parsed_options parse_options(const std::vector<std::string>& args,
                                                             const boost::program_options::options_description& opts) {
-  static const boost::program_options::positional_options_description kNone;
-  return boost::program_options::command_line_parser(args).options(opts).positional(kNone).run();
+  namespace po = boost::program_options;
+  static const po::positional_options_description kNone;
+  try {
+    return po::command_line_parser(args).options(opts).positional(kNone).run();
+  } catch (const po::too_many_positional_options_error&) {
+    // Parsed again with the stray words collected, to say which.
+    po::options_description with_words;
+    with_words.add(opts);
+    with_words.add_options()("braid-stray-words", po::value<std::vector<std::string>>());
+    po::positional_options_description words;
+    words.add("braid-stray-words", -1);
+    po::variables_map vm;
+    po::store(po::command_line_parser(args).options(with_words).positional(words).run(), vm);
+    if (!vm.count("braid-stray-words")) throw;
+    throw po::error("unexpected word '" + vm["braid-stray-words"].as<std::vector<std::string>>().front() +
+                    "': options begin with -- (see --help)");
+  }
 }
 
 }  // namespace braid::cli

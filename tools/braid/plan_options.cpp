@@ -23,7 +23,10 @@ void PlanOptions::add_to(po::options_description& opts) {
 }
 
 std::string PlanOptions::problem(const po::variables_map& vm) const {
-  if (config.empty()) return "--config RUN.yaml is required";
+  if (config.empty()) return vm.count("config") ? "--config names no file" : "--config RUN.yaml is required";
+  for (const char* file : {"plan", "cluster"}) {  // given, but empty: not the same as left out
+    if (vm.count(file) && vm[file].as<std::string>().empty()) return std::string("--") + file + " names no file";
+  }
   // 0 is the unset default here, so a given 0 is refused by its presence, not its value.
   for (const char* axis : {"tp", "pp", "dp"}) {
     if (vm.count(axis) && vm[axis].as<int>() < 1) return "--tp, --pp and --dp must be positive";
