@@ -200,6 +200,10 @@ class PlanErrorTest(CliTestCase):
     def test_unknown_option(self):
         self.assertUsageError(run_config(CLIP, "--tensor-parallel", "8"), "tensor-parallel")
 
+    def test_a_misspelt_option_gets_the_nearest_one(self):
+        self.assertUsageError(run_config(CLIP, "--stratgy", "megatron"),
+                              "unrecognised option '--stratgy' (did you mean '--strategy'?)")
+
     def test_a_stray_word_is_refused(self):
         self.assertUsageError(run_config(CLIP, "megatron"), "unexpected word 'megatron': options begin with --")
 

@@ -6,16 +6,27 @@
 #include <string>
 #include <vector>
 
+#include "core/common/text.hpp"
+
 namespace braid::cli {
 
 // Options only: a stray word ("braid plan --config run.yaml extra") is an error, which names
-// the word. Without a positional description Boost would drop it silently.
+// the word (without a positional description Boost would drop it silently); an unknown option
+// gets the nearest known one.
 inline boost::program_options::parsed_options parse_options(const std::vector<std::string>& args,
                                                             const boost::program_options::options_description& opts) {
   namespace po = boost::program_options;
   static const po::positional_options_description kNone;
   try {
     return po::command_line_parser(args).options(opts).positional(kNone).run();
+  } catch (const po::unknown_option& e) {
+    std::vector<std::string> known;
+    for (const auto& option : opts.options()) known.push_back("--" + option->long_name());
+    std::string given = e.get_option_name();
+    given = given.substr(0, given.find('='));  // --frist=3
+    const std::string guess = braid::closest_match(given, known);
+    if (guess.empty()) throw;
+    throw po::error(std::string(e.what()) + " (did you mean '" + guess + "'?)");
   } catch (const po::too_many_positional_options_error&) {
     // Parsed again with the stray words collected, to say which.
     po::options_description with_words;
