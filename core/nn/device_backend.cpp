@@ -1,6 +1,7 @@
 #include "core/nn/device_backend.hpp"
 
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "core/common/error.hpp"
@@ -81,6 +82,9 @@ std::shared_ptr<void> DeviceBackend::allocate(std::size_t bytes) const {
 }
 
 Storage DeviceBackend::storage(std::size_t count) const {
+  if (count > std::numeric_limits<std::size_t>::max() / sizeof(float))
+    throw Error(Status::invalid_argument,
+                "device memory for " + std::to_string(count) + " floats: more bytes than fit");
   std::shared_ptr<void> memory = allocate(count * sizeof(float));
   return Storage::borrow(static_cast<float*>(memory.get()), count, device_, memory, shared_from_this());
 }

@@ -10,7 +10,8 @@ int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) {
     if (d < 0) throw Error(Status::invalid_argument, "tensor: negative dimension in shape " + shape_string(shape));
-    n *= d;
+    if (__builtin_mul_overflow(n, d, &n))
+      throw Error(Status::invalid_argument, "tensor: shape " + shape_string(shape) + " has more elements than 2^63");
   }
   return n;
 }

@@ -56,6 +56,10 @@ int init(char* error, size_t size) {
 }
 
 int device_count(int32_t* count, char* error, size_t size) {
+  if (!count) {
+    if (error && size) std::snprintf(error, size, "cuda backend: device_count: count is NULL");
+    return BRAID_DEVICE_INVALID_ARGUMENT;
+  }
   int n = 0;
   cudaError_t err = cudaGetDeviceCount(&n);
   *count = 0;
@@ -127,6 +131,7 @@ cudaStream_t native(braid_device_stream_v2 stream) { return stream ? stream->str
 
 int alloc(int32_t device, size_t bytes, braid_device_stream_v2 stream, void** ptr, char* error, size_t size) {
   return guarded(error, size, [&] {
+    if (!ptr) braid_cuda::invalid("cuda backend: alloc: ptr is NULL");
     const braid_cuda::DeviceScope scope(device);
     cudaMemPool_t pool = braid_cuda::pool(device);
     Accounting& a = accounting(device);
@@ -182,12 +187,15 @@ int copy(void* dst, const void* src, size_t bytes, int32_t kind, braid_device_st
         : kind == BRAID_COPY_DEVICE_TO_DEVICE
             ? cudaMemcpyDeviceToDevice
             : (braid_cuda::invalid("cuda backend: unknown copy kind " + std::to_string(kind)), cudaMemcpyDefault);
+    if (bytes && (!dst || !src))
+      braid_cuda::invalid(std::string("cuda backend: copy: ") + (dst ? "src" : "dst") + " is NULL");
     if (bytes) braid_cuda::check(cudaMemcpyAsync(dst, src, bytes, k, native(stream)), "copy");
   });
 }
 
 int memset_zero(void* dst, size_t bytes, braid_device_stream_v2 stream, char* error, size_t size) {
   return guarded(error, size, [&] {
+    if (bytes && !dst) braid_cuda::invalid("cuda backend: memset_zero: dst is NULL");
     if (bytes) braid_cuda::check(cudaMemsetAsync(dst, 0, bytes, native(stream)), "cudaMemsetAsync");
   });
 }
@@ -251,11 +259,17 @@ braid_device_stream_s* new_stream(int32_t device, cudaStream_t native_stream, bo
 }
 
 int stream_create(int32_t device, braid_device_stream_v2* out, char* error, size_t size) {
-  return guarded(error, size, [&] { *out = new_stream(device, nullptr, true); });
+  return guarded(error, size, [&] {
+    if (!out) braid_cuda::invalid("cuda backend: stream_create: stream is NULL");
+    *out = new_stream(device, nullptr, true);
+  });
 }
 
 int stream_wrap(int32_t device, void* native_stream, braid_device_stream_v2* out, char* error, size_t size) {
-  return guarded(error, size, [&] { *out = new_stream(device, static_cast<cudaStream_t>(native_stream), false); });
+  return guarded(error, size, [&] {
+    if (!out) braid_cuda::invalid("cuda backend: stream_wrap: stream is NULL");
+    *out = new_stream(device, static_cast<cudaStream_t>(native_stream), false);
+  });
 }
 
 int stream_destroy(braid_device_stream_v2 s, char* error, size_t size) {
@@ -275,6 +289,7 @@ int stream_synchronize(braid_device_stream_v2 s, char* error, size_t size) {
 
 int event_create(int32_t device, braid_device_event_v2* out, char* error, size_t size) {
   return guarded(error, size, [&] {
+    if (!out) braid_cuda::invalid("cuda backend: event_create: event is NULL");
     const braid_cuda::DeviceScope scope(device);
     auto* e = new braid_device_event_s{device, nullptr};
     cudaError_t err = cudaEventCreateWithFlags(&e->event, cudaEventDisableTiming);

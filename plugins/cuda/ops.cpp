@@ -447,6 +447,7 @@ int cross_entropy(Stream s, const Tensor* logits, const Tensor* targets, int64_t
                   float* loss, char* e, size_t n) {
   return on_stream(s, e, n, [&] {
     const char* op = "cross_entropy";
+    if (!loss) invalid("cross_entropy: loss is null");
     const int64_t classes = features(f32(logits, op, "logits"), op, "logits"), rows = numel(*logits) / classes;
     const int32_t* t = ids_of(targets, op, "targets");
     if (targets->shape[0] != rows)
@@ -657,6 +658,7 @@ int adamw_step(Stream s, Tensor* param, const Tensor* grad, Tensor* m, Tensor* v
 int squared_norm(Stream s, const Tensor* t, double* result, char* e, size_t n) {
   return on_stream(s, e, n, [&] {
     const Tensor& v = f32(t, "squared_norm", "t");  // checked before anything reads it
+    if (!result) invalid("squared_norm: result is null");
     Scratch sums(s, (braid_cuda::kSquaresPartials + 1) * sizeof(double));
     braid_cuda::sum_squares(s->stream, data(v), numel(v), sums.d(), sums.d() + braid_cuda::kSquaresPartials);
     *result = fetch(s, sums.d() + braid_cuda::kSquaresPartials);
@@ -702,6 +704,9 @@ int braid_cuda_attention_saved_shape(const braid_device_tensor_v2* q, const brai
   return guarded(error, size, [&] {
     if (!q || !k || !saved || q->rank != 3 || k->rank != 3 || heads <= 0)
       invalid("attention_saved_shape: q and k must be (B, S, H*D) and heads positive");
+    if (q->shape[2] % heads != 0)
+      invalid("attention_saved_shape: " + std::to_string(heads) + " heads do not divide the width " +
+              std::to_string(q->shape[2]));
     saved->dtype = BRAID_DEVICE_F32;
     saved->rank = 4;
     saved->shape[0] = q->shape[0];

@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <limits>
 #include <mutex>
 #include <new>
 #include <span>
@@ -50,42 +52,45 @@ int fail(char* error, size_t size, const std::string& message) {
 
 // A caching pool: freed blocks are kept by size and handed out again, so a training
 // step allocates nothing from the system once the first step has run. Each block starts
-// with a header (a magic number and its size) one alignment unit before the pointer
-// handed out, and the free lists keep their capacity: after warm-up neither alloc nor
-// free touches the heap.
+// with a header (a magic number, its size and the bytes asked for) one alignment unit
+// before the pointer handed out, and the free lists keep their capacity: after warm-up
+// neither alloc nor free touches the heap. Every block's pointer is kept in a sorted list
+// (it grows only with the blocks), so a free of any other pointer is refused unread.
 class Pool {
  public:
   void* allocate(std::size_t bytes) {
+    // The block, its header's unit and the rounding must fit in a size_t.
+    if (bytes > std::numeric_limits<std::size_t>::max() - 2 * kAlignment) throw std::bad_alloc();
     const std::size_t rounded = round_up(bytes);
     std::lock_guard lock(mutex_);
-    ++stats_.allocations;
     void* p = nullptr;
     if (auto& free = cached_[rounded]; !free.empty()) {
       p = free.back();
       free.pop_back();
-      header_of(p)->magic = kMagic;
     } else {
       auto* block = static_cast<char*>(std::aligned_alloc(kAlignment, rounded + kAlignment));
       if (!block) throw std::bad_alloc();
-      auto* header = reinterpret_cast<Header*>(block);
-      header->magic = kMagic;
-      header->size = rounded;
       p = block + kAlignment;
+      blocks_.insert(std::upper_bound(blocks_.begin(), blocks_.end(), p, std::less<>()), p);
+      header_of(p)->size = rounded;
       stats_.reserved += rounded + kAlignment;  // the header's alignment unit too
     }
-    stats_.in_use += rounded;
+    header_of(p)->magic = kMagic;
+    header_of(p)->requested = bytes;
+    ++stats_.allocations;
+    stats_.in_use += bytes;
     stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
     return p;
   }
 
-  // False for a pointer this pool did not hand out, or handed out and already took back
-  // (its header says so; the caller's pointer must point into a heap block to be read).
+  // False for a pointer this pool did not hand out, or handed out and already took back.
   bool release(void* p) {
-    Header* header = header_of(p);
     std::lock_guard lock(mutex_);
+    if (!std::binary_search(blocks_.begin(), blocks_.end(), p, std::less<>())) return false;
+    Header* header = header_of(p);
     if (header->magic != kMagic) return false;
     header->magic = kFreed;
-    stats_.in_use -= header->size;
+    stats_.in_use -= header->requested;
     cached_[header->size].push_back(p);
     return true;
   }
@@ -95,17 +100,25 @@ class Pool {
     return stats_;
   }
 
+  // Returns the cached blocks to the system. Blocks still handed out stay counted and can
+  // still be freed (into the cache).
   void clear() {
     std::lock_guard lock(mutex_);
-    for (auto& [size, free] : cached_)
-      for (void* p : free) std::free(header_of(p));
-    cached_.clear();  // blocks still handed out are the caller's leak; their memory stays
-    stats_ = {};
+    for (auto& [size, free] : cached_) {
+      for (void* p : free) {
+        blocks_.erase(std::lower_bound(blocks_.begin(), blocks_.end(), p, std::less<>()));
+        stats_.reserved -= size + kAlignment;
+        std::free(header_of(p));
+      }
+    }
+    cached_.clear();
+    stats_.allocations = 0;
+    stats_.peak_in_use = stats_.in_use;
   }
 
  private:
   struct Header {
-    std::uint64_t magic, size;
+    std::uint64_t magic, size, requested;
   };
   static_assert(sizeof(Header) <= kAlignment);
   static constexpr std::uint64_t kMagic = 0x62726169642d686fULL;  // "braid-ho": in use
@@ -117,6 +130,7 @@ class Pool {
   }
   std::mutex mutex_;
   std::unordered_map<std::size_t, std::vector<void*>> cached_;
+  std::vector<void*> blocks_;  // every block from the system, sorted
   braid_device_memory_stats_v2 stats_{};
 };
 
@@ -146,6 +160,12 @@ int check_device(int32_t device, char* error, size_t size) {
   return device == 0 ? 0 : fail(error, size, "host backend: no device " + std::to_string(device) + " (it has one, 0)");
 }
 
+// The interface's code for a caller's mistake, with a message naming the entry and argument.
+int refuse(char* error, size_t size, const std::string& message) {
+  fail(error, size, "host backend: " + message);
+  return BRAID_DEVICE_INVALID_ARGUMENT;
+}
+
 // ---- memory, streams, events ----
 
 // Each loaded copy of the plugin (one per DevicePlugin) inits and finalizes; they share the
@@ -163,7 +183,8 @@ int init(char* error, size_t size) {
   return 0;
 }
 
-int device_count(int32_t* count, char*, size_t) {
+int device_count(int32_t* count, char* error, size_t size) {
+  if (!count) return refuse(error, size, "device_count: count is NULL");
   *count = 1;
   return 0;
 }
@@ -196,6 +217,7 @@ int self_test(int32_t device, char* error, size_t size) {
 
 int alloc(int32_t device, size_t bytes, braid_device_stream_v2, void** ptr, char* error, size_t size) {
   if (int rc = check_device(device, error, size)) return rc;
+  if (!ptr) return refuse(error, size, "alloc: ptr is NULL");
   try {
     *ptr = pool().allocate(bytes);
   } catch (const std::bad_alloc&) {
@@ -228,17 +250,20 @@ int memory_stats(int32_t device, braid_device_memory_stats_v2* out, char* error,
 int copy(void* dst, const void* src, size_t bytes, int32_t kind, braid_device_stream_v2, char* error, size_t size) {
   if (kind < BRAID_COPY_HOST_TO_DEVICE || kind > BRAID_COPY_DEVICE_TO_DEVICE)
     return fail(error, size, "host backend: unknown copy kind " + std::to_string(kind));
+  if (bytes && (!dst || !src)) return refuse(error, size, std::string("copy: ") + (dst ? "src" : "dst") + " is NULL");
   if (bytes) std::memmove(dst, src, bytes);
   return 0;
 }
 
-int memset_zero(void* dst, size_t bytes, braid_device_stream_v2, char*, size_t) {
+int memset_zero(void* dst, size_t bytes, braid_device_stream_v2, char* error, size_t size) {
+  if (bytes && !dst) return refuse(error, size, "memset_zero: dst is NULL");
   if (bytes) std::memset(dst, 0, bytes);
   return 0;
 }
 
 int stream_create(int32_t device, braid_device_stream_v2* stream, char* error, size_t size) {
   if (int rc = check_device(device, error, size)) return rc;
+  if (!stream) return refuse(error, size, "stream_create: stream is NULL");
   *stream = new (std::nothrow) braid_device_stream_s{device};
   return *stream ? 0 : fail(error, size, "host backend: out of memory");
 }
@@ -252,6 +277,7 @@ int stream_wrap(int32_t device, void*, braid_device_stream_v2* stream, char* err
 int stream_synchronize(braid_device_stream_v2, char*, size_t) { return 0; }
 int event_create(int32_t device, braid_device_event_v2* event, char* error, size_t size) {
   if (int rc = check_device(device, error, size)) return rc;
+  if (!event) return refuse(error, size, "event_create: event is NULL");
   *event = new (std::nothrow) braid_device_event_s{device};
   return *event ? 0 : fail(error, size, "host backend: out of memory");
 }
@@ -283,6 +309,32 @@ std::span<const int32_t> ids_view(const braid_device_tensor_v2* t, const char* o
   if (!t || t->dtype != BRAID_DEVICE_I32 || t->rank != 1 || t->shape[0] < 0 || (!t->data && t->shape[0] > 0))
     throw std::invalid_argument(std::string(op) + ": " + what + " must be an I32 vector with its memory");
   return {static_cast<const int32_t*>(t->data), static_cast<std::size_t>(t->shape[0])};
+}
+
+// Where an op writes a number for the host: it must be given.
+template <class T>
+void host_result(T* out, const char* op, const char* what) {
+  if (!out) throw std::invalid_argument(std::string(op) + ": " + what + " is null");
+}
+
+// An output the op would write over (or add into) must be its input's shape, checked before
+// the op runs: one refused must leave every output as it was.
+void expect_like(const braid_device_tensor_v2* out, const braid_device_tensor_v2* like, const char* op,
+                 const char* what, const char* like_what) {
+  if (!out || !like) return;
+  const Shape got(out->shape, out->shape + std::clamp(out->rank, 0, BRAID_DEVICE_MAX_RANK));
+  const Shape want(like->shape, like->shape + std::clamp(like->rank, 0, BRAID_DEVICE_MAX_RANK));
+  if (got != want)
+    throw std::invalid_argument(std::string(op) + ": " + what + " has shape " + braid::nn::shape_string(got) + " but " +
+                                like_what + " is " + braid::nn::shape_string(want));
+}
+
+// A bias gradient: one value per output feature, the weight's rows.
+void expect_bias(const braid_device_tensor_v2* db, const braid_device_tensor_v2* w, const char* op) {
+  if (!db || !w || w->rank < 1) return;
+  if (db->rank != 1 || db->shape[0] != w->shape[0])
+    throw std::invalid_argument(std::string(op) + ": dbias must be (" + std::to_string(w->shape[0]) +
+                                ",), one value per row of the weight");
 }
 
 // An optional output: a view, or nothing for a null pointer.
@@ -338,6 +390,9 @@ int linear_forward(braid_ds, const braid_dt* x, const braid_dt* w, const braid_d
 int linear_backward(braid_ds, const braid_dt* x, const braid_dt* w, const braid_dt* dy, braid_dt* dx, braid_dt* dw,
                     braid_dt* db, char* e, size_t n) {
   return guarded(e, n, [&] {
+    expect_like(dx, x, "linear_backward", "dx", "x");
+    expect_like(dw, w, "linear_backward", "dweight", "weight");
+    expect_bias(db, w, "linear_backward");
     auto gx = optional_view(dx, "linear_backward", "dx");
     auto gw = optional_view(dw, "linear_backward", "dweight");
     auto gb = optional_view(db, "linear_backward", "dbias");
@@ -365,6 +420,9 @@ int layernorm_backward(braid_ds, const braid_dt* x, const braid_dt* gamma, const
   return guarded(e, n, [&] {
     const char* op = "layernorm_backward";
     const braid::nn::LayerNormSaved saved{view(mean, op, "mean"), view(rstd, op, "rstd")};
+    expect_like(dx, x, op, "dx", "x");
+    expect_like(dgamma, gamma, op, "dgamma", "gamma");
+    expect_like(dbeta, gamma, op, "dbeta", "gamma");
     auto gx = optional_view(dx, op, "dx");
     auto gg = optional_view(dgamma, op, "dgamma");
     auto gb = optional_view(dbeta, op, "dbeta");
@@ -419,6 +477,9 @@ int attention_saved_shape(const braid_dt* q, const braid_dt* k, int64_t heads, i
   return guarded(e, n, [&] {
     if (!q || !k || !saved || q->rank != 3 || k->rank != 3 || heads <= 0)
       throw std::invalid_argument("attention_saved_shape: q and k must be (B, S, H*D) and heads positive");
+    if (q->shape[2] % heads != 0)
+      throw std::invalid_argument("attention_saved_shape: " + std::to_string(heads) +
+                                  " heads do not divide the width " + std::to_string(q->shape[2]));
     saved->dtype = BRAID_DEVICE_F32;
     saved->rank = 4;
     const int64_t shape[4] = {q->shape[0], heads, q->shape[1], k->shape[1]};
@@ -485,6 +546,9 @@ int patch_embedding_backward(braid_ds, const braid_dt* image, int64_t patch, con
                              braid_dt* dimage, braid_dt* dw, braid_dt* db, char* e, size_t n) {
   return guarded(e, n, [&] {
     const char* op = "patch_embedding_backward";
+    expect_like(dimage, image, op, "dimage", "image");
+    expect_like(dw, w, op, "dweight", "weight");
+    expect_bias(db, w, op);
     auto gi = optional_view(dimage, op, "dimage");
     auto gw = optional_view(dw, op, "dweight");
     auto gb = optional_view(db, op, "dbias");
@@ -498,6 +562,7 @@ int cross_entropy(braid_ds, const braid_dt* logits, const braid_dt* targets, int
                   float* loss, char* e, size_t n) {
   return guarded(e, n, [&] {
     const char* op = "cross_entropy";
+    host_result(loss, op, "loss");
     auto g = optional_view(dlogits, op, "dlogits");
     *loss = host_ops().cross_entropy(view(logits, op, "logits"), ids_view(targets, op, "targets"), normalizer, g.get());
     settle(g.tensor, dlogits, op, "dlogits");
@@ -543,6 +608,7 @@ int contrastive_forward(braid_ds, const braid_dt* li, const braid_dt* lt, const 
                         size_t n) {
   return guarded(e, n, [&] {
     const char* op = "contrastive_forward";
+    host_result(sum, op, "sum");
     const auto p = contrastive_problem(li, lt, ai, at, row_offset, scale, tile, op);
     *sum = braid::nn::contrastive_tiled_forward(p, contrastive_stats(stats, p.local_image.rows, op));
   });
@@ -554,6 +620,7 @@ int contrastive_backward(braid_ds, const braid_dt* li, const braid_dt* lt, const
                          size_t n) {
   return guarded(e, n, [&] {
     const char* op = "contrastive_backward";
+    host_result(d_scale, op, "d_scale");
     const auto p = contrastive_problem(li, lt, ai, at, row_offset, scale, tile, op);
     const braid::nn::ContrastiveGradViews grads{
         rows<float>(dli, op, "d_local_image"), rows<float>(dlt, op, "d_local_text"),
@@ -568,6 +635,7 @@ int contrastive_loss(braid_ds, const braid_dt* li, const braid_dt* lt, const bra
                      braid_dt* dli, braid_dt* dlt, braid_dt* dai, braid_dt* dat, double* d_scale, char* e, size_t n) {
   return guarded(e, n, [&] {
     const char* op = "contrastive_loss";
+    host_result(sum, op, "sum");
     const auto p = contrastive_problem(li, lt, ai, at, row_offset, scale, tile, op);
     contrastive_stats(stats, p.local_image.rows, op);  // checked: the fused kernel keeps its own
     const braid::nn::ContrastiveGradViews grads{
@@ -589,7 +657,10 @@ int adamw_step(braid_ds, braid_dt* param, const braid_dt* grad, braid_dt* m, bra
 }
 
 int squared_norm(braid_ds, const braid_dt* t, double* result, char* e, size_t n) {
-  return guarded(e, n, [&] { *result = host_ops().squared_norm(view(t, "squared_norm", "t")); });
+  return guarded(e, n, [&] {
+    host_result(result, "squared_norm", "result");
+    *result = host_ops().squared_norm(view(t, "squared_norm", "t"));
+  });
 }
 
 int scale(braid_ds, braid_dt* t, float factor, char* e, size_t n) {

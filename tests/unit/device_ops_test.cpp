@@ -525,6 +525,56 @@ TEST_P(DeviceOpsTest, FreeingTwiceIsAnError) {
   EXPECT_EQ(api.free(0, nullptr, backend_->stream(), error, sizeof error), 0) << "free(NULL) does nothing";
 }
 
+// The raw interface refuses what it cannot do with a code and a message, never a crash: sizes
+// past the address space, NULL outputs, pointers its pool did not hand out, shapes whose
+// element count overflows; and an op refused for an output's shape has written nothing.
+TEST_P(DeviceOpsTest, BadArgumentsAreRefusedAndChangeNothing) {
+  const auto& api = backend_->api();
+  braid_device_stream_v2 s = backend_->stream();
+  char error[512] = "";
+  const uint64_t in_use = backend_->memory_stats().in_use;
+  void* p = nullptr;
+  EXPECT_NE(api.alloc(0, SIZE_MAX, s, &p, error, sizeof error), 0) << "the host pool's rounding overflowed to 64 bytes";
+  EXPECT_EQ(backend_->memory_stats().in_use, in_use);
+  EXPECT_EQ(api.alloc(0, 16, s, nullptr, error, sizeof error), BRAID_DEVICE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(error).find("alloc: ptr is NULL"), std::string::npos) << error;
+  EXPECT_EQ(api.device_count(nullptr, error, sizeof error), BRAID_DEVICE_INVALID_ARGUMENT);
+  EXPECT_EQ(api.copy(nullptr, error, 16, BRAID_COPY_HOST_TO_DEVICE, s, error, sizeof error),
+            BRAID_DEVICE_INVALID_ARGUMENT);
+  EXPECT_EQ(api.memset_zero(nullptr, 16, s, error, sizeof error), BRAID_DEVICE_INVALID_ARGUMENT);
+  EXPECT_EQ(api.stream_create(0, nullptr, error, sizeof error), BRAID_DEVICE_INVALID_ARGUMENT);
+  EXPECT_EQ(api.event_create(0, nullptr, error, sizeof error), BRAID_DEVICE_INVALID_ARGUMENT);
+  // Pointers the pool did not hand out: the host pool read a header before any of them.
+  int local = 0;
+  EXPECT_NE(api.free(0, &local, s, error, sizeof error), 0);
+  ASSERT_EQ(api.alloc(0, 256, s, &p, error, sizeof error), 0) << error;
+  EXPECT_EQ(backend_->memory_stats().in_use, in_use + 256) << "in use counts the bytes asked for";
+  EXPECT_NE(api.free(0, static_cast<char*>(p) + 64, s, error, sizeof error), 0);
+  EXPECT_EQ(api.free(0, p, s, error, sizeof error), 0) << error;
+  EXPECT_EQ(backend_->memory_stats().in_use, in_use);
+  test::expect_error([&] { backend_->empty({int64_t{1} << 62}); }, Status::invalid_argument, {"more bytes than fit"});
+  test::expect_error(
+      [&] {
+        backend_->empty({int64_t{1} << 40, int64_t{1} << 40});
+      },
+      Status::invalid_argument, {"more elements than 2^63"});
+  // linear_backward with dx of another shape than x: refused before dweight is added to.
+  Tensor x_d = up(random_tensor({2, 3}, rng_)), w_d = up(random_tensor({2, 3}, rng_));
+  Tensor dy_d = up(random_tensor({2, 2}, rng_)), dx_d = backend_->empty({3, 2});
+  Tensor dw_d = up(Tensor(Shape{2, 3}, 1.0f));
+  const auto view = [](Tensor& t) {
+    braid_device_tensor_v2 v{t.ptr(), BRAID_DEVICE_F32, static_cast<int32_t>(t.shape.size()), {}};
+    std::copy(t.shape.begin(), t.shape.end(), v.shape);
+    return v;
+  };
+  braid_device_tensor_v2 x = view(x_d), w = view(w_d), dy = view(dy_d), dx = view(dx_d), dw = view(dw_d);
+  EXPECT_EQ(api.ops->linear_backward(s, &x, &w, &dy, &dx, &dw, nullptr, error, sizeof error),
+            BRAID_DEVICE_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(error).find("dx"), std::string::npos) << error;
+  backend_->synchronize();
+  EXPECT_EQ(down(dw_d).data, std::vector<float>(6, 1.0f)) << "dweight was added to by a refused call";
+}
+
 TEST_P(DeviceOpsTest, OutputsAreReusedAndCopiesAreExplicit) {
   const Tensor x = random_tensor({8, 4}, rng_), w = random_tensor({3, 4}, rng_);
   Tensor x_d = up(x), w_d = up(w), y_d;
