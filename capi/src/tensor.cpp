@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "capi/src/cuda_contrastive.hpp"
 #include "capi/src/guard.hpp"
@@ -132,6 +133,38 @@ RowsView<float> optional_grad(const char* func, const char* name, braid_tensor* 
   return view;
 }
 
+// The bytes a view spans, first element to last (none when it holds no element).
+struct Extent {
+  const char* begin = nullptr;
+  const char* end = nullptr;
+  const char* name = "";
+};
+template <class T>
+Extent extent(const RowsView<T>& v, const char* name) {
+  if (!v.data || v.rows <= 0 || v.cols <= 0) return {nullptr, nullptr, name};
+  const char* begin = reinterpret_cast<const char*>(v.data);
+  return {begin, begin + static_cast<std::size_t>((v.rows - 1) * v.stride + v.cols) * sizeof(float), name};
+}
+
+// Gradients are written, not added to: one sharing memory with another gradient or with an
+// input would be read after it was written over, and the results would be silently wrong.
+void expect_apart(const char* func, const std::vector<Extent>& outputs, const std::vector<Extent>& inputs) {
+  const auto overlap = [](const Extent& a, const Extent& b) {
+    return a.begin && b.begin && a.begin < b.end && b.begin < a.end;
+  };
+  const auto refuse = [&](const Extent& a, const Extent& b) {
+    throw Error(Status::invalid_argument, std::string(func) + ": " + a.name + " overlaps " + b.name +
+                                              "; gradients are written in place and must not share memory with "
+                                              "each other or the inputs");
+  };
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    for (std::size_t j = i + 1; j < outputs.size(); ++j)
+      if (overlap(outputs[i], outputs[j])) refuse(outputs[i], outputs[j]);
+    for (const Extent& in : inputs)
+      if (overlap(outputs[i], in)) refuse(outputs[i], in);
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -182,6 +215,12 @@ BRAID_API braid_status braid_contrastive_backward(const braid_tensor* local_imag
       optional_grad(__func__, "grad_all_image", grad_all_image, device, total, e, "all_image"),
       optional_grad(__func__, "grad_all_text", grad_all_text, device, total, e, "all_text")};
   const auto st = read_stats(__func__, stats, n, device);
+  expect_apart(__func__,
+               {extent(grads.local_image, "grad_local_image"), extent(grads.local_text, "grad_local_text"),
+                extent(grads.all_image, "grad_all_image"), extent(grads.all_text, "grad_all_text")},
+               {extent(problem.local_image, "local_image"), extent(problem.local_text, "local_text"),
+                extent(problem.all_image, "all_image"), extent(problem.all_text, "all_text"),
+                extent(RowsView<const float>{st.image_to_text, 2, n, st.text_to_image - st.image_to_text}, "stats")});
   // open_clip's local mean: the gradient of grad_loss * sum / 2n.
   const double weight = n > 0 ? grad_loss / (2.0 * static_cast<double>(n)) : 0.0;
   const double d_scale = device.type == BRAID_DEVICE_CUDA

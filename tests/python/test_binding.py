@@ -267,11 +267,56 @@ class RunSettingsTest(unittest.TestCase):
                 config.set_run_settings(fp8=True)  # an A100 cluster
             self.assertIn("training.fp8", str(cm.exception))
             self.assertIn("gives no FP8 peak", str(cm.exception))
+            with self.assertRaises(braid.InvalidArgumentError) as cm:  # was read as "gpipe"
+                config.set_run_settings(schedule="gpipe\0bogus")
+            self.assertIn("schedule holds a NUL byte at offset 5", str(cm.exception))
             self.assertEqual(config.run_settings, before)
             self.assertIs(config.set_run_settings(fused_kernels=False).fused_kernels, False)
 
 
 class ErrorTest(unittest.TestCase):
+    def test_arguments_of_another_kind_name_themselves(self):
+        for call, fragment in [(lambda: braid.vocab.names("strategy"), "vocabulary must be an int"),
+                               (lambda: braid.Groups(None), "Groups takes a braid.Plan, not NoneType"),
+                               (lambda: braid.reorder.reorder(None, text_tokens=[1]),
+                                "reorder takes a braid.Plan, not NoneType")]:
+            with self.subTest(fragment=fragment), self.assertRaises(braid.InvalidArgumentError) as cm:
+                call()
+            self.assertIn(fragment, str(cm.exception))
+
+    def test_errors_pickle_as_their_own_class(self):
+        import pickle
+
+        error = braid.LibraryNotFoundError(braid.ERR_IO, "no libbraid.so")
+        again = pickle.loads(pickle.dumps(error))
+        self.assertIs(type(again), braid.LibraryNotFoundError)  # was BraidIOError
+        self.assertEqual((again.status, again.message), (error.status, error.message))
+
+    def test_a_collection_inside_a_locked_section_does_not_deadlock(self):
+        # A plan in a reference cycle is finalized by whatever collection comes next; when that
+        # came while its config held its lock (building the "closed" error), Plan.close waited
+        # on the same lock forever. The collection is forced there to make it certain.
+        import gc
+        from braid import _handles
+
+        config = braid.Config.from_file(os.path.join(SOURCE_DIR, "configs/runs/tiny-clip.yaml"))
+        was_enabled = gc.isenabled()
+        gc.disable()
+        original = _handles.invalid_argument
+        try:
+            plan = config.plan()
+            plan.itself = plan
+            del plan
+            config.close()  # kept open by the plan until it is finalized
+            _handles.invalid_argument = lambda message: (gc.collect(), original(message))[1]
+            with self.assertRaises(braid.InvalidArgumentError):
+                config.plan()
+        finally:
+            _handles.invalid_argument = original
+            if was_enabled:
+                gc.enable()
+        self.assertTrue(config.closed)
+
     def test_bad_yaml_string(self):
         with self.assertRaises(braid.BraidError) as cm:
             braid.Config.from_string(CLIP_WITH_TYPO, base_dir=os.path.dirname(CLIP))

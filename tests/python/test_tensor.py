@@ -188,6 +188,25 @@ class ContrastiveNumpyTest(unittest.TestCase):
             braid.tensor.contrastive_backward(self.image, self.text, self.image, self.text, 1.0, 0, stats, 1.0,
                                               frozen, None, None, None)
         self.assertIn("read-only", str(cm.exception))
+        # Gradients sharing memory were written over one another: refused, naming both.
+        shared = np.zeros_like(self.image)
+        with self.assertRaises(braid.InvalidArgumentError) as cm:
+            braid.tensor.contrastive_backward(self.image, self.text, self.image, self.text, 1.0, 0, stats, 1.0,
+                                              shared, shared, None, None)
+        self.assertIn("grad_local_image overlaps grad_local_text", str(cm.exception))
+        with self.assertRaises(braid.InvalidArgumentError) as cm:  # a gradient over an input
+            braid.tensor.contrastive_backward(self.image, self.text, self.image, self.text, 1.0, 0, stats, 1.0,
+                                              self.image, None, None, None)
+        self.assertIn("grad_local_image overlaps local_image", str(cm.exception))
+        # Bad arguments name themselves (were bare TypeError / ValueError).
+        for kwargs, fragment in [({"logit_scale": "abc"}, "logit_scale must be a number, not str"),
+                                 ({"all_text": None}, "all_text: cannot view a builtins.NoneType"),
+                                 ({"stream": "x"}, "stream must be a cudaStream_t address")]:
+            with self.subTest(kwargs=kwargs), self.assertRaises(braid.InvalidArgumentError) as cm:
+                args = {"local_image": self.image, "local_text": self.text, "all_image": self.image,
+                        "all_text": self.text, "logit_scale": 1.0, "row_offset": 0, **kwargs}
+                braid.tensor.contrastive_forward(**args)
+            self.assertIn(fragment, str(cm.exception))
 
 
 @unittest.skipIf(torch is None, "PyTorch is not importable; install python3-torch")

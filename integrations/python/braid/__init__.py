@@ -29,7 +29,7 @@ another ABI version is refused with :class:`AbiMismatchError`.
 
 from __future__ import annotations
 
-from . import errors, records, tensor, vocab
+from . import errors, records, reorder, tensor, vocab
 from ._loader import (  # noqa: F401 (_check_abi, _reset_library: for tests)
     ABI_VERSION,
     _check_abi,
@@ -71,6 +71,7 @@ __all__ = [
     "load_library",
     "errors",
     "records",
+    "reorder",
     "tensor",
     "vocab",
     "FLAG_NO_STORE",

@@ -46,7 +46,9 @@ class SharedHandle(Handle):
     def _init_shared(self) -> None:
         self._closed = False
         self._dependents = 0
-        self._lock = threading.Lock()
+        # Reentrant: a garbage collection inside a locked section (building an exception)
+        # may close a dependent whose _release takes this lock on the same thread.
+        self._lock = threading.RLock()
 
     def _ptr(self):
         if self._closed or not self._handle:
@@ -133,6 +135,8 @@ def c_string(text: bytes, what: str) -> bytes:
 
 
 def path_arg(path: PathLike) -> bytes:
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise invalid_argument(f"path must be a str, bytes or os.PathLike, not {type(path).__name__}")
     return c_string(os.fsencode(path), "path")
 
 

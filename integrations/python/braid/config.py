@@ -100,6 +100,8 @@ class Config(SharedHandle):
                 if value is not None and not isinstance(value, (str, bytes)):
                     raise invalid_argument(f"{name} must be a str, not {type(value).__name__}")
                 encoded = value.encode("utf-8") if isinstance(value, str) else value
+                if encoded is not None:
+                    encoded = c_string(encoded, name)
                 keep.append(encoded)
                 setattr(settings, name, encoded)
             elif ctype is ctypes.c_int64:

@@ -79,8 +79,8 @@ class BraidError(Exception):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.status!r}, {self.message!r})"
 
-    def __reduce__(self):  # pickles as BraidError(status, message)
-        return (BraidError, (self.status, self.message))
+    def __reduce__(self):  # pickles as its own class (LibraryNotFoundError stays one)
+        return (type(self), (self.status, self.message))
 
 
 # BraidError(status, ...) builds the class of that status, registered by _status_class.

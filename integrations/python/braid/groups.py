@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional, Tuple
 from . import _loader
 from . import _structs as S
 from ._handles import OwnedHandle, count, int_arg, read
+from .errors import invalid_argument
 from .records import BatchSync, BatchSyncMember, Group, Holding, Link, LinkPair, RankInfo
 
 __all__ = ["Groups"]
@@ -38,6 +39,10 @@ class Groups(OwnedHandle):
     _destroy = "braid_groups_destroy"
 
     def __init__(self, plan: Any, world_size: Optional[int] = None) -> None:
+        from .plan import Plan  # plan.py makes Groups too
+
+        if not isinstance(plan, Plan):
+            raise invalid_argument(f"Groups takes a braid.Plan, not {type(plan).__name__}")
         lib = plan._lib
         create = _loader.require(lib, "braid_groups_create")
         if world_size is None:

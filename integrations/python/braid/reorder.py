@@ -35,6 +35,10 @@ def reorder(plan: Any, image_resolution: Optional[Sequence[int]] = None, text_to
     straggler_after, evaluations), and per sample ``ranks`` (module name -> DP rank;
     modules off the grid, such as colocated encoders, are left out), ``cells`` and
     ``microbatches`` (schedule position); ``orders`` per pipeline group."""
+    from .plan import Plan  # plan.py calls this module
+
+    if not isinstance(plan, Plan):
+        raise invalid_argument(f"reorder takes a braid.Plan, not {type(plan).__name__}")
     how = vocab.value_of(S.VOCABULARY_REORDERING, reordering, "reordering")
     columns = {"image_resolution": image_resolution, "text_tokens": text_tokens, "audio_tokens": audio_tokens,
                "generated_image_resolution": generated_image_resolution}

@@ -19,7 +19,7 @@ from typing import Any, List, Optional, Tuple
 from . import _loader
 from . import _structs as S
 from ._handles import int_arg
-from .errors import invalid_argument
+from .errors import BraidError, invalid_argument
 
 __all__ = ["TensorView", "view", "contrastive_forward", "contrastive_backward"]
 
@@ -45,7 +45,7 @@ class TensorView:
 
     __slots__ = ("obj", "struct", "_shape", "_strides", "writable", "is_torch")
 
-    def __init__(self, obj: Any) -> None:
+    def __init__(self, obj: Any, name: Optional[str] = None) -> None:
         self.obj = obj
         self.struct = S.braid_tensor()
         if callable(getattr(obj, "data_ptr", None)) and callable(getattr(obj, "stride", None)):
@@ -54,6 +54,7 @@ class TensorView:
             self._from_array_interface(obj)
         else:
             raise invalid_argument(
+                (f"{name}: " if name else "") +
                 f"cannot view a {type(obj).__module__}.{type(obj).__name__} as a braid_tensor: pass a numpy array or "
                 "an object with data_ptr(), dtype, shape, stride() and device (a torch tensor)"
             )
@@ -114,15 +115,25 @@ class TensorView:
         return ctypes.byref(self.struct)
 
 
-def view(obj: Any) -> TensorView:
-    """A :class:`TensorView` of a numpy array or torch tensor."""
-    return obj if isinstance(obj, TensorView) else TensorView(obj)
+def view(obj: Any, name: Optional[str] = None) -> TensorView:
+    """A :class:`TensorView` of a numpy array or torch tensor (``name``: the argument, for errors)."""
+    return obj if isinstance(obj, TensorView) else TensorView(obj, name)
+
+
+def _number(name: str, value: Any) -> float:
+    """``value`` as a float, else InvalidArgumentError naming the argument."""
+    if isinstance(value, (str, bytes)) or value is None:
+        raise invalid_argument(f"{name} must be a number, not {type(value).__name__}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise invalid_argument(f"{name} must be a number, not {type(value).__name__}") from None
 
 
 def _output(obj: Any, name: str) -> Optional[TensorView]:
     if obj is None:
         return None
-    v = view(obj)
+    v = view(obj, name)
     if not v.writable:
         raise invalid_argument(f"{name} is read-only; braid writes the result into it")
     return v
@@ -132,7 +143,12 @@ def _stream(views: List[Optional[TensorView]], stream: Any) -> Optional[int]:
     """The stream handle for the call: ``stream`` (an int, or an object with
     ``cuda_stream``), else the current CUDA stream of the first CUDA torch tensor, else NULL."""
     if stream is not None:
-        return int(getattr(stream, "cuda_stream", stream)) or None
+        native = getattr(stream, "cuda_stream", stream)
+        try:
+            return int_arg("stream", native, 0, 2**64 - 1) or None
+        except BraidError:
+            raise invalid_argument(f"stream must be a cudaStream_t address (an int) or have .cuda_stream, not "
+                                   f"{type(stream).__name__}") from None
     for v in views:
         if v is not None and v.is_torch and v.struct.device.type == S.DEVICE_CUDA:
             torch = sys.modules.get("torch")
@@ -178,12 +194,13 @@ def contrastive_forward(local_image: Any, local_text: Any, all_image: Any, all_t
     statistics (an array of the inputs' kind) :func:`contrastive_backward` needs."""
     lib = _loader.load_library()
     fn = _loader.require(lib, "braid_contrastive_forward")
-    views = [view(local_image), view(local_text), view(all_image), view(all_text)]
+    views = [view(local_image, "local_image"), view(local_text, "local_text"), view(all_image, "all_image"),
+             view(all_text, "all_text")]
     stats = _new_stats(views[0].obj, _rows(views[0], "local_image"))
     out = _output(stats, "stats")
     options = _options(row_offset, tile)
     loss = ctypes.c_float()
-    _loader._check(lib, fn(*[v.ref for v in views], float(logit_scale), ctypes.byref(options), out.ref,
+    _loader._check(lib, fn(*[v.ref for v in views], _number("logit_scale", logit_scale), ctypes.byref(options), out.ref,
                            ctypes.byref(loss), _stream(views, stream)))
     return float(loss.value), stats
 
@@ -195,18 +212,21 @@ def contrastive_backward(local_image: Any, local_text: Any, all_image: Any, all_
     forward's inputs and ``stats``. Writes, in place, the caller-allocated gradients:
     ``grad_local_image``, ``grad_local_text`` (n, E), the local rows'; ``grad_all_image``,
     ``grad_all_text`` (N, E), the gathered rows', which the host reduce-scatters (sum) to
-    their owners (any of the four may be None). When local and all are the same arrays,
+    their owners (any of the four may be None; they must not share memory with each other or
+    the inputs: refused with InvalidArgumentError). When local and all are the same arrays,
     each modality's whole gradient goes to grad_local_* and grad_all_* is zeroed. Returns
     d(grad_loss * loss)/d logit_scale."""
     lib = _loader.load_library()
     fn = _loader.require(lib, "braid_contrastive_backward")
-    inputs = [view(local_image), view(local_text), view(all_image), view(all_text)]
-    stats_view = view(stats)
+    inputs = [view(local_image, "local_image"), view(local_text, "local_text"), view(all_image, "all_image"),
+              view(all_text, "all_text")]
+    stats_view = view(stats, "stats")
     grads = [_output(grad_local_image, "grad_local_image"), _output(grad_local_text, "grad_local_text"),
              _output(grad_all_image, "grad_all_image"), _output(grad_all_text, "grad_all_text")]
     options = _options(row_offset, tile)
     grad_scale = ctypes.c_float()
-    _loader._check(lib, fn(*[v.ref for v in inputs], float(logit_scale), ctypes.byref(options), stats_view.ref,
-                           float(grad_loss), *[g.ref if g is not None else None for g in grads],
+    _loader._check(lib, fn(*[v.ref for v in inputs], _number("logit_scale", logit_scale), ctypes.byref(options),
+                           stats_view.ref, _number("grad_loss", grad_loss),
+                           *[g.ref if g is not None else None for g in grads],
                            ctypes.byref(grad_scale), _stream(inputs + grads, stream)))
     return float(grad_scale.value)

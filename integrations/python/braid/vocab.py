@@ -76,6 +76,13 @@ _loader.on_reset(_cache.clear)
 
 def names(vocabulary: int) -> Tuple[str, ...]:
     """Every name of ``vocabulary`` (a braid_vocabulary value), in C value order."""
+    try:
+        if isinstance(vocabulary, bool):
+            raise TypeError
+        vocabulary = operator.index(vocabulary)
+    except TypeError:
+        raise InvalidArgumentError(ERR_INVALID_ARGUMENT, "vocabulary must be an int (a braid_vocabulary value), not "
+                                   f"{type(vocabulary).__name__}") from None
     found = _cache.get(vocabulary)
     if found is not None:
         return found
