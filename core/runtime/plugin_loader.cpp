@@ -66,15 +66,20 @@ void DevicePlugin::self_test(int index) const {
 
 namespace {
 
-// The file of the binary that holds this code. dladdr names a shared library by its path, but
-// the main program as it was started (argv[0]): a bare name, `braid` found on PATH, would
-// resolve against the working directory, so the kernel is asked where the program is.
+// The file of the binary that holds this code, links resolved. dladdr names a shared library
+// by its path, but the main program as it was started (argv[0]): a bare name, `braid` found on
+// PATH, would resolve against the working directory, so the kernel is asked where the program
+// is. A path through a symbolic link (/usr/local/bin/braid -> /opt/braid/bin/braid) is
+// followed to the file, beside which the install's plugins are.
 std::filesystem::path binary_holding_this_code() {
   Dl_info info{};
   if (!dladdr(reinterpret_cast<void*>(&binary_holding_this_code), &info) || !info.dli_fname) return {};
   const std::string name = info.dli_fname;
-  if (name.find('/') != std::string::npos) return std::filesystem::absolute(name);
   std::error_code error;
+  if (name.find('/') != std::string::npos) {
+    const std::filesystem::path resolved = std::filesystem::canonical(name, error);
+    return error ? std::filesystem::absolute(name) : resolved;
+  }
   std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
   return error ? std::filesystem::path() : exe;
 }

@@ -89,6 +89,17 @@ assert host["path"] == plugin_dir + "/libbraid-host.so" and host["interface"] ==
 assert len(host["devices"]) == 1 and host["devices"][0]["host_memory"], host
 print(f"   plugin path {info['plugin_path']}; mpi: {mpi['status'][:60]}; host: {host['status']}")
 PY
+  # Started by its path through a link elsewhere (/usr/local/bin/braid -> /opt/braid/bin/braid):
+  # the link is followed to the install, whose plugins it finds (it found none before).
+  step "installed CLI: braid info through a link, started by its path, from /"
+  mkdir -p "$prefix/../links"
+  ln -sf "$prefix/bin/braid" "$prefix/../links/braid"
+  info=$(cd / && env -u BRAID_PLUGIN_PATH "$prefix/../links/braid" info --format json)
+  python3 - "$plugin_dir" "$info" <<'PY'
+import json, sys
+plugin_dir, info = sys.argv[1], json.loads(sys.argv[2])
+assert plugin_dir in info["plugin_path"], f"{plugin_dir} not in the plugin path {info['plugin_path']}"
+PY
 }
 
 case $mode in

@@ -32,10 +32,12 @@
  *   braid_program_destroy(fine);
  *   braid_bubble_scheduler_destroy(s);
  */
+/* braid.h first, before this header's guard: it includes every header, in an order where
+ * each finds what it needs, whichever header a program includes first. */
+#include "braid/braid.h"
+
 #ifndef BRAID_BUBBLE_H
 #define BRAID_BUBBLE_H
-
-#include "braid/braid.h"
 #include "braid/pipeline.h"
 
 #ifdef __cplusplus

@@ -19,10 +19,12 @@
  * The answer is deterministic: every rank that calls with the same batch and plan gets
  * the same assignment, without communication.
  */
+/* braid.h first, before this header's guard: it includes every header, in an order where
+ * each finds what it needs, whichever header a program includes first. */
+#include "braid/braid.h"
+
 #ifndef BRAID_DATA_H
 #define BRAID_DATA_H
-
-#include "braid/braid.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -21,10 +21,12 @@
  * Everything here is arithmetic on the plan: braid_groups_create takes milliseconds
  * even for thousands of ranks and needs no communication.
  */
+/* braid.h first, before this header's guard: it includes every header, in an order where
+ * each finds what it needs, whichever header a program includes first. */
+#include "braid/braid.h"
+
 #ifndef BRAID_GROUPS_H
 #define BRAID_GROUPS_H
-
-#include "braid/braid.h"
 
 #ifdef __cplusplus
 extern "C" {

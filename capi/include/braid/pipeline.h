@@ -88,10 +88,12 @@
  *      slot order (embedding, each layer's kernels in order, head, transfer) and later
  *      its backward tasks in reverse (BRAID_FLAG_BACKWARD_TASK; the shard traffic last).
  */
+/* braid.h first, before this header's guard: it includes every header, in an order where
+ * each finds what it needs, whichever header a program includes first. */
+#include "braid/braid.h"
+
 #ifndef BRAID_PIPELINE_H
 #define BRAID_PIPELINE_H
-
-#include "braid/braid.h"
 
 #ifdef __cplusplus
 extern "C" {

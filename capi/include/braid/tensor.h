@@ -38,10 +38,12 @@
  * inputs and gradients: O(n * tile + N) floats, never an n x N matrix; the backward
  * recomputes each tile's logits. Results do not depend on the number of threads.
  */
+/* braid.h first, before this header's guard: it includes every header, in an order where
+ * each finds what it needs, whichever header a program includes first. */
+#include "braid/braid.h"
+
 #ifndef BRAID_TENSOR_H
 #define BRAID_TENSOR_H
-
-#include "braid/braid.h"
 
 #ifdef __cplusplus
 extern "C" {

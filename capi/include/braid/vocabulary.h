@@ -13,10 +13,12 @@
  *     braid_vocabulary_name(BRAID_VOCABULARY_OPCODE, v, &name); // "LoadMicrobatch", ...
  *   }
  */
+/* braid.h first, before this header's guard: it includes every header, in an order where
+ * each finds what it needs, whichever header a program includes first. */
+#include "braid/braid.h"
+
 #ifndef BRAID_VOCABULARY_H
 #define BRAID_VOCABULARY_H
-
-#include "braid/braid.h"
 
 #ifdef __cplusplus
 extern "C" {
