@@ -63,8 +63,8 @@ ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model
       bad_split(run, "a replica of '" + role.name + "' holds " + std::to_string(rows) +
                          " samples per contrastive group, which the program's " + std::to_string(per_group) +
                          " microbatches do not split into the plan's microbatches of " + std::to_string(planned));
-    tower.loader =
-        std::make_unique<Loader>(dataset, LoaderOptions{global, role.replicas, data.reorder && role.replicas > 1});
+    tower.loader = std::make_unique<Loader>(
+        dataset, LoaderOptions{global, role.replicas, data.reorder && role.replicas > 1, static_cast<int>(groups_)});
     // The part's blocks, and the projection head with the last part.
     const auto params =
         t == 0 ? clip.image_encoder->part_parameters(tower.part) : clip.text_encoder->part_parameters(tower.part);

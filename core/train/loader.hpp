@@ -8,6 +8,10 @@
 // linear layers dominate and the planner's cost model (core/data/sample_cost) prices a sample
 // as an affine function of its patch count; attention's quadratic term stays small. A pure
 // function of (dataset, options, step, replica): the same on any number of processes.
+// With contrastive groups (CLIP's contrastive batch C < G), each group g, samples
+// [g C, (g+1) C) of the step, is split over the replicas on its own as above, and a
+// replica's share is its part of group 0, then of group 1, ...: the samples of a group are
+// the same whatever the number of replicas, so is its loss.
 #pragma once
 
 #include <cstdint>
@@ -21,15 +25,17 @@ struct LoaderOptions {
   std::int64_t global_batch = 0;
   int replicas = 1;      // DP replicas the global batch is split over
   bool reorder = false;  // DistTrain intra-step reordering over the replicas
+  int groups = 1;        // contrastive groups per step, each split over the replicas alone
 };
 
 class Loader {
  public:
-  // Throws Error(invalid_argument) unless global_batch >= replicas >= 1 and replicas divides global_batch.
+  // Throws Error(invalid_argument) unless groups >= 1 divides global_batch and replicas >= 1
+  // divides each group.
   // Keeps a reference to `dataset`, which must outlive the loader.
   Loader(const data::ShapesDataset& dataset, LoaderOptions options);
   // Training-sample indices of `step` (>= 1) for `replica` (in [0, replicas)), G/R of them,
-  // ascending. Throws Error(invalid_argument) for a step or replica out of range.
+  // ascending (group by group). Throws Error(invalid_argument) for a step or replica out of range.
   std::vector<std::int64_t> indices(std::int64_t step, int replica) const;
   // Those samples, rendered, in indices() order.
   std::vector<data::Sample> samples(std::int64_t step, int replica) const;

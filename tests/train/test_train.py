@@ -311,6 +311,12 @@ class LayoutEquivalence(unittest.TestCase):
     def test_clip_data_parallel_4(self):
         self.assert_same(CLIP, 4)
 
+    def test_clip_data_parallel_with_two_contrastive_groups(self):
+        # Each group is split over the replicas on its own: before, the batch was, and group 0
+        # of 2 replicas held other samples than of one process (losses 1e-3 apart).
+        config = variant(self.tmp.name, CLIP, "clip-dp-groups.yaml", training={"contrastive_batch": 64})
+        self.assert_same(config, 2)
+
     def test_clip_distmm_2(self):
         self.assert_schedules(CLIP, 2, ["distmm-pipe", "batch-sync", "two-phase"], "--strategy", "distmm")
 

@@ -96,6 +96,49 @@ TEST(Loader, ReplicasPartitionEachStepsGlobalBatch) {
   }
 }
 
+// CLIP's contrastive groups: each is split over the replicas alone, so a group holds the same
+// samples (and has the same loss) on any number of replicas. One split of the whole batch
+// made group 0 of two replicas samples {0..15, 32..47} where one process had {0..31}.
+TEST(Loader, ContrastiveGroupsAreSplitOneByOne) {
+  const auto d = skewed_dataset();
+  constexpr std::int64_t G = 64, C = 32;
+  const Loader two(d, {G, 2, false, 2});
+  std::vector<std::int64_t> want;
+  for (std::int64_t i = 0; i < 16; ++i) want.push_back(64 + i);      // step 2, group 0, replica 0
+  for (std::int64_t i = 0; i < 16; ++i) want.push_back(64 + C + i);  // group 1
+  EXPECT_EQ(two.indices(2, 0), want);
+  for (bool reorder : {false, true}) {
+    for (int R : {1, 2, 4}) {
+      SCOPED_TRACE(testing::Message() << "reorder " << reorder << ", " << R << " replicas");
+      const Loader loader(d, {G, R, reorder, 2});
+      for (int g = 0; g < 2; ++g) {
+        std::vector<std::int64_t> group;  // the g-th part of every replica's share
+        for (int r = 0; r < R; ++r) {
+          const auto mine = loader.indices(1, r);
+          ASSERT_EQ(static_cast<std::int64_t>(mine.size()), G / R);
+          EXPECT_TRUE(std::is_sorted(mine.begin(), mine.end()));
+          const auto part = mine.begin() + g * (C / R);
+          group.insert(group.end(), part, part + C / R);
+        }
+        std::sort(group.begin(), group.end());
+        std::vector<std::int64_t> expected(C);
+        std::iota(expected.begin(), expected.end(), g * C);
+        EXPECT_EQ(group, expected) << "group " << g << " holds samples [g C, (g + 1) C)";
+      }
+    }
+  }
+  test::expect_error(
+      [&] {
+        Loader(d, {64, 2, false, 3});
+      },
+      Status::invalid_argument, {"global batch of 64", "3 contrastive groups"});
+  test::expect_error(
+      [&] {
+        Loader(d, {64, 3, false, 2});
+      },
+      Status::invalid_argument, {"contrastive group of 32", "over 3"});
+}
+
 TEST(Loader, ReorderingIsTheLptAssignmentOverPatchCounts) {
   // The C ABI's intra reordering runs data::assign_lpt (through data::arrange); the loader
   // must give each replica exactly the samples that assignment gives it.
