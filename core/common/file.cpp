@@ -34,7 +34,7 @@ bool is_special_file(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
 }
 
-bool same_directory(const std::string& a, const std::string& b) {
+bool same_path(const std::string& a, const std::string& b) {
   std::error_code ea, eb;
   const fs::path pa = fs::weakly_canonical(fs::absolute(a, ea), ea), pb = fs::weakly_canonical(fs::absolute(b, eb), eb);
   if (ea || eb) return fs::path(a).lexically_normal() == fs::path(b).lexically_normal();

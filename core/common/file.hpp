@@ -15,9 +15,9 @@ void write_file_atomically(const std::string& path, const std::string& text, con
 std::string file_behind(const std::string& path);
 // True when `path` exists and is neither a regular file nor a directory (a device, a FIFO).
 bool is_special_file(const std::string& path);
-// Whether two paths name one place, as spelled or through links ("ckpt", "./ckpt/", a link
-// to it); either may not exist yet.
-bool same_directory(const std::string& a, const std::string& b);
+// Whether two paths name one place, a file or a directory, as spelled or through links
+// ("ckpt", "./ckpt/", a link to it); either may not exist yet.
+bool same_path(const std::string& a, const std::string& b);
 
 // Why no file can be written at `path` ("it is a directory", "no directory 'out'", "directory
 // 'out' is not writable", "cannot create a file in '/proc'"), or "" when one can: checked

@@ -179,11 +179,20 @@ ShapesConfig run_shapes_config(const spec::RunSpec& run, std::uint64_t seed) {
                                          std::to_string(kMaxImageSide) + " px a side");
   spec::DataSpec data = run.data;
   data.seed = seed;
-  const int min_side = std::max(encoder->patch_size, data.image.kind == spec::SizeKind::fixed ? 16 : data.image.min);
+  // The smallest side drawn, in pixels. A lognormal's draws are scaled so that its largest
+  // maps to max_image_size, its min with them (the run file's unit need not be pixels: a
+  // distribution of 224-896 maps onto 8-32 px). A fixed distribution draws the largest only.
+  const spec::SizeDistribution& sides = data.image;
+  int drawn_min = sides.kind == spec::SizeKind::fixed ? encoder->max_image_size : sides.min;
+  if (sides.kind == spec::SizeKind::lognormal) {
+    const int largest = sides.step > 0 ? sides.max / sides.step * sides.step : sides.max;
+    if (largest > 0)
+      drawn_min = static_cast<int>(static_cast<long long>(encoder->max_image_size) * sides.min / largest);
+  }
+  const int min_side = std::max(encoder->patch_size, drawn_min);
   if (min_side > encoder->max_image_size)
     throw Error(Status::unsupported, field + "has max_image_size " + std::to_string(encoder->max_image_size) +
-                                         ", below the smallest side the run draws (" + std::to_string(min_side) +
-                                         " px: data.image_resolution's min, or the patch size)");
+                                         ", below its patch size " + std::to_string(encoder->patch_size));
   return shapes_config(data, encoder->patch_size, std::max(8, min_side), encoder->max_image_size);
 }
 

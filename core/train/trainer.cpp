@@ -334,7 +334,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   if (!o.gradients_dir.empty()) {
     // Dumps are files of a checkpoint's name and format: among checkpoints a resume would
     // take the newest dump for one.
-    if (!o.checkpoint_dir.empty() && same_directory(o.gradients_dir, o.checkpoint_dir))
+    if (!o.checkpoint_dir.empty() && same_path(o.gradients_dir, o.checkpoint_dir))
       throw Error(Status::invalid_argument, "--dump-gradients '" + o.gradients_dir +
                                                 "' is the checkpoint directory: its step files would read as "
                                                 "checkpoints; give it a directory of its own");

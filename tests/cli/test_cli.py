@@ -516,6 +516,23 @@ class DataTest(CliTestCase):
         run = run.replace("cluster: ../", "cluster: " + os.path.join(SOURCE_DIR, "configs") + "/")
         return self.temp_file(run, "run.yaml")
 
+    def test_a_distribution_in_other_units_is_scaled_whole(self):
+        # 224-896 (the 72B run's unit) onto the encoder's 32 px: the min scales with the draws.
+        # It was taken as 224 px (refused), and a min of 32 on a max of 64 drew every image at 32.
+        with open(os.path.join(SOURCE_DIR, self.TINY)) as f:
+            run = f.read()
+        old = "distribution: {kind: lognormal, median: 24, sigma: 0.3, min: 16, max: 32}"
+        self.assertIn(old, run)
+        run = run.replace(old, "distribution: {kind: lognormal, median: 336, sigma: 0.5, min: 224, max: 896}")
+        run = run.replace("model: ../", "model: " + os.path.join(SOURCE_DIR, "configs") + "/")
+        run = run.replace("cluster: ../", "cluster: " + os.path.join(SOURCE_DIR, "configs") + "/")
+        path = self.temp_file(run, "run.yaml")
+        result = braid("data", "--config", path, "--show", "200", "--format", "json")
+        self.assertExit(result, 0)
+        doc = json.loads(result.stdout)
+        self.assertEqual((doc["min_side"], doc["max_side"]), (8, 32))
+        self.assertGreaterEqual(len({s["side"] for s in doc["samples"]}), 3, "the sizes vary")
+
     def test_table_shows_captions_and_thumbnails(self):
         result = braid("data", "--show", "2", "--columns", "8", "--split", "heldout")
         self.assertExit(result, 0)

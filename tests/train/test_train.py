@@ -780,6 +780,23 @@ class Cli(unittest.TestCase):
             for a, b in zip(two, one):
                 self.assertLessEqual(abs(a - b) / abs(b), TOLERANCE)
 
+    def test_an_output_never_writes_over_an_input_or_the_other_output(self):
+        with tempfile.TemporaryDirectory() as d:
+            run = variant(d, CLIP, "run.yaml")
+            with open(run) as f:
+                before = f.read()
+            for args, message in [(["--metrics", run], f"--metrics '{run}' is the file of --config"),
+                                  (["--trace", d + "/./run.yaml"], "is the file of --config"),
+                                  (["--metrics", d + "/out", "--trace", d + "/out"],
+                                   "--metrics and --trace name one file"),
+                                  (["--progress-every", "1", "--quiet"], "contradict each other")]:
+                with self.subTest(args=args):
+                    r = train(1, "--config", run, "--steps", "1", *args)
+                    self.assertEqual(r.returncode, 2, r.stderr)
+                    self.assertIn(message, r.stderr)
+            with open(run) as f:
+                self.assertEqual(f.read(), before, "the run file is as it was")
+
     def test_ranks_started_with_other_commands_or_files_stop_at_once(self):
         # Unchecked, other --steps hung at the last common step, other seeds trained apart.
         base = [CLI, "train", "--threads", "1", "--quiet", "--config"]

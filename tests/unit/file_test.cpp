@@ -90,12 +90,12 @@ TEST_F(FileTest, UnwritablePlacesAreNamedBeforeAnyWork) {
 TEST_F(FileTest, OneDirectoryHowEverItIsSpelled) {
   fs::create_directories(at("ckpt"));
   fs::create_directory_symlink(at("ckpt"), at("link"));
-  EXPECT_TRUE(same_directory(at("ckpt"), at("ckpt") + "/"));
-  EXPECT_TRUE(same_directory(at("ckpt"), at("sub/../ckpt")));
-  EXPECT_TRUE(same_directory(at("ckpt"), at("link")));
-  EXPECT_TRUE(same_directory(at("new"), at("new/")));  // neither exists yet
-  EXPECT_FALSE(same_directory(at("ckpt"), at("ckpt/grads")));
-  EXPECT_FALSE(same_directory(at("ckpt"), at("other")));
+  EXPECT_TRUE(same_path(at("ckpt"), at("ckpt") + "/"));
+  EXPECT_TRUE(same_path(at("ckpt"), at("sub/../ckpt")));
+  EXPECT_TRUE(same_path(at("ckpt"), at("link")));
+  EXPECT_TRUE(same_path(at("new"), at("new/")));  // neither exists yet
+  EXPECT_FALSE(same_path(at("ckpt"), at("ckpt/grads")));
+  EXPECT_FALSE(same_path(at("ckpt"), at("other")));
 }
 
 }  // namespace

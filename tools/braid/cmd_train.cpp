@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "core/common/error.hpp"
+#include "core/common/file.hpp"
 #include "core/cost/cost_model.hpp"
 #include "core/orchestrate/planning.hpp"
 #include "core/orchestrate/program.hpp"
@@ -168,6 +169,20 @@ int run_train(const std::vector<std::string>& args) {
   if (problem.empty() && !spec::host_threads_problem(data_workers).empty())
     problem = "--data-workers " + spec::host_threads_problem(data_workers);
   if (problem.empty() && vm.count("progress-every") && progress_every < 1) problem = "--progress-every must be >= 1";
+  if (problem.empty() && vm.count("progress-every") && vm.count("quiet"))
+    problem = "--progress-every and --quiet contradict each other: give one";
+  // An output written over an input, or over the other output, loses it.
+  const std::pair<const char*, std::string> outputs[] = {{"--metrics", metrics}, {"--trace", trace}};
+  const std::pair<const char*, std::string> inputs[] = {
+      {"--config", plan_opts.config}, {"--cluster", plan_opts.cluster_file}, {"--plan", plan_opts.plan_file}};
+  for (const auto& [option, path] : outputs) {
+    if (path.empty() || !problem.empty()) continue;
+    for (const auto& [input, read] : inputs)
+      if (!read.empty() && same_path(path, read))
+        problem = std::string(option) + " '" + path + "' is the file of " + input + ": it would be written over";
+  }
+  if (problem.empty() && !metrics.empty() && !trace.empty() && same_path(metrics, trace))
+    problem = "--metrics and --trace name one file, '" + metrics + "': give each its own";
   if (!problem.empty()) {
     std::fprintf(stderr, "braid train: error: %s\n(see 'braid train --help')\n", problem.c_str());
     return kExitBadInput;
