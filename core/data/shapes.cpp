@@ -196,6 +196,11 @@ ShapesConfig run_shapes_config(const spec::RunSpec& run, std::uint64_t seed) {
   return shapes_config(data, encoder->patch_size, std::max(8, min_side), encoder->max_image_size);
 }
 
+int ShapesDataset::smallest_side() const {
+  if (config_.sides.kind == spec::SizeKind::fixed) return largest_side();
+  return ((config_.min_side - 1) / config_.patch + 1) * config_.patch;
+}
+
 ShapesDataset::ShapesDataset(ShapesConfig config) : config_(std::move(config)) {
   const auto& c = config_;
   check(c.patch >= 1, "patch " + std::to_string(c.patch) + " must be >= 1");

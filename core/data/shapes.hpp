@@ -87,6 +87,9 @@ class ShapesDataset {
   // batch by size before rendering it).
   Scene scene(std::int64_t index, Split split = Split::train) const;
   int side(std::int64_t index, Split split = Split::train) const;
+  // The smallest and largest side a sample can have, on the patch grid (fixed: the largest).
+  int smallest_side() const;
+  int largest_side() const { return config_.max_side / config_.patch * config_.patch; }
   // Whether `scene` belongs to the held-out split.
   bool heldout(const Scene& scene) const;
 

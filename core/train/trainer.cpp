@@ -248,10 +248,6 @@ double probe_host(const spec::ClusterSpec& cluster, runtime::Communicator& comm,
 
 }  // namespace
 
-double learning_rate(const spec::TrainerSpec& t, std::int64_t step, std::int64_t total) {
-  return LrSchedule::of(t, total).at(step);
-}
-
 spec::RunSpec fit_cluster_to_world(const spec::RunSpec& run, int world) {
   if (world < 1) throw Error(Status::invalid_argument, "a world of " + std::to_string(world) + " processes");
   spec::RunSpec fitted = run;

@@ -62,9 +62,6 @@ struct TrainReport {
   std::optional<OpProfile> ops;  // with TrainOptions::profile_ops and a step timed
 };
 
-// The learning rate of `step` (1-based): linear warm-up, then cosine to min_lr_ratio.
-double learning_rate(const spec::TrainerSpec& t, std::int64_t step, std::int64_t total_steps);
-
 // A copy of `run` whose cluster has exactly `world` devices (nodes of the run's node width,
 // or one node of `world` when fewer), so the planner lays out the processes there are.
 spec::RunSpec fit_cluster_to_world(const spec::RunSpec& run, int world);

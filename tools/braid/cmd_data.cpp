@@ -74,11 +74,7 @@ int run_data(const std::vector<std::string>& args) {
   }
   const data::ShapesDataset dataset(shapes);
   const char* sides = shapes.sides.kind == spec::SizeKind::fixed ? "fixed" : spec::size_kind_name(shapes.sides.kind);
-  // The sides on the patch grid: what the dataset can draw (a fixed distribution, the largest).
-  const int largest = shapes.max_side / shapes.patch * shapes.patch;
-  const int smallest = shapes.sides.kind == spec::SizeKind::fixed
-                           ? largest
-                           : (shapes.min_side - 1) / shapes.patch * shapes.patch + shapes.patch;
+  const int largest = dataset.largest_side(), smallest = dataset.smallest_side();
 
   if (format == "json") {
     nlohmann::ordered_json j;
