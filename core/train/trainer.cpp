@@ -26,6 +26,7 @@
 #include "core/train/host_staging.hpp"
 #include "core/train/inputs.hpp"
 #include "core/train/lr_schedule.hpp"
+#include "core/train/run_record.hpp"
 #include "core/train/sharded_state.hpp"
 #include "core/train/train_device.hpp"
 #include "core/train/zero.hpp"
@@ -109,9 +110,10 @@ EvalMetrics evaluate(const Evaluators& who, const nn::Model& model, const std::v
   return m;
 }
 
-// A checkpoint's metadata: "<run>; <layout>". The run part (run file, model, seed) must match
-// for a checkpoint to continue this run; the layout part ("world W; strategy S; <grids>") may
-// differ, and the state is then resharded on load.
+// A checkpoint's metadata, for people: "<run>; <layout>" (the run file, model and seed; the
+// world, strategy and grids). A resume compares the run record (run_record.hpp), or the run part
+// for a checkpoint written before braid recorded one; the layout may differ, and the state is
+// then resharded on load.
 std::string run_identity(const TrainOptions& o, std::uint64_t seed) {
   return "run " + o.run.source + "; model " + o.run.model.name + "; seed " + std::to_string(seed);
 }
@@ -151,7 +153,13 @@ std::string canonical_identity(const std::string& identity) {
   return ec ? identity : "run " + file.string() + identity.substr(end);
 }
 
-void expect_same_run(const CheckpointContents& c, const std::string& identity) {
+void expect_same_run(const CheckpointContents& c, const RunRecord& record, const std::string& identity) {
+  if (RunRecord::recorded(c)) {
+    if (const std::string change = run_change(c, record); !change.empty())
+      throw Error(Status::bad_config, "--resume: " + change + "; resume with the run file it was trained with");
+    return;
+  }
+  // Written before the run record: the same run file, model and seed.
   const std::string theirs = split_metadata(c.metadata).first;
   if (canonical_identity(theirs) != canonical_identity(identity))
     throw Error(Status::bad_config,
@@ -164,9 +172,10 @@ std::string layout_for_people(const std::string& layout) {
   return at == std::string::npos ? layout : layout.substr(0, at) + " (" + layout.substr(at + 2) + ")";
 }
 
-// `schedule`: the learning rates the state was trained under (checkpoints; null for gradient dumps).
+// `schedule`, `record`: the learning rates and the run the state was trained under (checkpoints;
+// null for gradient dumps).
 void save(const std::string& dir, std::int64_t step, int rank, int world, const std::string& meta, Executor& executor,
-          const LrSchedule* schedule, runtime::Communicator& comm, int keep) {
+          const LrSchedule* schedule, const RunRecord* record, runtime::Communicator& comm, int keep) {
   const bool with_state = schedule != nullptr;
   // Optimizer state not created yet is saved without elements (a default Tensor is a scalar's shape).
   const auto state = [](const nn::Tensor& t) { return t.data.empty() ? nn::Tensor(nn::Shape{0}) : t; };
@@ -195,6 +204,7 @@ void save(const std::string& dir, std::int64_t step, int rank, int world, const 
     }
   }
   if (schedule) schedule->record(c);
+  if (record) record->record(c);
   write_shard(dir, step, rank, world, c);
   comm.barrier();
   if (rank == 0) commit(dir, step, world, keep);
@@ -326,6 +336,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       return static_cast<std::size_t>(m.reserved - m.in_use);
     };
   const std::string meta = metadata(o, seed, size);
+  const RunRecord record = RunRecord::of(run, seed);
   Executor* executor_ptr = nullptr;
   if (!o.gradients_dir.empty()) {
     // Dumps are files of a checkpoint's name and format: among checkpoints a resume would
@@ -337,7 +348,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
     if (rank == 0) create_checkpoint_dir(o.gradients_dir);
     eo.after_reduce = [&](std::int64_t step) {
       world.communicator().barrier();
-      save(o.gradients_dir, step, rank, size, meta, *executor_ptr, nullptr, world.communicator(), 0);
+      save(o.gradients_dir, step, rank, size, meta, *executor_ptr, nullptr, nullptr, world.communicator(), 0);
     };
   }
   const cost::CostModel cost(run, trained_samples(dataset), cost::Kernels::reference);
@@ -381,7 +392,6 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
                                             "' is usable (listed above); nothing was changed: move them aside to "
                                             "start afresh, or give another --checkpoint-dir");
       if (scan.step) {
-        const std::string identity = run_identity(o, seed);
         // Before anything is restored: a refusal leaves the run as it was.
         const auto same_schedule = [&](const CheckpointContents& c) {
           if (*scan.step >= total) return;  // nothing left to train
@@ -397,17 +407,18 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
         std::optional<CheckpointContents> own;
         if (scan.world == size) {
           own = read_shard(o.checkpoint_dir, *scan.step, rank, size);
-          expect_same_run(*own, identity);
+          expect_same_run(*own, record, run_identity(o, seed));
         }
         // The same layout: this rank's own shard holds its state (unless a plan with the same
         // grids split the layers otherwise; then the whole state is cut as for another layout).
-        if (own && own->metadata == meta && holds_all(*own, executor.parameters())) {
+        if (own && split_metadata(own->metadata).second == layout_description(o, size) &&
+            holds_all(*own, executor.parameters())) {
           same_schedule(*own);
           restore(*own, executor.parameters());
         } else {
           own.reset();
           const std::vector<CheckpointContents> shards = read_all_shards(o.checkpoint_dir, *scan.step);
-          for (const auto& c : shards) expect_same_run(c, identity);
+          for (const auto& c : shards) expect_same_run(c, record, run_identity(o, seed));
           same_schedule(shards.front());
           if (rank == 0) {
             std::string label = checkpoint_file_name(*scan.step);  // "step-000123"
@@ -502,7 +513,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       report.evals.push_back(std::move(e));
     }
     if (!o.checkpoint_dir.empty() && ((ckpt_every > 0 && step % ckpt_every == 0) || step == total)) {
-      save(o.checkpoint_dir, step, rank, size, meta, executor, &schedule, comm,
+      save(o.checkpoint_dir, step, rank, size, meta, executor, &schedule, &record, comm,
            static_cast<int>(run.trainer.keep_checkpoints));
       report.summary.checkpoint = o.checkpoint_dir + "/" + checkpoint_file_name(step);
     }

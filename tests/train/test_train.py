@@ -675,8 +675,8 @@ class Resharding(unittest.TestCase):
     """A checkpoint written by TP 2 x DP 2 on 4 ranks resumes under another layout and world
     size (every shard read, the tensor-parallel slices joined whole, each rank's own slices cut
     again) with the losses of the uninterrupted run: the same layout bit for bit, DP 4 on 4
-    ranks and TP 1 x PP 2 on 2 ranks within a relative 1e-6. A checkpoint of another run
-    (another seed) is still refused."""
+    ranks and TP 1 x PP 2 on 2 ranks within a relative 1e-6. A copy of the run file elsewhere
+    continues the run; a checkpoint of another run (another seed, other data) is refused."""
 
     TP2_DP2 = ("--strategy", "megatron", "--tp", "2")
     ZERO = 0  # the run file's zero_stage
@@ -761,12 +761,34 @@ class Resharding(unittest.TestCase):
         check(self, r)
         self.assertEqual(resumed, self.full)
 
-    def test_a_checkpoint_of_another_seed_is_refused(self):
+    def test_a_copy_of_the_run_file_elsewhere_continues_the_run(self):
+        # The checkpoint records what the run's steps depend on, not where its file was.
+        d = self.tmp.name
+        os.makedirs(d + "/moved", exist_ok=True)
+        copy = shutil.copy(self.config, d + "/moved/renamed.yaml")
+        resumed, r = self.resume("moved", 4, *self.TP2_DP2, config=copy)
+        check(self, r)
+        self.assertNotIn("resharding", r.stderr)
+        self.assertEqual(resumed, self.full)
+
+    def test_a_checkpoint_of_another_seed_or_data_is_refused_naming_the_field(self):
         _, r = self.resume("seed", 2, "--strategy", "megatron", "--pp", "2", seed=5)
         self.assertNotEqual(r.returncode, 0)
-        self.assertIn("is of another run (run ", r.stderr)
-        self.assertIn("; seed 1), this one is run ", r.stderr)
-        self.assertIn("; seed 5", r.stderr)
+        self.assertIn("was trained on another run: its seed was 1, this run's 5;", r.stderr)
+        # The same path, its data edited since the checkpoint.
+        d = self.tmp.name
+        with open(self.config) as f:
+            text = f.read()
+        assert text.count("median: 24") == 1
+        edited = os.path.join(d, "edited.yaml")
+        with open(edited, "w") as f:
+            f.write(text.replace("median: 24", "median: 20"))
+        _, r = self.resume("edited", 4, *self.TP2_DP2, config=edited)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("was trained on another run: its data.image.median was 24, this run's 20; resume with "
+                      "the run file it was trained with", r.stderr)
+        self.assertEqual(sorted(os.listdir(d + "/ckpt-edited")), sorted(os.listdir(d + "/ckpt-seed")))
+        self.assertEqual(losses(d + "/edited.jsonl"), self.full, "the metrics file is left as it was")
 
 class Cli(unittest.TestCase):
     def test_seed_gives_other_weights_and_data_the_same_on_any_world(self):

@@ -28,6 +28,7 @@
 #include "core/train/lr_schedule.hpp"
 #include "core/train/memory_meter.hpp"
 #include "core/train/metrics.hpp"
+#include "core/train/run_record.hpp"
 #include "core/train/sharded_state.hpp"
 #include "tests/unit/support.hpp"
 
@@ -545,6 +546,47 @@ TEST(LrSchedule, ACheckpointKeepsItsScheduleAndAResumeComparesTheStepsItTrained)
                 .find("its step 1 trained at 0.00025 where this run's "
                       "schedule gives 0.0005"),
             std::string::npos);
+}
+
+// A checkpoint records what the run's steps depend on, field by field: the same run read from
+// another path compares equal; another model, data or seed is named; the cluster and the trainer's
+// other settings may change.
+TEST(RunRecord, ACheckpointKeepsItsRunAndAResumeNamesTheFieldThatChanged) {
+  const spec::RunSpec run = test::load("tiny-clip.yaml");
+  const RunRecord record = RunRecord::of(run, 1);
+  CheckpointContents c;
+  c.source = "ck/step-000003.braidckpt";
+  EXPECT_EQ(run_change(c, record), "");  // written before runs were recorded: nothing to compare
+  record.record(c);
+  ASSERT_TRUE(RunRecord::recorded(c));
+  EXPECT_EQ(*RunRecord::recorded(c), record);
+  spec::RunSpec elsewhere = run;
+  elsewhere.source = "/elsewhere/renamed.yaml";
+  elsewhere.cluster.nodes = 2;
+  elsewhere.trainer.steps = 5000;
+  elsewhere.trainer.eval_every = 7;
+  elsewhere.training.microbatch = 8;  // a layout setting: the same samples in other microbatches
+  EXPECT_EQ(run_change(c, RunRecord::of(elsewhere, 1)), "");
+
+  EXPECT_EQ(run_change(c, RunRecord::of(run, 5)),
+            "checkpoint 'ck/step-000003.braidckpt' was trained on another run: its seed was 1, this run's 5");
+  spec::RunSpec edited = run;
+  edited.data.image.median = 20;
+  edited.model.modules[0].heads = 2;
+  edited.training.contrastive_batch = 64;
+  EXPECT_EQ(run_change(c, RunRecord::of(edited, 1)),
+            "checkpoint 'ck/step-000003.braidckpt' was trained on another run: its model.image_encoder.heads was 4, "
+            "this run's 2 (and 2 more fields: training.contrastive_batch, data.image.median)");
+  spec::RunSpec fewer = run;
+  fewer.model.modules.erase(fewer.model.modules.begin() + 1);  // the text encoder gone
+  const std::string gone = run_change(c, RunRecord::of(fewer, 1));
+  EXPECT_NE(gone.find("its model.modules was 3, this run's 2 (and "), std::string::npos) << gone;
+  EXPECT_NE(gone.find("model.text_encoder.role"), std::string::npos) << gone;
+
+  CheckpointContents broken;
+  broken.source = "ck/bad.braidckpt";
+  broken.add_blob("run/fields", "seed=1\nno equals sign\n");
+  EXPECT_THROW(RunRecord::recorded(broken), Error);
 }
 
 TEST(ShardedState, NamesRoundTripAndMalformedOnesAreNotStateNames) {
