@@ -53,6 +53,7 @@ plan::PlanResult make_plan(const cost::CostModel& cost, plan::PlanRequest reques
 plan::PlanReport plan_report(const cost::CostModel& cost, const plan::PlanResult& result, plan::Strategy requested) {
   plan::PlanReport report{&result, requested, &cost};
   report.simulated_step_s = simulated_step(cost, result.best, &report.simulation_error);
+  report.schedule = spec::schedule_name(schedules_for(cost, result.best).front());
   return report;
 }
 

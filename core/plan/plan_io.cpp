@@ -17,18 +17,6 @@ namespace {
 
 using nlohmann::ordered_json;
 
-// The schedule a plan runs, as users name it.
-std::string schedule_label(const Plan& plan, const spec::RunSpec& run) {
-  if (run.model.topology == spec::Topology::contrastive) {
-    // The names `braid simulate --schedule` and `braid train` take for what runs by default.
-    return spec::schedule_name(plan.layout == Layout::branches ? spec::Schedule::distmm_pipe
-                                                               : spec::Schedule::batch_sync);
-  }
-  if (plan.virtual_stages > 1) return "interleaved";
-  return spec::schedule_name(plan.schedule == spec::Schedule::interleaved ? spec::Schedule::one_f_one_b
-                                                                          : plan.schedule);
-}
-
 // 197.20B, 124.44M, or every digit of a tiny model's (220225): never "0.00B".
 std::string parameter_count(double n) {
   if (n >= 1e9) return fixed(n / 1e9, 2) + "B";
@@ -108,7 +96,7 @@ std::string to_json(const PlanReport& r) {
   j["device"] = run.cluster.device_name;
   j["model"] = run.model.name;
   j["run"] = run.source;
-  j["schedule"] = schedule_label(plan, run);
+  j["schedule"] = r.schedule;
   j["microbatches"] = plan.microbatches;
   j["virtual_stages"] = plan.virtual_stages;
   j["global_batch"] = run.training.global_batch;
@@ -191,8 +179,8 @@ std::string to_table(const PlanReport& r) {
     << parameter_count(spec::model_parameters(run.model)) << " parameters) on " << run.devices() << " x "
     << run.cluster.device_name << " (" << run.cluster.nodes << (run.cluster.nodes == 1 ? " node)\n" : " nodes)\n");
   s << "strategy " << strategy_name(plan.strategy) << " (layout " << layout_name(plan.layout) << ", schedule "
-    << schedule_label(plan, run) << "), " << plan.devices << " devices, global batch " << run.training.global_batch
-    << ", " << microbatches_label(plan, run) << "\n\n";
+    << r.schedule << "), " << plan.devices << " devices, global batch " << run.training.global_batch << ", "
+    << microbatches_label(plan, run) << "\n\n";
   s << pad("module", 18) << pad("role", 11) << pad("devices", 8, true) << pad("first", 7, true) << pad("tp", 4, true)
     << pad("pp", 4, true) << pad("dp", 6, true) << pad("mb", 5, true) << "  layers per stage\n";
   for (const auto& p : plan.modules) {
@@ -215,7 +203,8 @@ std::string to_table(const PlanReport& r) {
   s << "  per device           " << fixed(e.tflops_per_device, 1) << " TFLOP/s, MFU " << fixed(100 * e.mfu, 1) << "%\n";
   s << "  peak memory          " << fixed(e.peak_memory_gib, 1) << " GiB on " << e.peak_memory_at << " (weights "
     << fixed(e.memory.weights / kGiB, 1) << ", gradients " << fixed(e.memory.gradients / kGiB, 1) << ", optimizer "
-    << fixed(e.memory.optimizer / kGiB, 1) << ", activations " << fixed(e.memory.activations / kGiB, 1) << ")\n";
+    << fixed(e.memory.optimizer / kGiB, 1) << ", activations " << fixed(e.memory.activations / kGiB, 1) << ", reserved "
+    << fixed(e.memory.reserved / kGiB, 1) << ")\n";
   s << "  bubble fraction      " << fixed(100 * e.bubble_fraction, 1) << "%\n";
   s << "  critical path        compute " << seconds(e.compute_s) << ", pipeline fill/drain "
     << seconds(e.pipeline_bubble_s) << ", TP comm " << seconds(e.tp_comm_s) << ", DP comm " << seconds(e.dp_comm_s)

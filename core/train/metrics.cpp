@@ -163,10 +163,14 @@ std::string ProgressMeter::update(std::int64_t step, double loss, double samples
 }
 
 std::int64_t default_progress_interval(std::int64_t total_steps) {
-  const std::int64_t at_least = (total_steps + 19) / 20;
+  // The lines progress_due prints for a run from step 1: every multiple of `every`, step 1 and
+  // the last step.
+  const auto lines = [&](std::int64_t every) {
+    return total_steps / every + (every > 1 ? 1 : 0) + (total_steps % every != 0 ? 1 : 0);
+  };
   for (std::int64_t scale = 1;; scale *= 10) {
     for (std::int64_t m : {1, 2, 5}) {
-      if (m * scale >= at_least) return m * scale;
+      if (lines(m * scale) <= 20 || m * scale >= total_steps) return m * scale;
     }
   }
 }

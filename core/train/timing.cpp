@@ -304,6 +304,12 @@ void write_measured_trace(const std::string& path, const RankProgram& program, c
     }
   }
   r.step_time_s = t1 > t0 ? t1 - t0 : 0;
+  // As the simulator counts it: the share of the ranks' step outside their compute lane (here
+  // an op's time includes its tensor-parallel collectives).
+  double busy = 0;
+  for (const sim::TraceEvent& e : r.trace)
+    if (e.lane == 0) busy += e.duration;
+  if (r.step_time_s > 0) r.bubble_fraction = std::clamp(1 - busy / (r.step_time_s * r.ranks), 0.0, 1.0);
   sim::write_chrome_trace(path, program.program, r, "braid train");
 }
 

@@ -518,12 +518,14 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       report.summary.checkpoint = o.checkpoint_dir + "/" + checkpoint_file_name(step);
     }
   }
-  if (!o.trace_path.empty()) write_measured_trace(o.trace_path, executor.program(), executor.executed(), comm);
+  const bool trained = steps_to_run;  // a resumed run may have nothing left
+  // A finished run resumed leaves its trace as it was, like its metrics file.
+  if (!o.trace_path.empty() && trained)
+    write_measured_trace(o.trace_path, executor.program(), executor.executed(), comm);
   // Samples made in the step's time: by the training thread itself, or by a worker that finds
   // every core of the node held by the ranks' threads.
   TrainedLoad load(cost, o.plan, executor.program(), o.data_workers == 0 || !run.cluster.spare_core_for_data());
   report.comparison = compare_with_simulation(measured, executor.program().program, comm, &load);
-  const bool trained = steps_to_run;  // a resumed run may have nothing left
   if (trained) {
     report.comparison.probe_before = probe_before;
     report.comparison.probe_after = probe_host(run.cluster, comm, world, threads, device.backend);
@@ -545,7 +547,9 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       out << format_op_profile(*report.ops, compute);
     }
     if (trained) out << format_memory_comparison(report.memory);
-    if (!o.trace_path.empty()) out << "trace of the last step as measured: " << o.trace_path << "\n";
+    if (!o.trace_path.empty())
+      out << (trained ? "trace of the last step as measured: " : "no step ran: the trace is left as it was: ")
+          << o.trace_path << "\n";
     out << std::flush;
   }
   return report;

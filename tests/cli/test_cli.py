@@ -154,6 +154,23 @@ class PlanJsonTest(CliTestCase):
                 self.assertEqual(first["reason"], "fastest")
                 self.assertEqual(first["iteration_time_s"], doc["estimate"]["iteration_time_s"])
 
+    def test_the_schedule_is_the_one_simulate_runs(self):
+        # A colocated plan said "1f1b", which simulate and train refuse for it.
+        for name in RUNS + ["tiny-mllm", "tiny-clip"]:
+            with self.subTest(run=name):
+                config = f"configs/runs/{name}.yaml"
+                plan_file = self.temp_file(run_config(config, "--format", "yaml").stdout, name + ".yaml")
+                schedule = self.plan_json(config)["schedule"]
+                result = simulate(config, "--plan", plan_file, "--format", "json")
+                self.assertExit(result, 0)
+                self.assertEqual(json.loads(result.stdout)["schedule"], schedule)
+                self.assertExit(simulate(config, "--plan", plan_file, "--schedule", schedule), 0)
+        self.assertEqual(self.plan_json("configs/runs/tiny-mllm.yaml")["schedule"], "optimus-fine")
+        # Given as a file, the colocated plan's estimate is still the fine schedule's.
+        table = simulate("configs/runs/tiny-mllm.yaml", "--plan", self.temp_file(
+            run_config("configs/runs/tiny-mllm.yaml", "--format", "yaml").stdout, "p.yaml")).stdout
+        self.assertIn("(planner's estimate, the fine schedule: ", table)
+
     def test_megatron_constraints(self):
         doc = self.plan_json("configs/runs/vit22b-gpt175b-3072gpu.yaml", "--strategy", "megatron", "--tp", "8",
                              "--pp", "8")
@@ -212,6 +229,7 @@ class PlanErrorTest(CliTestCase):
         self.assertUsageError(run_config(CLIP, "--cluster", ""), "--cluster names no file")
         self.assertUsageError(run_config(CLIP, "--plan", "", "--strategy", "megatron"), "--plan names no file")
         self.assertUsageError(braid("plan", "--config", ""), "--config names no file")
+        self.assertUsageError(simulate(CLIP, "--trace", ""), "--trace names no file")
 
     def test_a_device_is_no_spec_file(self):
         # /dev/zero was read without end, growing memory.

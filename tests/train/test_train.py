@@ -558,14 +558,22 @@ class Checkpoints(unittest.TestCase):
             self.assertEqual([m["step"] for m in records if not any(m.get(k) for k in run_records)], [1, 2, 3])
             self.assertEqual(sum(1 for m in records if m.get("summary")), 1)
             self.assertEqual(sum(1 for m in records if m.get("memory")), 1)
-            # Nothing left to train: where the run stands, its metrics (summary included) untouched.
+            # Nothing left to train: where the run stands, its metrics (summary included) and its
+            # trace untouched (the trace was written over with one of no events).
             with open(link) as f:
                 finished = f.read()
-            r = train(2, "--config", config, "--steps", "3", "--checkpoint-dir", ckpt, "--resume", "--metrics", link)
+            trace = os.path.join(d, "trace.json")
+            with open(trace, "w") as f:
+                f.write("the last step's trace\n")
+            r = train(2, "--config", config, "--steps", "3", "--checkpoint-dir", ckpt, "--resume", "--metrics", link,
+                      "--trace", trace)
             check(self, r)
             self.assertIn("nothing to train: the run is at step 3 of 3", r.stdout + r.stderr)
+            self.assertIn(f"no step ran: the trace is left as it was: {trace}", r.stdout)
             with open(link) as f:
                 self.assertEqual(f.read(), finished)
+            with open(trace) as f:
+                self.assertEqual(f.read(), "the last step's trace\n")
 
     def test_damaged_checkpoints_are_never_written_over_nor_pruned_in_place_of_good_ones(self):
         def flip(path):
@@ -811,7 +819,11 @@ class Cli(unittest.TestCase):
                                   (["--trace", d + "/./run.yaml"], "is the file of --config"),
                                   (["--metrics", d + "/out", "--trace", d + "/out"],
                                    "--metrics and --trace name one file"),
-                                  (["--progress-every", "1", "--quiet"], "contradict each other")]:
+                                  (["--progress-every", "1", "--quiet"], "contradict each other"),
+                                  # '' was taken as left out: a run without the output asked for.
+                                  (["--metrics", ""], "--metrics names no file"),
+                                  (["--trace", ""], "--trace names no file"),
+                                  (["--checkpoint-dir", ""], "--checkpoint-dir names no file")]:
                 with self.subTest(args=args):
                     r = train(1, "--config", run, "--steps", "1", *args)
                     self.assertEqual(r.returncode, 2, r.stderr)
@@ -1034,6 +1046,11 @@ class Cli(unittest.TestCase):
             self.assertEqual(set(measured["otherData"]), set(simulated["otherData"]))
             kinds = lambda doc: {(e["ph"], e.get("name") if e["ph"] == "M" else e.get("cat")) for e in doc["traceEvents"]}
             self.assertLessEqual(kinds(simulated), kinds(measured))
+            # The idle share of the ranks' step, as the simulator counts it (it was always 0).
+            idle = measured["otherData"]["bubble_fraction"]
+            busy = sum(e["dur"] for e in measured["traceEvents"] if e["ph"] == "X" and e["tid"] == 0)
+            self.assertGreater(idle, 0)
+            self.assertAlmostEqual(idle, 1 - busy / (2 * 1e6 * measured["otherData"]["step_time_s"]), places=6)
             per_rank = executed(d + "/train.json")
             self.assertEqual(sorted(per_rank), [0, 1])
             for count, events in per_rank.values():

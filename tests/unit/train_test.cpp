@@ -845,19 +845,20 @@ TEST(Progress, DurationsAndTheMovingAverageEta) {
 }
 
 TEST(Progress, LinesEveryRoundNumberOfSteps) {
-  // At most 20 lines per run, every 1, 2 or 5 x 10^k steps.
+  // At most 20 lines per run, step 1 and the last step included, every 1, 2 or 5 x 10^k steps.
   EXPECT_EQ(default_progress_interval(1), 1);
   EXPECT_EQ(default_progress_interval(20), 1);
   EXPECT_EQ(default_progress_interval(21), 2);
-  EXPECT_EQ(default_progress_interval(200), 10);
+  EXPECT_EQ(default_progress_interval(40), 5);    // every 2 would be 21 lines with step 1
+  EXPECT_EQ(default_progress_interval(200), 20);  // every 10 likewise
   EXPECT_EQ(default_progress_interval(201), 20);
   EXPECT_EQ(default_progress_interval(2500), 200);
-  EXPECT_EQ(default_progress_interval(1000000), 50000);
-  for (std::int64_t total : {1, 7, 20, 21, 99, 200, 2500, 12345}) {
+  EXPECT_EQ(default_progress_interval(1000000), 100000);
+  for (std::int64_t total : {1, 7, 20, 21, 40, 99, 200, 2000, 2500, 12345}) {
     const std::int64_t every = default_progress_interval(total);
     int lines = 0;
     for (std::int64_t step = 1; step <= total; ++step) lines += progress_due(step, 1, total, every);
-    EXPECT_LE(lines, 22) << total << " steps";  // the multiples, plus the first and last step
+    EXPECT_LE(lines, 20) << total << " steps";  // the multiples, plus the first and last step
     EXPECT_TRUE(progress_due(total, 1, total, every));
   }
   // A resumed run prints its first step; 0 prints nothing.

@@ -57,7 +57,7 @@ int run_data(const std::vector<std::string>& args) {
   // Sample indices are int64: the last one shown must be one too.
   if (show > 0 && first > std::numeric_limits<long long>::max() - show) return bad("--first + --show is past 2^63 - 1");
   if (columns < 1 || columns > 256) return bad("--columns must be in [1, 256]");
-  if (vm.count("config") && config.empty()) return bad("--config names no file");
+  if (const std::string empty = empty_file_option(vm, {"config"}); !empty.empty()) return bad(empty.c_str());
   const auto split = split_text == "train" ? data::Split::train : data::Split::heldout;
 
   data::ShapesConfig shapes;

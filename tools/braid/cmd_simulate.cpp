@@ -146,6 +146,7 @@ int run_simulate(const std::vector<std::string>& args) {
   }
   std::string problem = plan_opts.problem(vm);
   if (problem.empty() && format != "table" && format != "json") problem = "--format must be table or json";
+  if (problem.empty()) problem = empty_file_option(vm, {"trace"});
   // A trace of no replica would draw every stage idle.
   if (problem.empty() && (trace_replicas < -1 || trace_replicas == 0))
     problem = "--trace-replicas must be -1 (all) or at least 1";
@@ -228,7 +229,7 @@ int run_simulate(const std::vector<std::string>& args) {
   const spec::Schedule scored = allowed.front();
   // Optimus' estimate is the bubble scheduler's fine schedule, itself simulated.
   const char* scored_by =
-      chosen.strategy == plan::Strategy::optimus ? "planner's estimate, the fine schedule" : "planner's closed form";
+      chosen.layout == plan::Layout::colocated ? "planner's estimate, the fine schedule" : "planner's closed form";
   std::cout << "  step time          " << seconds(r.step_time_s) << "   (" << scored_by
             << (program.schedule == scored ? "" : std::string(" for ") + spec::schedule_name(scored)) << ": "
             << seconds(estimate) << ", " << (r.step_time_s >= estimate ? "+" : "")

@@ -171,6 +171,7 @@ int run_train(const std::vector<std::string>& args) {
   if (problem.empty() && vm.count("progress-every") && progress_every < 1) problem = "--progress-every must be >= 1";
   if (problem.empty() && vm.count("progress-every") && vm.count("quiet"))
     problem = "--progress-every and --quiet contradict each other: give one";
+  if (problem.empty()) problem = empty_file_option(vm, {"metrics", "trace", "checkpoint-dir", "dump-gradients"});
   // An output written over an input, or over the other output, loses it.
   const std::pair<const char*, std::string> outputs[] = {{"--metrics", metrics}, {"--trace", trace}};
   const std::pair<const char*, std::string> inputs[] = {

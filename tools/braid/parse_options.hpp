@@ -3,6 +3,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,16 @@ inline boost::program_options::parsed_options parse_options(const std::vector<st
     throw po::error("unexpected word '" + vm["braid-stray-words"].as<std::vector<std::string>>().front() +
                     "': options begin with -- (see --help)");
   }
+}
+
+// The first of `options` (long names of string options) given with an empty value, as
+// "--metrics names no file"; "" when none is. Given but empty is a mistake (an unset shell
+// variable), not the option left out.
+inline std::string empty_file_option(const boost::program_options::variables_map& vm,
+                                     std::initializer_list<const char*> options) {
+  for (const char* option : options)
+    if (vm.count(option) && vm[option].as<std::string>().empty()) return std::string("--") + option + " names no file";
+  return "";
 }
 
 }  // namespace braid::cli

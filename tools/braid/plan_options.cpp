@@ -2,6 +2,7 @@
 
 #include "core/common/text.hpp"
 #include "core/plan/plan_io.hpp"
+#include "tools/braid/parse_options.hpp"
 
 namespace po = boost::program_options;
 
@@ -23,10 +24,8 @@ void PlanOptions::add_to(po::options_description& opts) {
 }
 
 std::string PlanOptions::problem(const po::variables_map& vm) const {
-  if (config.empty()) return vm.count("config") ? "--config names no file" : "--config RUN.yaml is required";
-  for (const char* file : {"plan", "cluster"}) {  // given, but empty: not the same as left out
-    if (vm.count(file) && vm[file].as<std::string>().empty()) return std::string("--") + file + " names no file";
-  }
+  if (const std::string empty = empty_file_option(vm, {"config", "plan", "cluster"}); !empty.empty()) return empty;
+  if (config.empty()) return "--config RUN.yaml is required";
   // 0 is the unset default here, so a given 0 is refused by its presence, not its value.
   for (const char* axis : {"tp", "pp", "dp"}) {
     if (vm.count(axis) && vm[axis].as<int>() < 1) return "--tp, --pp and --dp must be positive";
