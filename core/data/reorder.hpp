@@ -37,8 +37,9 @@ Straggler straggler(std::span<const double> loads);
 // Modules with different DP widths (a disaggregated encoder with DP 4 next to an llm
 // with DP 6) draw from one assignment on the grid of lcm(widths) cells: cell c belongs
 // to rank c / (cells / dp) of a module with width dp, so each module's ranks get whole
-// runs of consecutive cells, hence equal sample counts, and balanced cells make
-// balanced ranks for every module at once. Cells whose ranks overlap in any module
+// runs of consecutive cells, hence equal sample counts, and cells balanced in summed cost
+// make ranks balanced in summed cost for every module at once (a module's own share of it
+// may still vary when samples are heavy on one module or on another). Cells whose ranks overlap in any module
 // form one pipeline group (gcd(widths) groups of cells / gcd consecutive cells): their
 // microbatches travel together, so they share one inter-microbatch order.
 struct CellGrid {

@@ -1,12 +1,31 @@
 #include "core/data/step_report.hpp"
 
 #include <chrono>
+#include <cmath>
 
+#include "core/common/error.hpp"
+#include "core/common/text.hpp"
 #include "core/data/dataset.hpp"
 #include "core/data/sample_cost.hpp"
 #include "core/sim/simulator.hpp"
 
 namespace braid::data {
+
+namespace {
+
+// The simulator takes a microbatch's work up to 1e9 times the nominal one; sizes drawn far past
+// the nominal ones (a histogram value of 64000 px on a 32 px run) are the run file's to mend.
+void expect_simulable(const std::vector<double>& scales, const std::string& stage, int step) {
+  for (double scale : scales)
+    if (!(scale < pipeline::kMaxWorkScale))
+      throw Error(Status::bad_config,
+                  "data: step " + std::to_string(step) + " draws a microbatch that stage '" + stage + "' would run " +
+                      (std::isfinite(scale) ? fixed(scale, 0) + " times" : "infinitely many times") +
+                      " as long as a nominal one: the distributions' sizes (max, values) lie too far past the "
+                      "nominal sizes of data: to simulate; narrow them or raise the nominal size");
+}
+
+}  // namespace
 
 DataReport data_report(const cost::CostModel& cost, const plan::Plan& plan, const pipeline::Program& program,
                        const std::function<void(int, int)>& progress) {
@@ -44,7 +63,10 @@ DataReport data_report(const cost::CostModel& cost, const plan::Plan& plan, cons
       const Arrangement a = arrange(layout, program, costs, nominal, static_cast<Reordering>(v));
       rep.evaluations += a.evaluations;
       const auto scales = work_scales(layout, program, costs, nominal, a);
-      for (std::size_t s = 0; s < scaled.stages.size(); ++s) scaled.stages[s].work_scale = scales[s];
+      for (std::size_t s = 0; s < scaled.stages.size(); ++s) {
+        expect_simulable(scales[s], program.stages[s].name, k);
+        scaled.stages[s].work_scale = scales[s];
+      }
       step.step_time_s[v] = sim::simulate(scaled).step_time_s;
       step.straggler[v] = worst_stage(program, scales);
     }

@@ -11,6 +11,10 @@
 
 namespace braid::pipeline {
 
+// The most a stage's work may be scaled for one microbatch (Stage::work_scale): a load, not a
+// size gone astray.
+constexpr double kMaxWorkScale = 1e9;
+
 enum class Op : std::uint8_t {
   load_microbatch,  // take the next microbatch's inputs (first stages)
   forward,          // forward of `microbatch` through model chunk `chunk`
@@ -125,7 +129,7 @@ struct StageProgram {
   // Optional per-sample load (data heterogeneity): when non-empty, of size replicas x slots,
   // the compute and TP time of a forward/backward of microbatch mb on replica r is
   // multiplied by work_scale[r * slots + mb], slots = work_scale.size() / replicas.
-  std::vector<double> work_scale;
+  std::vector<double> work_scale;  // each in [0, kMaxWorkScale)
   // The same for a colocated encoder's tasks (encoder_task, not its ZeRO shard traffic): the
   // compute and TP time of a task of encoder microbatch mb on replica r is multiplied by
   // task_scale[r * slots + mb], slots = task_scale.size() / replicas.

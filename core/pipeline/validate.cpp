@@ -38,7 +38,7 @@ void validate(const Program& p) {
                                                   std::to_string(st.replicas) + " replicas");
       }
       for (double w : *loads) {
-        if (!(w >= 0 && w < 1e9))
+        if (!(w >= 0 && w < kMaxWorkScale))
           throw Error(Status::invalid_argument, "stage '" + st.name + "': a " + name + " is not a load");
       }
     }

@@ -1,6 +1,7 @@
 #include "core/spec/run.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 
@@ -181,6 +182,10 @@ SizeDistribution parse_distribution(const Node& n, int step, const std::string& 
       total += d.weights.back();
     }
     if (!(total > 0)) n.at("weights").fail("the weights sum to 0; at least one must be positive");
+    // Past the largest double every draw would land on the last value.
+    if (!std::isfinite(total))
+      n.at("weights").fail(
+          "the weights sum to infinity in double precision; scale them down (only their ratios matter)");
   }
   return d;
 }

@@ -460,6 +460,20 @@ class SimulateDataTest(CliTestCase):
         mean = report["mean"]["straggler"]
         self.assertLess(mean["intra"]["ratio"], mean["none"]["ratio"])
 
+    def test_sizes_too_far_past_the_nominal_ones_are_named(self):
+        # A histogram value of 64000 px on a 32 px run failed inside the simulator: "a
+        # work_scale is not a load", naming neither the data nor the step.
+        with open(os.path.join(SOURCE_DIR, "configs/runs/tiny-mllm.yaml")) as f:
+            run = f.read()
+        line = "distribution: {kind: lognormal, median: 24, sigma: 0.3, min: 16, max: 32}"
+        assert run.count(line) == 1, "tiny-mllm's image distribution changed"
+        run = run.replace(line, "distribution: {kind: histogram, values: [16, 64000], weights: [1, 1]}")
+        run = run.replace("../", os.path.join(SOURCE_DIR, "configs") + "/")
+        result = simulate(self.temp_file(run, "huge.yaml"), "--strategy", "optimus", "--data")
+        self.assertExit(result, 2)
+        self.assertIn("data: step 0 draws a microbatch that stage 'stage 0 (projector, llm)' would run", result.stderr)
+        self.assertIn("the distributions' sizes (max, values) lie too far past the nominal sizes", result.stderr)
+
     def test_ordering_microbatches_never_undoes_the_intra_gain(self):
         # The order search once ignored the stages' gradient reductions and optimizer steps and
         # took an order that ended tiny-mllm's llm later: intra + inter slower than intra.

@@ -161,6 +161,9 @@ TEST(DataSpec, BadDistributionsNameFileLineAndColumn) {
       {"<string>:12:16: data.text.distribution.weights: 2 weights for 3 values: give one weight per value"});
   bad(text_distribution("      kind: histogram\n      values: [64, 256]\n      weights: [0, 0]\n"),
       {"<string>:12:16: data.text.distribution.weights: the weights sum to 0; at least one must be positive"});
+  // Summed past the largest double, every draw landed on the last value.
+  bad(text_distribution("      kind: histogram\n      values: [64, 256]\n      weights: [1e308, 1e308]\n"),
+      {"<string>:12:16: data.text.distribution.weights: the weights sum to infinity in double precision"});
   bad(text_distribution("      kind: histogram\n      values: [64, 256]\n      weights: [1, -2]\n"),
       {"<string>:12:20: data.text.distribution.weights[1]: a weight must be zero or more (got -2)"});
   bad(text_distribution("      kind: fixed\n      median: 512\n"),

@@ -94,7 +94,7 @@ typedef struct braid_reorder_info {
   int32_t pipeline_groups; /* gcd of those widths: groups of cells with one microbatch order each */
   int32_t microbatches;    /* per pipeline and step */
   int32_t cell_microbatch; /* samples per cell and microbatch */
-  double straggler_before; /* max / mean cell load in dataset order (1: balanced) */
+  double straggler_before; /* max / mean cell load (summed over modules) in dataset order (1: balanced) */
   double straggler_after;  /* the same with this assignment */
   int64_t evaluations;     /* 1F1B step times the inter search computed */
 } braid_reorder_info;
