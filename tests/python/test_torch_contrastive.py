@@ -103,6 +103,11 @@ def mismatch_worker(rank, world, init_file, results):
     features = F.normalize(torch.randn(ROWS, EMBED + rank), dim=-1)
     scale = torch.tensor(2.0)
     got = {"width": error_of(lambda: bt.ContrastiveLoss()(features, features, scale))}
+    # Rank 1's text features lack a row, then its scale holds two values: wrong there only (its
+    # error was raised there while rank 0 waited in the all-gather).
+    text = features[:-1] if rank == 1 else features
+    got["rows"] = error_of(lambda: bt.ContrastiveLoss()(features, text, scale))
+    got["scale"] = error_of(lambda: bt.ContrastiveLoss()(features, features, torch.ones(2) if rank else scale))
     if rank == 1:
         got["outside"] = error_of(lambda: bt.ContrastiveLoss(group=outside)(features, features, scale))
     results[rank] = got
@@ -125,6 +130,15 @@ class ContrastiveLossRefusesMismatches(unittest.TestCase):
                 f"of the same shape (rows, features), got ({ROWS}, {EMBED}), ({ROWS}, {EMBED + 1})")
         for rank in range(2):
             self.assertEqual(self.results[rank]["width"], want, f"rank {rank}")
+
+    def test_a_mistake_on_one_rank_is_an_error_on_every_rank(self):
+        self.assertEqual(self.results[1]["rows"], f"ValueError: ContrastiveLoss: image features ({ROWS}, {EMBED + 1}) "
+                                                  f"and text features ({ROWS - 1}, {EMBED + 1}) differ in shape")
+        self.assertEqual(self.results[1]["scale"],
+                         "ValueError: ContrastiveLoss: logit_scale must hold one value, got shape (2,)")
+        for case in ("rows", "scale"):
+            self.assertEqual(self.results[0][case], "ValueError: ContrastiveLoss: rank(s) [1] of the group passed "
+                                                    "arguments the loss cannot take (their error says which)", case)
 
     def test_a_rank_outside_the_group_gets_a_value_error(self):
         self.assertEqual(self.results[1]["outside"], "ValueError: ContrastiveLoss: rank 1 is not a member of its "

@@ -76,10 +76,20 @@ modules:
 """
 
 
-def reference(kind, global_batch, contrastive_batch=0):
+def freeze(layers, frozen):
+    """Freezes the layers named in ``frozen``: a module ("vision") or one layer ("vision.0")."""
+    for name, module in layers.items():
+        for i, layer in enumerate(module):
+            if name in frozen or f"{name}.{i}" in frozen:
+                for p in layer.parameters():
+                    p.requires_grad_(False)
+    return layers
+
+
+def reference(kind, global_batch, contrastive_batch=0, frozen=()):
     """Single-process SGD on the whole model and the whole batch (CLIP: the mean of its
     contrastive groups' losses, group g being samples [g C, (g+1) C))."""
-    layers = clip_layers() if kind == "clip" else mllm_layers("none")
+    layers = freeze(clip_layers() if kind == "clip" else mllm_layers("none"), frozen)
     params = [p for module in layers.values() for layer in module for p in layer.parameters()]
     optimizer = torch.optim.SGD(params, lr=LR)
     data = dataset(kind, global_batch, DATA_SEED)
@@ -166,7 +176,7 @@ def owned(executor, layers):
     return params
 
 
-def worker(rank, world, init_file, run, strategy, kind, options, settings, results):
+def worker(rank, world, init_file, run, strategy, kind, options, settings, extra, results):
     import braid
     import braid.torch as bt
 
@@ -177,9 +187,10 @@ def worker(rank, world, init_file, run, strategy, kind, options, settings, resul
     plan = config.plan(strategy=strategy, **options)
     program = plan.program()
     groups = bt.Groups(plan.groups(world))
-    layers = clip_layers() if kind == "clip" else mllm_layers("none")
+    layers = freeze(clip_layers() if kind == "clip" else mllm_layers("none"), extra.get("frozen", ()))
     executor = bt.ProgramExecutor(program, groups, layers, loss_fn=caption_loss, logit_scale=LOGIT_SCALE,
-                                  make_optimizer=lambda params: torch.optim.SGD(params, lr=LR))
+                                  make_optimizer=lambda params: torch.optim.SGD(params, lr=LR),
+                                  global_batch=extra.get("global_batch"))
     data = dataset(kind, executor.global_batch, DATA_SEED)
     executed = None
     for _ in range(STEPS):
@@ -196,13 +207,14 @@ def worker(rank, world, init_file, run, strategy, kind, options, settings, resul
 @unittest.skipIf(torch is None, REASON)
 class ExecutorReproducesOneProcess(unittest.TestCase):
 
-    def train(self, run, strategy, kind, world=4, options=None, settings=None):
+    def train(self, run, strategy, kind, world=4, options=None, settings=None, **extra):
         with tempfile.TemporaryDirectory() as tmp:
             results = mp.Manager().dict()
             mp.spawn(worker, args=(world, os.path.join(tmp, "init"), run, strategy, kind, options or {}, settings or {},
-                                   results), nprocs=world, join=True)
+                                   extra, results), nprocs=world, join=True)
             results = dict(results)
-        want = reference(kind, results[0]["global_batch"], (settings or {}).get("contrastive_batch", 0))
+        want = reference(kind, results[0]["global_batch"], (settings or {}).get("contrastive_batch", 0),
+                         extra.get("frozen", ()))
         seen = set()
         for rank, got in results.items():
             self.assertEqual(got["executed"], got["planned"], f"rank {rank} executed other instructions")
@@ -238,6 +250,21 @@ class ExecutorReproducesOneProcess(unittest.TestCase):
 
     def test_megatron_one_grid(self):
         self.train("tiny-mllm-4px.yaml", "megatron", "mllm")
+
+    # Frozen layers whose outputs need no gradient: a stage's backward, a tower's, an encoder
+    # task's had nothing to run backward on and raised.
+    def test_disttrain_frozen_vision_and_projector_stage(self):
+        self.train("tiny-mllm-4px.yaml", "disttrain", "mllm", frozen=("vision", "projector"))
+
+    def test_distmm_locked_image_tower(self):
+        self.train("tiny-clip.yaml", "distmm", "clip", frozen=("image_encoder",))
+
+    def test_optimus_frozen_first_encoder_layer(self):
+        self.train("tiny-mllm-4px.yaml", "optimus", "mllm", frozen=("vision.0",))
+
+    def test_optimus_with_another_global_batch(self):
+        # The colocated encoder's tasks took the plan's microbatch size, not this batch's.
+        self.assertEqual(self.train("tiny-mllm-4px.yaml", "optimus", "mllm", global_batch=32)["global_batch"], 32)
 
 
 def spawn(fn, world):
@@ -370,6 +397,97 @@ class TwoStageMessages(unittest.TestCase):
 
 
 @unittest.skipIf(torch is None, REASON)
+def refusing_worker(rank, world, init_file, case, results):
+    """Builds the executor of ``case`` on every rank: what each raised, or "built"."""
+    import braid
+    import braid.torch as bt
+
+    import datetime
+
+    # A rank left waiting on one that raised fails when that one exits, or at this timeout.
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+
+    def plan(run, strategy, settings=None, **options):
+        config = braid.Config.from_file(os.path.join(SOURCE_DIR, "configs", "runs", run))
+        if settings:
+            config.set_run_settings(**settings)
+        return config.plan(strategy=strategy, **options)
+
+    try:
+        if case == "contrastive_groups":
+            clip = plan("tiny-clip.yaml", "distmm", {"contrastive_batch": 64})
+            bt.ProgramExecutor(clip.program(), bt.Groups(clip.groups(world)), clip_layers(), global_batch=256)
+        elif case == "fan_out":
+            fan_out = plan("tiny-mllm-4px.yaml", "fixed", plan_yaml=FAN_OUT)
+            bt.ProgramExecutor(fan_out.program(), bt.Groups(fan_out.groups(world)), mllm_layers("none"),
+                               loss_fn=caption_loss, global_batch=20)
+        elif case == "widths":  # the text tower's embeddings 2 wider than the image tower's
+            clip = plan("tiny-clip.yaml", "distmm")
+            layers = clip_layers()
+            width = layers["text_encoder"][1].linear.out_features
+            layers["text_encoder"][1] = Dense(22, width, width + 2, False, normalize=True)
+            executor = bt.ProgramExecutor(clip.program(), bt.Groups(clip.groups(world)), layers,
+                                          logit_scale=LOGIT_SCALE)
+            try:
+                executor.step(batch_of(dataset("clip", 128, DATA_SEED)))
+                results[rank] = "stepped"
+            except Exception as e:  # the members' ValueError; the others' lost peer
+                results[rank] = f"{type(e).__name__}: {e}"
+            return  # no barrier: a rank may still wait on a peer that raised
+        else:  # groups of another plan
+            mine, other = plan("tiny-mllm-4px.yaml", "disttrain"), plan("tiny-mllm-4px.yaml", "megatron")
+            bt.ProgramExecutor(mine.program(), bt.Groups(other.groups(world)), mllm_layers("none"),
+                               loss_fn=caption_loss)
+        results[rank] = "built"
+    except ValueError as e:
+        results[rank] = str(e)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# Vision + projector on rank 0 feed an llm of 2 replicas (ranks 1, 2).
+FAN_OUT = TWO_STAGES.replace("devices: 2\n", "devices: 3\n").replace(
+    "dp: 1, first_device: 1, devices: 1, first_stage: 0,\n     microbatch_size: 4",
+    "dp: 2, first_device: 1, devices: 2, first_stage: 0,\n     microbatch_size: 2")
+
+
+class ExecutorRefusesOnEveryRank(unittest.TestCase):
+    """A batch or groups the program cannot run are refused on every rank as the executor is
+    built (they failed on some ranks in the step while the others waited, or hung)."""
+
+    def refusals(self, case, world):
+        with tempfile.TemporaryDirectory() as tmp:
+            results = mp.Manager().dict()
+            mp.spawn(refusing_worker, args=(world, os.path.join(tmp, "init"), case, results), nprocs=world,
+                     join=True)
+            return dict(results)
+
+    def test_a_global_batch_of_other_contrastive_groups(self):
+        for rank, said in self.refusals("contrastive_groups", 4).items():
+            self.assertIn("global_batch 256 makes 4 contrastive groups of 64 samples, but the program batch-syncs 2: "
+                          "give global_batch 128", said, f"rank {rank}")
+
+    def test_a_fan_out_that_does_not_split(self):
+        self.assertEqual(FAN_OUT.count("dp: 2"), 1)
+        for rank, said in self.refusals("fan_out", 3).items():
+            self.assertIn("global_batch 20 gives stage 'vision stage 0' microbatches of 5 samples, which do not split "
+                          "evenly over the 2 replicas of stage 'llm stage 0' each feeds (fan-out)", said, f"rank {rank}")
+
+    def test_batch_sync_towers_of_other_widths(self):
+        # gloo aborted the processes on the all-reduce of tensors of other shapes.
+        said = self.refusals("widths", 4)
+        members = [rank for rank, text in said.items() if "BatchSync" in text]
+        self.assertGreaterEqual(len(members), 2, said)
+        for rank in members:
+            self.assertRegex(said[rank], r"ValueError: braid.torch: BatchSync of group 0 joins the towers' embeddings, "
+                                         r"each \(rows, width\) of one width; got rank \d: width 8, .*width 10")
+
+    def test_groups_of_another_plan(self):
+        for rank, said in self.refusals("other_groups", 4).items():
+            self.assertIn("groups were not made from the program's plan", said, f"rank {rank}")
+
+
 class ExecutorRefusesBadInput(unittest.TestCase):
     """What the host gets wrong is refused with a ValueError naming it (on one process)."""
 
@@ -429,6 +547,14 @@ class ExecutorRefusesBadInput(unittest.TestCase):
     def test_the_last_stage_needs_loss_fn(self):
         with self.assertRaisesRegex(ValueError, r"stage 'stage 0 .*' ends the model: give loss_fn"):
             self.executor(loss_fn=None)
+
+    def test_a_step_needs_data_and_gradients(self):
+        executor = self.executor()
+        with self.assertRaisesRegex(TypeError, r"step\(data\): data must be a callable of sample positions, got "
+                                               r"NoneType"):
+            executor.step(None)
+        with torch.no_grad(), self.assertRaisesRegex(RuntimeError, r"call it with gradients enabled"):
+            executor.step(batch_of(self.data))
 
 
 if __name__ == "__main__":

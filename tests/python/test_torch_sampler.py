@@ -106,6 +106,25 @@ class SamplerRefusesWhatThePlanDoesNotHave(unittest.TestCase):
                     ValueError, rf"global_batch {batch} is not the plan's 16"):
                 self.sampler(global_batch=batch)
 
+    def test_a_dataset_smaller_than_a_batch_yields_nothing(self):
+        # len() asked for the sizes of a whole batch, past the dataset's end (an IndexError).
+        import braid.torch as bt
+
+        small = bt.ReorderingBatchSampler(self.plan, 10, lambda i: sizes(range(10)[i]), "vision", 0, 16)
+        self.assertEqual((len(small), list(small)), (0, []))
+
+    def test_a_module_the_reordering_does_not_place_is_refused(self):
+        # A colocated encoder's replicas take their llm replica's samples: it raised a KeyError
+        # when iterated.
+        import braid
+        import braid.torch as bt
+
+        optimus = braid.Config.from_file(RUN).plan(strategy="optimus")
+        with self.assertRaisesRegex(ValueError, r"braid's reordering places no samples on module 'vision' of this plan "
+                                                r"\(it places projector, llm;"):
+            bt.ReorderingBatchSampler(optimus, DATASET, sizes, "vision", 0, 16)
+        self.assertGreater(len(bt.ReorderingBatchSampler(optimus, DATASET, sizes, "llm", 0, 16)), 0)
+
 
 @unittest.skipIf(torch is None, REASON)
 class SamplerAgreesEverywhere(unittest.TestCase):

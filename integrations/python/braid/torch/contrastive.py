@@ -26,24 +26,45 @@ def _gather_rows(x: torch.Tensor, group) -> torch.Tensor:
     return torch.cat(parts, dim=0)
 
 
-def _float32_rows(x: torch.Tensor, name: str) -> torch.Tensor:
+def _problem(image: torch.Tensor, text: torch.Tensor, logit_scale: torch.Tensor):
+    """What is wrong with this rank's arguments (an exception to raise), or None."""
+    if logit_scale.numel() != 1:
+        return ValueError(f"ContrastiveLoss: logit_scale must hold one value, got shape {tuple(logit_scale.shape)}")
+    if image.shape != text.shape:
+        return ValueError(f"ContrastiveLoss: image features {tuple(image.shape)} and text features "
+                          f"{tuple(text.shape)} differ in shape")
+    for x, name in ((image, "image_features"), (text, "text_features")):
+        if x.dim() != 2:
+            return ValueError(f"ContrastiveLoss: {name} must be (rows, features), got shape {tuple(x.shape)}")
+        if x.device.type not in ("cpu", "cuda"):
+            return NotImplementedError(f"ContrastiveLoss: {name} is on {x.device}; braid runs on cpu and cuda tensors")
+        if not x.dtype.is_floating_point:  # as torch's matmul of open_clip's loss: features are floats
+            return TypeError(f"ContrastiveLoss: {name} must be floating point, got {x.dtype}")
+    return None
+
+
+def _float32_rows(x: torch.Tensor) -> torch.Tensor:
     """Dense float32 rows on the tensor's own device: host memory runs braid's host kernel,
     CUDA memory the CUDA plugin's, on the tensor's current stream."""
-    if x.dim() != 2:
-        raise ValueError(f"ContrastiveLoss: {name} must be (rows, features), got shape {tuple(x.shape)}")
-    if x.device.type not in ("cpu", "cuda"):
-        raise NotImplementedError(f"ContrastiveLoss: {name} is on {x.device}; braid runs on cpu and cuda tensors")
-    if not x.dtype.is_floating_point:  # as torch's matmul of open_clip's loss: features are floats
-        raise TypeError(f"ContrastiveLoss: {name} must be floating point, got {x.dtype}")
     return x.detach().to(torch.float32).contiguous()
 
 
-def _check_same_shape(features: torch.Tensor, group) -> None:
-    """Every rank's (rows, features), compared before the all-gather: gloo aborts the
-    process on tensors of different shapes."""
-    mine = torch.tensor(features.shape, dtype=torch.int64, device=features.device)
+def _check_every_rank(image: torch.Tensor, problem, group) -> None:
+    """Every rank's (rows, features), or that it has none to give, compared before the
+    all-gather: gloo aborts the process on tensors of different shapes, and a rank that
+    raised alone would leave the others waiting. Every rank raises, the one at fault its
+    own error."""
+    on = image.device if image.device.type in ("cpu", "cuda") else torch.device("cpu")
+    shape = (-1, -1) if problem is not None else tuple(image.shape)
+    mine = torch.tensor(shape, dtype=torch.int64, device=on)
     shapes = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(shapes, mine, group=group)
+    if problem is not None:
+        raise problem
+    faulty = [k for k, s in enumerate(shapes) if int(s[0]) < 0]
+    if faulty:
+        raise ValueError(f"ContrastiveLoss: rank(s) {faulty} of the group passed arguments the loss cannot take "
+                         "(their error says which)")
     if any(not torch.equal(s, mine) for s in shapes):
         raise ValueError("ContrastiveLoss: every rank of the group must pass image_features and text_features of "
                          "the same shape (rows, features), got " + ", ".join(str(tuple(s.tolist())) for s in shapes))
@@ -52,24 +73,23 @@ def _check_same_shape(features: torch.Tensor, group) -> None:
 class _ContrastiveFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, image: torch.Tensor, text: torch.Tensor, logit_scale: torch.Tensor, group, tile: int):
-        if image.shape != text.shape:
-            raise ValueError(f"ContrastiveLoss: image features {tuple(image.shape)} and text features "
-                             f"{tuple(text.shape)} differ in shape")
-        local_image = _float32_rows(image, "image_features")
-        local_text = _float32_rows(text, "text_features")
+        problem = _problem(image, text, logit_scale)
         distributed = group is not None or (dist.is_available() and dist.is_initialized())
         if distributed:
             if dist.get_rank(group) < 0:
                 raise ValueError(f"ContrastiveLoss: rank {dist.get_rank()} is not a member of its group; call the "
                                  "loss on the group's ranks only")
-            _check_same_shape(local_image, group)
+            _check_every_rank(image, problem, group)
+        elif problem is not None:
+            raise problem
+        local_image = _float32_rows(image)
+        local_text = _float32_rows(text)
+        if distributed:
             all_image = _gather_rows(local_image, group)
             all_text = _gather_rows(local_text, group)
             offset = dist.get_rank(group) * local_image.shape[0]
         else:
             all_image, all_text, offset = local_image, local_text, 0
-        if logit_scale.numel() != 1:
-            raise ValueError(f"ContrastiveLoss: logit_scale must hold one value, got shape {tuple(logit_scale.shape)}")
         scale = float(logit_scale)
         loss, stats = _tensor.contrastive_forward(local_image, local_text, all_image, all_text, scale, offset, tile)
         ctx.save_for_backward(local_image, local_text, all_image, all_text, stats)

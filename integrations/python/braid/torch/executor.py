@@ -76,6 +76,22 @@ def _replica_peers(my_replicas: int, my_replica: int, peer_replicas: int) -> Lis
     return list(range(my_replica * k, my_replica * k + k))
 
 
+def _check_groups_of(plan, groups) -> None:
+    """Groups made from another plan would pair ranks the program does not: each would wait
+    in a collective the others never join."""
+    def layout(g):
+        return ([(x.name, tuple(int(r) for r in x.ranks)) for x in g.groups],
+                [tuple(int(r) for r in b.ranks) for b in g.batch_syncs])
+
+    mine = plan.groups(groups.braid.world_size)
+    try:
+        if layout(mine) != layout(groups.braid):
+            raise ValueError("braid.torch: groups were not made from the program's plan (their process groups or "
+                             "batch-sync groups differ from plan.groups()): make both from one plan")
+    finally:
+        mine.close()
+
+
 def _all_reduce_sum(tensor: torch.Tensor, group) -> None:
     """All-reduce (sum) in place; gloo has no bfloat16 all-reduce, so it sums a float32 copy."""
     if tensor.dtype == torch.bfloat16 and dist.get_backend(group) == "gloo":
@@ -91,14 +107,17 @@ class ProgramExecutor:
 
     ``program``: the ``braid.Program`` every rank built from the same plan;
     ``groups``: a :class:`braid.torch.Groups` of that plan; ``rank``: this process's
-    rank (default: torch.distributed's); ``optimizer``: built by the host over
-    :meth:`parameters` (``make_optimizer(params)`` may be given instead)."""
+    rank (default: torch.distributed's); ``make_optimizer(params)``: builds the optimizer
+    over :meth:`parameters`, stepped at each OptimizerStep (None: the host steps its own).
+    ``global_batch`` (default: the run's) is any multiple of the contrastive batch that
+    makes the program's contrastive groups and splits evenly over every stage."""
 
     def __init__(self, program, groups, layers: Mapping[str, LayerSource], loss_fn: Optional[Callable] = None,
                  global_batch: Optional[int] = None, logit_scale: float = 1.0, rank: Optional[int] = None,
                  make_optimizer: Optional[Callable] = None) -> None:
         self.program = program
         self.groups = groups
+        _check_groups_of(program.plan, groups)
         self.rank = dist.get_rank() if rank is None else int(rank)
         self.loss_fn = loss_fn
         self.logit_scale = float(logit_scale)
@@ -136,6 +155,7 @@ class ProgramExecutor:
         self.microbatches = sorted({i.microbatch for i in self.instructions if i.opcode == "Forward"})
         # Contrastive groups per step (BATCH_SYNC group g is the step's g-th contrastive batch).
         self.contrastive_groups = self._check_global_batch(int(settings.contrastive_batch))
+        self._check_fan_outs()
         self.terminal = not self.stage.next and not any(i.opcode == "BatchSync" for i in self.instructions)
         if self.terminal and loss_fn is None:
             raise ValueError(f"braid.torch: stage '{self.stage.name}' ends the model: give loss_fn (per-sample losses)")
@@ -195,14 +215,47 @@ class ProgramExecutor:
         if batch % contrastive:
             raise ValueError(f"braid.torch: global_batch {batch} is not a multiple of the contrastive batch "
                              f"{contrastive}")
+        groups = batch // contrastive
+        syncs = {i.group for stage in range(len(self.stages)) for i in self.program.instructions(stage)
+                 if i.opcode == "BatchSync"}
+        if syncs and len(syncs) != groups:
+            raise ValueError(f"braid.torch: global_batch {batch} makes {groups} contrastive groups of {contrastive} "
+                             f"samples, but the program batch-syncs {len(syncs)}: give global_batch "
+                             f"{len(syncs) * contrastive}, or plan with this batch")
         for index, stage in enumerate(self.stages):
             if self._upstream(index) is not None:
                 continue  # holds what its producers send
             split = stage.replicas * self._stage_microbatches(index)
-            if batch % split:
+            if batch % split or (syncs and self._stage_microbatches(index) % groups):
                 raise ValueError(f"braid.torch: global_batch {batch} does not split evenly over stage '{stage.name}' "
                                  f"({stage.replicas} replicas x {self._stage_microbatches(index)} microbatches)")
-        return batch // contrastive
+        for module in self.encoder_layers:
+            split = self.modules[module].dp * len(self._encoder_microbatches(module))
+            if batch % split:
+                raise ValueError(f"braid.torch: global_batch {batch} does not split evenly over colocated encoder "
+                                 f"'{self.modules[module].name}' ({self.modules[module].dp} replicas x "
+                                 f"{len(self._encoder_microbatches(module))} microbatches)")
+        return groups
+
+    def _check_fan_outs(self) -> None:
+        """A stage fed by fewer replicas takes an equal slice of each producer microbatch's rows."""
+        for index, stage in enumerate(self.stages):
+            up = self._upstream(index)
+            if up is None or self.stages[up].replicas >= stage.replicas:
+                continue
+            share = stage.replicas // self.stages[up].replicas
+            first = min(i.microbatch for i in self.program.instructions(up) if i.opcode == "Forward")
+            rows = len(self.samples(up, 0, first))
+            if rows % share:
+                raise ValueError(f"braid.torch: global_batch {self.global_batch} gives stage "
+                                 f"'{self.stages[up].name}' microbatches of {rows} samples, which do not split evenly "
+                                 f"over the {share} replicas of stage '{stage.name}' each feeds (fan-out)")
+
+    def _encoder_microbatches(self, module: int) -> List[int]:
+        """The microbatches of the colocated encoder ``module``'s tasks on this rank."""
+        encoder = self.encoders.index(module)
+        return sorted({i.microbatch for i in self.instructions
+                       if i.opcode == "EncoderTask" and (i.unit - 1) // ENCODER_UNITS == encoder})
 
     def _check_supported(self) -> None:
         for module in self.encoder_layers:
@@ -300,6 +353,12 @@ class ProgramExecutor:
         """Runs this rank's instructions for one step. Returns ``loss`` (this rank's share
         of the step's loss; their sum over the ranks is the step's loss) and ``executed``
         (the instructions run, in order)."""
+        if not callable(data):
+            raise TypeError(f"braid.torch: step(data): data must be a callable of sample positions, got "
+                            f"{type(data).__name__}")
+        if not torch.is_grad_enabled():
+            raise RuntimeError("braid.torch: step() runs the backward passes too: call it with gradients enabled "
+                               "(not under torch.no_grad() or inference_mode())")
         self._data = data
         self._batches: Dict[int, Mapping[str, torch.Tensor]] = {}
         self._inputs: Dict[int, Optional[torch.Tensor]] = {}
@@ -354,10 +413,9 @@ class ProgramExecutor:
     def _backward(self, ins) -> None:
         m = ins.microbatch
         out = self._outputs.pop(m)
-        if self.terminal:
-            out.backward()
-        else:
-            out.backward(self._grads.pop(m))
+        grad = None if self.terminal else self._grads.pop(m)
+        if out.requires_grad:  # else frozen layers on inputs that need no gradient: nothing to do
+            out.backward(grad)
         if self.encoder_layers:
             self._encoder_gradient(m, self._inputs.pop(m))
 
@@ -445,6 +503,8 @@ class ProgramExecutor:
             raise RuntimeError(f"braid.torch: BatchSync of group {ins.group} before the forwards of microbatches "
                                f"{missing}")
         index, members = self._batch_sync_group()
+        group = self.groups.batch_syncs[index]
+        self._check_embedding_widths(index, ins.group, [self._outputs[m] for m in mine])
         towers = sorted({member.module for member in members})
         tower = towers.index(self.stage.parts[-1].module)
         # The group's rows are positions [g C, (g+1) C) of the batch, on every tower.
@@ -457,7 +517,6 @@ class ProgramExecutor:
         n, width = embeddings.shape
         gathered = torch.zeros(len(towers), total, width)
         gathered[tower, rows] = embeddings.detach().to(torch.float32)
-        group = self.groups.batch_syncs[index]
         dist.all_reduce(gathered, group=group)
         if len(towers) != 2:
             raise NotImplementedError(f"braid.torch: a contrastive loss over {len(towers)} towers")
@@ -483,6 +542,23 @@ class ProgramExecutor:
             self._grads[m] = mine_grad[at:at + size].to(self._outputs[m].dtype)
             at += size
 
+    def _check_embedding_widths(self, index: int, group: int, outputs: List[torch.Tensor]) -> None:
+        """Every member's embeddings are (rows, width) of one width, compared before the
+        all-reduce (gloo aborts the process on tensors of different shapes); a mismatch is a
+        ValueError on every member."""
+        two_d = all(o.dim() == 2 for o in outputs)
+        widths = {int(o.shape[1]) for o in outputs} if two_d else set()
+        mine = torch.tensor([widths.pop() if len(widths) == 1 else -1], dtype=torch.int64)
+        ranks = self.groups.batch_sync_ranks[index]
+        every = [torch.zeros_like(mine) for _ in ranks]
+        dist.all_gather(every, mine, group=self.groups.batch_syncs[index])
+        said = [int(w) for w in every]
+        if min(said) < 0 or len(set(said)) > 1:
+            raise ValueError(f"braid.torch: BatchSync of group {group} joins the towers' embeddings, each (rows, width) "
+                             "of one width; got " + ", ".join(
+                                 f"rank {r}: " + (f"width {w}" if w >= 0 else "not (rows, width) of one width")
+                                 for r, w in zip(ranks, said)))
+
     def _batch_sync_group(self):
         for index, sync in enumerate(self.groups.braid.batch_syncs):
             if self.rank in sync.ranks:
@@ -499,7 +575,7 @@ class ProgramExecutor:
     def _encoder_samples(self, module: int, microbatch: int) -> List[int]:
         info = self.modules[module]
         replica = next(h.dp for h in self.groups.braid.rank(self.rank).holdings if h.module == module)
-        per = info.microbatch_size
+        per = self.global_batch // (info.dp * len(self._encoder_microbatches(module)))
         first = replica * (self.global_batch // info.dp) + microbatch * per
         return list(range(first, first + per))
 
@@ -528,7 +604,8 @@ class ProgramExecutor:
             grad = self._input_grad(state["inputs"].pop(layer_index + 1), ins.microbatch, name)
         else:
             grad = state["grads"].pop("output")
-        out.backward(grad)
+        if out.requires_grad:  # a frozen first layer has nothing to give back
+            out.backward(grad)
 
     def _encoder_output(self, microbatch: int) -> torch.Tensor:
         """The llm microbatch's input: its samples' rows of the encoder's outputs."""

@@ -39,21 +39,23 @@ class ReorderingBatchSampler(torch.utils.data.Sampler):
         self.plan, self.dataset_size, self.sizes = plan, int(dataset_size), sizes
         self.module, self.replica, self.global_batch = module, int(replica), int(global_batch)
         self.reordering, self.shuffle, self.seed, self.epoch = reordering, bool(shuffle), int(seed), 0
+        if self.dataset_size >= self.global_batch:  # the first batch, asked now: a module braid places
+            placed = _field(self._reorder(list(range(self.global_batch))), "ranks")
+            if module not in placed:
+                raise ValueError(f"ReorderingBatchSampler: braid's reordering places no samples on module '{module}' "
+                                 f"of this plan (it places {', '.join(placed)}; a colocated encoder's tasks take the "
+                                 "samples of the llm replica they share devices with): give one of those")
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
     def __len__(self) -> int:
-        return (self.dataset_size // self.global_batch) * len(self.assignment(list(range(self.global_batch))))
+        batches = self.dataset_size // self.global_batch  # a last partial batch is dropped
+        return batches * len(self.assignment(list(range(self.global_batch)))) if batches else 0
 
     def assignment(self, batch: Sequence[int]) -> List[List[int]]:
         """This rank's microbatches of the global batch ``batch`` (dataset indices), in run order."""
-        columns: Dict[str, List[int]] = {}
-        per_sample = [self.sizes(i) for i in batch]
-        for key in ("image_resolution", "text_tokens", "audio_tokens", "generated_image_resolution"):
-            if any(key in s for s in per_sample):
-                columns[key] = [int(s[key]) for s in per_sample]
-        answer = self.plan.reorder(reordering=self.reordering, **columns)
+        answer = self._reorder(batch)
         ranks = _field(answer, "ranks")[self.module]
         # A sample's microbatch is its position in its pipeline's run, the inter-microbatch
         # order already applied (braid_reorder_microbatches): run order is ascending.
@@ -63,6 +65,14 @@ class ReorderingBatchSampler(torch.utils.data.Sampler):
             if ranks[k] == self.replica:
                 mine.setdefault(microbatches[k], []).append(index)
         return [mine[m] for m in sorted(mine)]
+
+    def _reorder(self, batch: Sequence[int]):
+        columns: Dict[str, List[int]] = {}
+        per_sample = [self.sizes(i) for i in batch]
+        for key in ("image_resolution", "text_tokens", "audio_tokens", "generated_image_resolution"):
+            if any(key in s for s in per_sample):
+                columns[key] = [int(s[key]) for s in per_sample]
+        return self.plan.reorder(reordering=self.reordering, **columns)
 
     def __iter__(self) -> Iterator[List[int]]:
         order = list(range(self.dataset_size))
