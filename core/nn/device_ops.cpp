@@ -5,6 +5,7 @@
 
 #include "core/common/error.hpp"
 #include "core/nn/contrastive_tiled.hpp"
+#include "core/nn/op_shapes.hpp"
 #include "core/nn/optim.hpp"
 
 namespace braid::nn {
@@ -50,12 +51,6 @@ void check_ids(std::span<const int32_t> ids, int64_t rows, int32_t lowest, const
       throw Error(Status::invalid_argument, std::string(op) + ": " + what + " " + std::to_string(ids[i]) +
                                                 " at position " + std::to_string(i) + " is outside [" +
                                                 std::to_string(lowest) + ", " + std::to_string(rows) + ")");
-}
-
-Shape with_last(Shape shape, int64_t last) {
-  if (shape.empty()) throw Error(Status::invalid_argument, "device ops: a tensor without axes has no features");
-  shape.back() = last;
-  return shape;
 }
 
 }  // namespace
@@ -104,7 +99,7 @@ void DeviceOps::linear_forward(const Tensor& x, const Tensor& weight, const Tens
   if (weight.rank() != 2)
     throw Error(Status::invalid_argument,
                 "linear_forward: weight must be (out, in), got " + shape_string(weight.shape));
-  prepare(y, with_last(x.shape, weight.dim(0)));
+  prepare(y, linear_output_shape(x.shape, weight.shape));
   Desc dx = describe(x), dw = describe(weight), dy = describe(y);
   OptionalDesc db(bias);
   check(o.linear_forward(backend_->stream(), &dx, &dw, db.get(), &dy, error_, sizeof error_), "linear_forward");
@@ -129,11 +124,9 @@ void DeviceOps::layernorm_forward(const Tensor& x, const Tensor& gamma, const Te
   const auto& o = ops_for(BRAID_OP_LAYERNORM_FORWARD, "layernorm_forward");
   for (auto [t, what] : {std::pair{&x, "x"}, {&gamma, "gamma"}, {&beta, "beta"}})
     expect_here(*t, "layernorm_forward", what);
-  const int64_t f = x.rank() ? x.dim(-1) : 0;
-  const int64_t rows = f ? x.numel() / f : 0;
   prepare(y, x.shape);
-  prepare(saved.mean, {rows});
-  prepare(saved.rstd, {rows});
+  prepare(saved.mean, layernorm_stats_shape(x.shape));
+  prepare(saved.rstd, layernorm_stats_shape(x.shape));
   Desc a = describe(x), g = describe(gamma), b = describe(beta), out = describe(y), m = describe(saved.mean),
        r = describe(saved.rstd);
   check(o.layernorm_forward(backend_->stream(), &a, &g, &b, eps, &out, &m, &r, error_, sizeof error_),
@@ -235,7 +228,7 @@ void DeviceOps::embedding_forward(const Tensor& table, std::span<const int32_t> 
   if (table.rank() != 2)
     throw Error(Status::invalid_argument, "embedding_forward: table must be (V, E), got " + shape_string(table.shape));
   check_ids(ids, table.dim(0), 0, "embedding_forward", "id");
-  prepare(out, {static_cast<int64_t>(ids.size()), table.dim(1)});
+  prepare(out, embedding_output_shape(static_cast<int64_t>(ids.size()), table.shape));
   const DeviceIds on_device = backend_->upload_ids(ids);
   Desc t = describe(table), i = describe(on_device), d = describe(out);
   // No wait: the ids' device copy goes back to the pool in stream order.
@@ -264,9 +257,7 @@ void DeviceOps::patch_embedding_forward(const Tensor& image, int64_t patch, cons
                 "positive and weight (E, C*P*P); got image " +
                     shape_string(image.shape) + ", patch " + std::to_string(patch) + ", weight " +
                     shape_string(weight.shape));
-  const int64_t patches = (image.dim(-2) / patch) * (image.dim(-1) / patch);
-  Shape shape = image.rank() == 4 ? Shape{image.dim(0), patches, weight.dim(0)} : Shape{patches, weight.dim(0)};
-  prepare(out, shape);
+  prepare(out, patch_embedding_output_shape(image.shape, patch, weight.shape));
   Desc a = describe(image), w = describe(weight), d = describe(out);
   OptionalDesc b(bias);
   check(o.patch_embedding_forward(backend_->stream(), &a, patch, &w, b.get(), &d, error_, sizeof error_),
@@ -335,7 +326,7 @@ float DeviceOps::contrastive_loss(const Tensor& local_image, const Tensor& local
         backend_->zero(*g);
     return 0.0f;
   }
-  const bool capped = logit_scale_param > kMaxLogitScaleParam;
+  const bool capped = logit_scale_capped(logit_scale_param);
   const auto scale = static_cast<float>(std::exp(capped ? kMaxLogitScaleParam : logit_scale_param));
   const int64_t tile = trainer_contrastive_tile(n, total);
   const double share = 1.0 / (2.0 * static_cast<double>(total));

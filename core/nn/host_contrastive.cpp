@@ -76,7 +76,7 @@ float HostOps::contrastive_loss(const Tensor& local_image, const Tensor& local_t
   }
   if (n == 0) return 0.0f;
 
-  const bool capped = logit_scale_param > kMaxLogitScaleParam;
+  const bool capped = logit_scale_capped(logit_scale_param);
   ContrastiveProblem problem;
   problem.local_image = rows_of(local_image);
   problem.local_text = rows_of(local_text);

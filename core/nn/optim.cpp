@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/common/error.hpp"
 
@@ -9,6 +10,7 @@ namespace braid::nn {
 
 float clip_coefficient(double total_norm, float max_norm) {
   if (!(max_norm > 0.0f)) throw Error(Status::invalid_argument, "clip_grad_norm: max_norm must be positive");
+  if (std::isnan(total_norm)) return std::numeric_limits<float>::quiet_NaN();
   return static_cast<float>(std::min(1.0, static_cast<double>(max_norm) / (total_norm + 1e-6)));
 }
 
@@ -17,7 +19,7 @@ double clip_grad_norm(Ops& ops, std::span<Tensor* const> grads, float max_norm) 
   for (const Tensor* g : grads) sum += ops.squared_norm(*g);
   const double norm = std::sqrt(sum);
   const float coefficient = clip_coefficient(norm, max_norm);
-  if (coefficient < 1.0f)
+  if (clip_applies(coefficient))
     for (Tensor* g : grads) ops.scale(*g, coefficient);
   return norm;
 }

@@ -155,9 +155,9 @@ Pending Executor::optimizer_step(double lr, StepResult& r) {
   r.grad_norm = std::sqrt(norm2[0]);
   if (t.grad_clip > 0) {
     const float c = nn::clip_coefficient(r.grad_norm, static_cast<float>(t.grad_clip));
-    if (c < 1.0f && flat)
+    if (nn::clip_applies(c) && flat)
       flat->scale_grads(ops_, c);
-    else if (c < 1.0f)
+    else if (nn::clip_applies(c))
       for (auto& p : params_)
         if (!grad_of(p).data.empty()) ops_.scale(grad_of(p), c);
   }

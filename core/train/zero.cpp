@@ -115,11 +115,25 @@ void ZeroModule::begin_instruction(int block_calls, int rest_calls, bool backwar
   backward_ = backward;
   for (auto& u : units_) u.calls = block_calls;
   units_.front().calls = rest_calls;
+  // A stage-3 backward gathers every unit first. Gathered at first use, a replica with one call
+  // (one image-side group) would post "gather b1, reduce b1, gather b0" where one with two posts
+  // "gather b1, gather b0, reduce b1": the replicas' collectives would cross (a hang, or a
+  // gather matched with a reduction). Gathered first, each posts the gathers in unit order,
+  // then the reductions after each unit's last use, in the order the backward finishes them.
+  if (backward && stage_ == 3 && !whole_ && dp_.size() > 1)
+    for (auto& u : units_) {
+      in_pipeline_wait_(all_gather(u));
+      u.gathered = true;
+    }
 }
 
 void ZeroModule::end_instruction() {
   running_ = false;
-  for (auto& u : units_) u.used = u.done = 0;
+  for (auto& u : units_) {
+    if (u.gathered && u.done < u.calls) free_weights(u);  // gathered but never used: no calls here
+    u.used = u.done = 0;
+    u.gathered = false;
+  }
 }
 
 void ZeroModule::acquire(Unit& u) {
@@ -127,7 +141,7 @@ void ZeroModule::acquire(Unit& u) {
   if (u.used >= u.calls)
     throw Error(Status::internal, name_ + ": a ZeRO unit used more often than its instruction announced");
   if (u.used++ > 0) return;
-  if (stage_ == 3 && !whole_) in_pipeline_wait_(all_gather(u));
+  if (stage_ == 3 && !whole_ && !u.gathered) in_pipeline_wait_(all_gather(u));
   if (backward_ && stage_ >= 2)
     for (TrainedParameter* t : u.params)
       if (t->param->grad.data.empty()) ops_.zero(t->param->grad, held_shape(*t->param));

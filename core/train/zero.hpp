@@ -20,8 +20,9 @@
 // One instruction may call the module several times (once per image-side group of a
 // microbatch), and replicas see different groups; yet every rank of the DP group must run the
 // same collectives. So the work announces the calls an instruction makes (Calls), and a unit
-// is gathered at its first use in the instruction and reduced and freed after its last: one
-// all-gather and one reduce-scatter per unit and instruction on every replica, in block order.
+// is gathered at its first use in the instruction (a stage-3 backward gathers every unit at
+// its start: ZeroModule::begin_instruction says why) and reduced and freed after its last: one
+// all-gather and one reduce-scatter per unit and instruction on every replica, in one order.
 #pragma once
 
 #include <cstdint>
@@ -102,6 +103,7 @@ class ZeroModule : public nn::BlockHooks {
     std::int64_t numel = 0, shard = 0;  // the parameters' elements; each rank's piece (padded)
     int used = 0, done = 0;             // calls of the current instruction begun and finished
     int calls = 0;                      // ... and how many it makes
+    bool gathered = false;              // stage 3: all-gathered for the current instruction
   };
   void acquire(Unit& u);
   void release(Unit& u);

@@ -26,6 +26,7 @@
 #include "core/common/error.hpp"
 #include "core/nn/contrastive_tiled.hpp"
 #include "core/nn/host_ops.hpp"
+#include "core/nn/op_shapes.hpp"
 
 #define BRAID_PLUGIN_EXPORT __attribute__((visibility("default")))
 
@@ -317,16 +318,26 @@ void host_result(T* out, const char* op, const char* what) {
   if (!out) throw std::invalid_argument(std::string(op) + ": " + what + " is null");
 }
 
+Shape shape_of(const braid_device_tensor_v2* t) {
+  return Shape(t->shape, t->shape + std::clamp(t->rank, 0, BRAID_DEVICE_MAX_RANK));
+}
+
 // An output the op would write over (or add into) must be its input's shape, checked before
 // the op runs: one refused must leave every output as it was.
 void expect_like(const braid_device_tensor_v2* out, const braid_device_tensor_v2* like, const char* op,
                  const char* what, const char* like_what) {
   if (!out || !like) return;
-  const Shape got(out->shape, out->shape + std::clamp(out->rank, 0, BRAID_DEVICE_MAX_RANK));
-  const Shape want(like->shape, like->shape + std::clamp(like->rank, 0, BRAID_DEVICE_MAX_RANK));
-  if (got != want)
-    throw std::invalid_argument(std::string(op) + ": " + what + " has shape " + braid::nn::shape_string(got) + " but " +
-                                like_what + " is " + braid::nn::shape_string(want));
+  if (shape_of(out) != shape_of(like))
+    throw std::invalid_argument(std::string(op) + ": " + what + " has shape " + braid::nn::shape_string(shape_of(out)) +
+                                " but " + like_what + " is " + braid::nn::shape_string(shape_of(like)));
+}
+
+// The same for an output whose shape the op derives (op_shapes.hpp): an output of the right
+// size but another shape was written, then refused.
+void expect_shape(const braid_device_tensor_v2* out, const Shape& want, const char* op, const char* what) {
+  if (out && shape_of(out) != want)
+    throw std::invalid_argument(std::string(op) + ": " + what + " has shape " + braid::nn::shape_string(shape_of(out)) +
+                                " but " + braid::nn::shape_string(want) + " is expected");
 }
 
 // A bias gradient: one value per output feature, the weight's rows.
@@ -380,6 +391,8 @@ int guarded(char* error, size_t size, F&& body) {
 
 int linear_forward(braid_ds, const braid_dt* x, const braid_dt* w, const braid_dt* b, braid_dt* y, char* e, size_t n) {
   return guarded(e, n, [&] {
+    if (x && w && x->rank >= 1 && w->rank == 2)
+      expect_shape(y, braid::nn::linear_output_shape(shape_of(x), shape_of(w)), "linear_forward", "y");
     auto bias = optional_view(b, "linear_forward", "bias");
     Tensor out = view(y, "linear_forward", "y");
     host_ops().linear_forward(view(x, "linear_forward", "x"), view(w, "linear_forward", "weight"), bias.get(), out);
@@ -406,6 +419,11 @@ int layernorm_forward(braid_ds, const braid_dt* x, const braid_dt* gamma, const 
                       braid_dt* mean, braid_dt* rstd, char* e, size_t n) {
   return guarded(e, n, [&] {
     const char* op = "layernorm_forward";
+    expect_like(y, x, op, "y", "x");
+    if (x) {
+      expect_shape(mean, braid::nn::layernorm_stats_shape(shape_of(x)), op, "mean");
+      expect_shape(rstd, braid::nn::layernorm_stats_shape(shape_of(x)), op, "rstd");
+    }
     Tensor out = view(y, op, "y");
     braid::nn::LayerNormSaved saved{view(mean, op, "mean"), view(rstd, op, "rstd")};
     host_ops().layernorm_forward(view(x, op, "x"), view(gamma, op, "gamma"), view(beta, op, "beta"), eps, out, saved);
@@ -434,6 +452,7 @@ int layernorm_backward(braid_ds, const braid_dt* x, const braid_dt* gamma, const
 
 int l2_normalize_forward(braid_ds, const braid_dt* x, braid_dt* y, char* e, size_t n) {
   return guarded(e, n, [&] {
+    expect_like(y, x, "l2_normalize_forward", "y", "x");
     Tensor out = view(y, "l2_normalize_forward", "y");
     host_ops().l2_normalize_forward(view(x, "l2_normalize_forward", "x"), out);
     settle(out, y, "l2_normalize_forward", "y");
@@ -443,6 +462,7 @@ int l2_normalize_forward(braid_ds, const braid_dt* x, braid_dt* y, char* e, size
 int l2_normalize_backward(braid_ds, const braid_dt* x, const braid_dt* dy, braid_dt* dx, char* e, size_t n) {
   return guarded(e, n, [&] {
     const char* op = "l2_normalize_backward";
+    expect_like(dx, x, op, "dx", "x");
     Tensor out = view(dx, op, "dx");
     host_ops().l2_normalize_backward(view(x, op, "x"), view(dy, op, "dy"), out);
     settle(out, dx, op, "dx");
@@ -458,6 +478,7 @@ int add(braid_ds, braid_dt* y, const braid_dt* x, char* e, size_t n) {
 
 int gelu_forward(braid_ds, const braid_dt* x, braid_dt* y, char* e, size_t n) {
   return guarded(e, n, [&] {
+    expect_like(y, x, "gelu_forward", "y", "x");
     Tensor out = view(y, "gelu_forward", "y");
     host_ops().gelu_forward(view(x, "gelu_forward", "x"), out);
     settle(out, y, "gelu_forward", "y");
@@ -466,6 +487,7 @@ int gelu_forward(braid_ds, const braid_dt* x, braid_dt* y, char* e, size_t n) {
 
 int gelu_backward(braid_ds, const braid_dt* x, const braid_dt* dy, braid_dt* dx, char* e, size_t n) {
   return guarded(e, n, [&] {
+    expect_like(dx, x, "gelu_backward", "dx", "x");
     Tensor out = view(dx, "gelu_backward", "dx");
     host_ops().gelu_backward(view(x, "gelu_backward", "x"), view(dy, "gelu_backward", "dy"), out);
     settle(out, dx, "gelu_backward", "dx");
@@ -491,6 +513,9 @@ int attention_forward(braid_ds, const braid_dt* q, const braid_dt* k, const brai
                       braid_dt* out, braid_dt* saved, char* e, size_t n) {
   return guarded(e, n, [&] {
     const char* op = "attention_forward";
+    expect_like(out, q, op, "out", "q");
+    if (q && k && q->rank == 3 && k->rank == 3)
+      expect_shape(saved, {q->shape[0], heads, q->shape[1], k->shape[1]}, op, "saved");
     Tensor o = view(out, op, "out");
     braid::nn::AttentionSaved s{view(saved, op, "saved")};
     host_ops().attention_forward(view(q, op, "q"), view(k, op, "k"), view(v, op, "v"), {heads, causal != 0}, o, s);
@@ -504,6 +529,9 @@ int attention_backward(braid_ds, const braid_dt* q, const braid_dt* k, const bra
                        size_t n) {
   return guarded(e, n, [&] {
     const char* op = "attention_backward";
+    expect_like(dq, q, op, "dq", "q");
+    expect_like(dk, k, op, "dk", "k");
+    expect_like(dv, v, op, "dv", "v");
     Tensor gq = view(dq, op, "dq"), gk = view(dk, op, "dk"), gv = view(dv, op, "dv");
     const braid::nn::AttentionSaved s{view(saved, op, "saved")};
     host_ops().attention_backward(view(q, op, "q"), view(k, op, "k"), view(v, op, "v"), {heads, causal != 0}, s,
@@ -517,6 +545,8 @@ int attention_backward(braid_ds, const braid_dt* q, const braid_dt* k, const bra
 int embedding_forward(braid_ds, const braid_dt* table, const braid_dt* ids, braid_dt* out, char* e, size_t n) {
   return guarded(e, n, [&] {
     const char* op = "embedding_forward";
+    if (table && ids && table->rank == 2 && ids->rank == 1)
+      expect_shape(out, braid::nn::embedding_output_shape(ids->shape[0], shape_of(table)), op, "out");
     Tensor o = view(out, op, "out");
     host_ops().embedding_forward(view(table, op, "table"), ids_view(ids, op, "ids"), o);
     settle(o, out, op, "out");
@@ -535,6 +565,8 @@ int patch_embedding_forward(braid_ds, const braid_dt* image, int64_t patch, cons
                             braid_dt* out, char* e, size_t n) {
   return guarded(e, n, [&] {
     const char* op = "patch_embedding_forward";
+    if (image && w && (image->rank == 3 || image->rank == 4) && patch > 0 && w->rank == 2)
+      expect_shape(out, braid::nn::patch_embedding_output_shape(shape_of(image), patch, shape_of(w)), op, "out");
     auto bias = optional_view(b, op, "bias");
     Tensor o = view(out, op, "out");
     host_ops().patch_embedding_forward(view(image, op, "image"), patch, view(w, op, "weight"), bias.get(), o);
@@ -563,6 +595,7 @@ int cross_entropy(braid_ds, const braid_dt* logits, const braid_dt* targets, int
   return guarded(e, n, [&] {
     const char* op = "cross_entropy";
     host_result(loss, op, "loss");
+    expect_like(dlogits, logits, op, "dlogits", "logits");
     auto g = optional_view(dlogits, op, "dlogits");
     *loss = host_ops().cross_entropy(view(logits, op, "logits"), ids_view(targets, op, "targets"), normalizer, g.get());
     settle(g.tensor, dlogits, op, "dlogits");

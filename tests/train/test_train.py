@@ -456,6 +456,14 @@ class LayoutEquivalence(unittest.TestCase):
                 self.assert_same(self.zero_variant(MLLM, stage), 4, "--strategy", "disttrain")
         self.assert_same(self.zero_variant(MLLM, 1), 4, "--strategy", "optimus", "--pp", "2")
 
+    def test_zero3_replicas_with_other_numbers_of_image_sides(self):
+        # Unreordered, seed 5 gives the two replicas' microbatches other numbers of image sides:
+        # ZeRO-3 gathered each block at its first use and reduced it after its last, so the
+        # replicas' collectives crossed (a heap corruption here, a hang with 2 encoder replicas
+        # feeding one llm). Every unit is now gathered as a backward starts.
+        config = self.zero_variant(MLLM, 3)
+        self.assert_same(config, 2, "--no-reorder", "--seed", "5", reference_args=("--no-reorder", "--seed", "5"))
+
     def test_clip_zero_stages(self):
         # Both towers on every rank (their DP groups the same ranks), and DistMM's towers apart.
         for stage in (1, 2, 3):

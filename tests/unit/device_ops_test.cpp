@@ -573,6 +573,24 @@ TEST_P(DeviceOpsTest, BadArgumentsAreRefusedAndChangeNothing) {
   EXPECT_NE(std::string(error).find("dx"), std::string::npos) << error;
   backend_->synchronize();
   EXPECT_EQ(down(dw_d).data, std::vector<float>(6, 1.0f)) << "dweight was added to by a refused call";
+  // Outputs of the right size but another shape: refused before anything is written (the host
+  // plugin wrote them, then refused).
+  Tensor wide_d = up(Tensor(Shape{3, 2}, 7.0f)), flat_d = up(Tensor(Shape{4}, 7.0f));
+  braid_device_tensor_v2 wide = view(wide_d), flat = view(flat_d);
+  const std::vector<int32_t> targets = {0, 1};
+  braid_device_tensor_v2 t{nullptr, BRAID_DEVICE_I32, 1, {2}};
+  const nn::DeviceIds targets_d = backend_->upload_ids(targets);
+  t.data = targets_d.data();
+  float loss = 0;
+  for (const auto& [name, rc] :
+       {std::pair{"gelu_forward y", api.ops->gelu_forward(s, &x, &wide, error, sizeof error)},
+        std::pair{"linear_forward y", api.ops->linear_forward(s, &x, &w, nullptr, &flat, error, sizeof error)},
+        std::pair{"cross_entropy dlogits", api.ops->cross_entropy(s, &x, &t, 2, &wide, &loss, error, sizeof error)}}) {
+    EXPECT_EQ(rc, BRAID_DEVICE_INVALID_ARGUMENT) << name;
+    backend_->synchronize();
+    EXPECT_EQ(down(wide_d).data, std::vector<float>(6, 7.0f)) << name << " wrote into an output it refused";
+    EXPECT_EQ(down(flat_d).data, std::vector<float>(4, 7.0f)) << name << " wrote into an output it refused";
+  }
 }
 
 TEST_P(DeviceOpsTest, OutputsAreReusedAndCopiesAreExplicit) {

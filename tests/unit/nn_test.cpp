@@ -472,6 +472,16 @@ TEST(NnContrastive, SingleRankValueAndGradients) {
   const float capped = ops.contrastive_loss(image, text, image, text, 0, 6.0f, &g);
   EXPECT_NEAR(capped, reference_clip(image, text, std::log(100.0)), 1e-5);
   EXPECT_EQ(g.logit_scale_param, 0.0f);
+  // At the cap as the optimizer leaves it (the float nearest ln 100, a little above it) t
+  // still trains, as in open_clip, whose clamp is outside the graph: it was frozen there.
+  float at_cap = 6.0f;
+  nn::clamp_logit_scale_param(at_cap);
+  ASSERT_GT(static_cast<double>(at_cap), nn::kMaxLogitScaleParam);
+  ops.contrastive_loss(image, text, image, text, 0, at_cap, &g);
+  const float there = g.logit_scale_param;
+  ops.contrastive_loss(image, text, image, text, 0, at_cap - 1e-4f, &g);  // just below: the same slope
+  EXPECT_NE(there, 0.0f);
+  EXPECT_NEAR(there, g.logit_scale_param, 1e-3 * std::abs(g.logit_scale_param));
 }
 
 TEST(NnContrastive, LocalLossGradientsOfEveryInput) {
@@ -677,6 +687,12 @@ TEST(NnOptim, ClipGlobalNormAndLogitScaleCap) {
   EXPECT_NEAR(b.data[1], 4.0 / (5.0 + 1e-6), 1e-6);
   EXPECT_NEAR(std::sqrt(ops.squared_norm(a) + ops.squared_norm(b)), 1.0, 1e-6);
   test::expect_error([&] { nn::clip_grad_norm(ops, grads, 0.0f); }, Status::invalid_argument, {"max_norm"});
+  // A NaN norm: every gradient NaN, as torch leaves them (large finite ones were left unclipped).
+  b.data[0] = std::nanf("");
+  b.data[1] = 1e6f;
+  EXPECT_TRUE(std::isnan(nn::clip_grad_norm(ops, grads, 1.0f)));
+  for (const Tensor* g : grads)
+    for (float v : g->data) EXPECT_TRUE(std::isnan(v));
 
   float t = 6.0f;
   nn::clamp_logit_scale_param(t);
