@@ -5,6 +5,7 @@
 #pragma once
 
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "core/cost/cost_model.hpp"
@@ -27,6 +28,14 @@ struct RankProgram {
   // The rank running (stage, replica, tp rank) of this program.
   int rank_of(int stage, int replica, int tp_rank) const;
 };
+
+// The schedules braid train executes for `plan`, its default first: those the plan allows
+// (orchestrate::schedules_for) but interleaved 1F1B, which plan and simulate price and the
+// reference trainer, one model chunk per stage, does not run.
+std::vector<spec::Schedule> executed_schedules(const cost::CostModel& cost, const plan::Plan& plan);
+// `name` ("" for the default) as one of executed_schedules; throws Error(Status::unsupported)
+// naming those it runs otherwise.
+spec::Schedule executed_schedule(const cost::CostModel& cost, const plan::Plan& plan, std::string_view name);
 
 // `schedule` nullopt runs the plan's default. Throws Error(Status::unsupported) listing the
 // schedules the plan runs when it runs no `schedule`, Error(Status::internal) when the

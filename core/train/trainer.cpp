@@ -281,9 +281,14 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   const std::uint64_t seed = o.seed.value_or(run.data.seed);
   const std::int64_t total = o.steps > 0 ? o.steps : run.trainer.steps;
   const LrSchedule schedule = LrSchedule::of(run.trainer, total);
-  const runtime::Topology topology = runtime::build_groups(run.model, o.plan, size);
+  // The same on every rank: a plan this world or trainer cannot run is said once.
+  runtime::Topology topology;
   std::vector<RankLayout> layouts;
-  for (int r = 0; r < size; ++r) layouts.push_back(layout_for(run.model, topology, r));
+  const auto lay_out = [&] {
+    topology = runtime::build_groups(run.model, o.plan, size);
+    for (int r = 0; r < size; ++r) layouts.push_back(layout_for(run.model, topology, r));
+  };
+  o.agree ? o.agree(lay_out) : lay_out();
 
   int threads = o.threads > 0 ? o.threads : run.trainer.threads;
   if (threads <= 0)

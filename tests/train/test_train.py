@@ -806,6 +806,22 @@ class Resharding(unittest.TestCase):
         self.assertEqual(sorted(os.listdir(d + "/ckpt-edited")), sorted(os.listdir(d + "/ckpt-seed")))
         self.assertEqual(losses(d + "/edited.jsonl"), self.full, "the metrics file is left as it was")
 
+# The llm of 4 layers in 2 stages of 2 model chunks each (interleaved 1F1B's plan).
+PP2_VIRTUAL_2 = """strategy: megatron
+layout: monolithic
+devices: 2
+schedule: 1f1b
+virtual_stages: 2
+modules:
+  - {name: vision, role: encoder, tp: 1, pp: 1, dp: 1, first_device: 0, devices: 1, first_stage: 0,
+     microbatch_size: 4, layers_per_stage: [2]}
+  - {name: projector, role: projector, tp: 1, pp: 1, dp: 1, first_device: 0, devices: 1, first_stage: 0,
+     microbatch_size: 4, layers_per_stage: [2]}
+  - {name: llm, role: llm, tp: 1, pp: 2, dp: 1, first_device: 0, devices: 2, first_stage: 0,
+     microbatch_size: 4, layers_per_stage: [2, 2]}
+"""
+
+
 class Cli(unittest.TestCase):
     def test_seed_gives_other_weights_and_data_the_same_on_any_world(self):
         with tempfile.TemporaryDirectory() as d:
@@ -1064,6 +1080,39 @@ class Cli(unittest.TestCase):
             for count, events in per_rank.values():
                 self.assertEqual(len(events), count)
                 self.assertLessEqual({"op", "index"}, set(events[0]["args"]))
+
+    def test_a_plan_of_virtual_stages_runs_1f1b(self):
+        # Its default was the interleaved program, whose model chunks the trainer's stages do not
+        # run: the first message failed. Now 1F1B runs it, as one process does.
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(SOURCE_DIR, "configs/models/tiny-mllm.yaml")) as f:
+                model = f.read()
+            llm = "    inputs: [projector]\n    layers: 2\n"
+            assert model.count(llm) == 1, "tiny-mllm's llm changed"
+            with open(f"{d}/model.yaml", "w") as f:
+                f.write(model.replace(llm, "    inputs: [projector]\n    layers: 4\n"))
+            run = variant(d, MLLM, "run.yaml")
+            with open(run) as f:
+                text = f.read()
+            with open(run, "w") as f:
+                f.write(re.sub(r"model: .*", f"model: {d}/model.yaml", text, count=1))
+            with open(f"{d}/plan.yaml", "w") as f:
+                f.write(PP2_VIRTUAL_2)
+            r = train(2, "--config", run, "--plan", f"{d}/plan.yaml", "--steps", "2", "--metrics", f"{d}/two.jsonl")
+            check(self, r)
+            self.assertIn("schedule 1f1b", r.stdout)
+            check(self, train(1, "--config", run, "--steps", "2", "--quiet", "--metrics", f"{d}/one.jsonl"))
+            for a, b in zip(losses(f"{d}/two.jsonl"), losses(f"{d}/one.jsonl")):
+                self.assertLessEqual(abs(a - b) / abs(b), TOLERANCE)
+            r = train(2, "--config", run, "--plan", f"{d}/plan.yaml", "--steps", "1", "--schedule", "interleaved")
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("--schedule: braid train runs one model chunk per pipeline stage, not 'interleaved'", r.stderr)
+            # A plan of another world is said once, every rank stopping alike (each rank said it,
+            # then MPI_ABORT).
+            r = train(4, "--config", run, "--plan", f"{d}/plan.yaml", "--steps", "1", "--quiet")
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertEqual(r.stderr.count("the plan runs on 2 devices but the world has 4 ranks"), 1, r.stderr)
+            self.assertNotIn("MPI_ABORT", r.stderr)
 
     def test_progress_lines_every_n_steps(self):
         # Not a terminal: a line for the first step, every multiple of N, and the last.

@@ -11,10 +11,10 @@
 #include "core/common/file.hpp"
 #include "core/cost/cost_model.hpp"
 #include "core/orchestrate/planning.hpp"
-#include "core/orchestrate/program.hpp"
 #include "core/runtime/world.hpp"
 #include "core/spec/run.hpp"
 #include "core/train/layout.hpp"
+#include "core/train/rank_program.hpp"
 #include "core/train/train_device.hpp"
 #include "core/train/trainer.hpp"
 #include "tools/braid/commands.hpp"
@@ -237,11 +237,11 @@ int run_train(const std::vector<std::string>& args) {
     // line only for a single process on a terminal.
     o.live_progress = o.progress_every > 0 && !vm.count("progress-every") && world.size() == 1 && isatty(STDOUT_FILENO);
     try {
-      o.schedule = orchestrate::parse_schedule_for(cost, o.plan, schedule);
+      o.schedule = train::executed_schedule(cost, o.plan, schedule);
     } catch (const Error& e) {
       throw Error(Status::invalid_argument, std::string("--schedule: ") + e.what());  // an option the plan does not run
     }
-    runs = o.schedule.value_or(orchestrate::schedules_for(cost, o.plan).front());
+    runs = *o.schedule;
   });
   if (setup != kExitOk) return setup;
   // Inside a step, before its pending messages are torn down (they would wait for peers
