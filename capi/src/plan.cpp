@@ -68,7 +68,7 @@ using braid::capi::strategy_from_c;
 using braid::capi::strategy_to_c;
 
 braid::plan::PlanReport report(const braid_plan* plan) {
-  return braid::orchestrate::plan_report(*plan->config->cost, plan->result, plan->requested);
+  return braid::orchestrate::plan_report(*plan->config->cost, plan->result, plan->requested, plan->schedule);
 }
 
 }  // namespace

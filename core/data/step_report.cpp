@@ -20,7 +20,9 @@ void expect_simulable(const std::vector<double>& scales, const std::string& stag
     if (!(scale < pipeline::kMaxWorkScale))
       throw Error(Status::bad_config,
                   "data: step " + std::to_string(step) + " draws a microbatch that stage '" + stage + "' would run " +
-                      (std::isfinite(scale) ? fixed(scale, 0) + " times" : "infinitely many times") +
+                      (std::isfinite(scale) ? fixed(scale, 0) + " times"
+                       : std::isnan(scale)  ? "an undefined number of times"
+                                            : "infinitely many times") +
                       " as long as a nominal one: the distributions' sizes (max, values) lie too far past the "
                       "nominal sizes of data: to simulate; narrow them or raise the nominal size");
 }

@@ -50,10 +50,11 @@ plan::PlanResult make_plan(const cost::CostModel& cost, plan::PlanRequest reques
   return plan::make_plan(cost, request);
 }
 
-plan::PlanReport plan_report(const cost::CostModel& cost, const plan::PlanResult& result, plan::Strategy requested) {
+plan::PlanReport plan_report(const cost::CostModel& cost, const plan::PlanResult& result, plan::Strategy requested,
+                             std::optional<spec::Schedule> schedule) {
   plan::PlanReport report{&result, requested, &cost};
   report.simulated_step_s = simulated_step(cost, result.best, &report.simulation_error);
-  report.schedule = spec::schedule_name(schedules_for(cost, result.best).front());
+  report.schedule = spec::schedule_name(schedule.value_or(schedules_for(cost, result.best).front()));
   return report;
 }
 

@@ -43,6 +43,8 @@ plan::PlanResult make_plan(const cost::CostModel& cost, plan::PlanRequest reques
 
 // The report of `result` (for plan::to_json, to_yaml, to_table) with its best plan's
 // simulated step, or why it could not be simulated. It points to `result` and `cost`.
-plan::PlanReport plan_report(const cost::CostModel& cost, const plan::PlanResult& result, plan::Strategy requested);
+// `schedule`: what the plan's programs run when none is named (nullopt: the plan's default).
+plan::PlanReport plan_report(const cost::CostModel& cost, const plan::PlanResult& result, plan::Strategy requested,
+                             std::optional<spec::Schedule> schedule = std::nullopt);
 
 }  // namespace braid::orchestrate

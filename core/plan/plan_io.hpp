@@ -18,7 +18,7 @@ struct PlanReport {
   const cost::CostModel* cost;
   double simulated_step_s = 0;   // the best plan's simulated step (0: not simulated)
   std::string simulation_error;  // why it could not be simulated, if it could not
-  std::string schedule;          // what the best plan runs by default, as simulate/train --schedule name it
+  std::string schedule;          // what the best plan runs by default, as simulate --schedule names it
 };
 
 std::string to_json(const PlanReport& report);

@@ -89,14 +89,35 @@ void add_sizes(Fields& f, const std::string& at, const spec::SizeDistribution& d
   f.add(at + ".step", d.step);
 }
 
+// A name or value on a record line: '\\', '=' and a newline escaped (module names are free text).
+std::string escaped(const std::string& text) {
+  std::string out;
+  for (char ch : text) {
+    if (ch == '\\' || ch == '=') out += '\\';
+    out += ch == '\n' ? std::string("\\n") : std::string(1, ch);
+  }
+  return out;
+}
+
 std::vector<std::pair<std::string, std::string>> parse_fields(const std::string& text, const std::string& source) {
   std::vector<std::pair<std::string, std::string>> fields;
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
-    const auto eq = line.find('=');
-    if (eq == std::string::npos)
+    std::string parts[2];
+    int part = 0;
+    for (std::size_t k = 0; k < line.size(); ++k) {
+      if (line[k] == '=' && part == 0) {
+        part = 1;
+      } else if (line[k] == '\\' && k + 1 < line.size()) {
+        ++k;
+        parts[part] += line[k] == 'n' ? '\n' : line[k];
+      } else {
+        parts[part] += line[k];
+      }
+    }
+    if (part == 0)
       throw Error(Status::bad_config, "checkpoint '" + source + "': its run record has a line without '=': " + line);
-    fields.emplace_back(line.substr(0, eq), line.substr(eq + 1));
+    fields.emplace_back(std::move(parts[0]), std::move(parts[1]));
   }
   return fields;
 }
@@ -119,12 +140,18 @@ RunRecord RunRecord::of(const spec::RunSpec& run, std::uint64_t seed) {
   add_sizes(f, "data.text", run.data.text);
   add_sizes(f, "data.audio", run.data.audio);
   add_sizes(f, "data.generated_image", run.data.generated_image);
+  // The optimizer's settings besides the learning rate (lr_schedule.hpp compares that).
+  f.add("trainer.weight_decay", run.trainer.weight_decay);
+  f.add("trainer.beta1", run.trainer.beta1);
+  f.add("trainer.beta2", run.trainer.beta2);
+  f.add("trainer.eps", run.trainer.eps);
+  f.add("trainer.grad_clip", run.trainer.grad_clip);
   return r;
 }
 
 void RunRecord::record(CheckpointContents& c) const {
   std::string text;
-  for (const auto& [name, value] : fields) text += name + "=" + value + "\n";
+  for (const auto& [name, value] : fields) text += escaped(name) + "=" + escaped(value) + "\n";
   c.add_blob(kBlob, std::move(text));
 }
 
@@ -135,7 +162,7 @@ std::optional<RunRecord> RunRecord::recorded(const CheckpointContents& c) {
 
 std::string run_change(const CheckpointContents& c, const RunRecord& now) {
   const std::optional<RunRecord> then = RunRecord::recorded(c);
-  if (!then || *then == now) return "";
+  if (!then) return "";
   const auto value_in = [](const RunRecord& r, const std::string& name) -> const std::string* {
     for (const auto& [n, v] : r.fields)
       if (n == name) return &v;
@@ -154,6 +181,7 @@ std::string run_change(const CheckpointContents& c, const RunRecord& now) {
   };
   for (const auto& field : now.fields) compare(field.first);
   for (const auto& field : then->fields) compare(field.first);
+  if (differ.empty()) return "";  // the same fields, perhaps in another order (modules listed otherwise)
   std::string out = "checkpoint '" + c.source + "' was trained on another run: its " + first;
   if (differ.size() > 1) {
     out += " (and " + std::to_string(differ.size() - 1) + " more field" + (differ.size() > 2 ? "s" : "") + ":";

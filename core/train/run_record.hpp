@@ -1,9 +1,10 @@
 // What a run's steps depend on besides its learning-rate schedule (lr_schedule.hpp): the model's
-// modules, the data (sizes, distributions, seed), the batch and the contrastive groups, and the
-// seed of the weights and data. Each checkpoint records them field by field, and a resume
-// compares them: a run file moved, copied or renamed still continues its run, while one whose
-// model or data changed since the checkpoint is refused, naming the field. The cluster, the
-// layout and the trainer's other settings (steps, evaluation, checkpointing, threads) may change.
+// modules, the data (sizes, distributions, seed), the batch and the contrastive groups, the
+// optimizer's other settings, and the seed of the weights and data. Each checkpoint records them field by field, and a
+// resume compares them: a run file moved, copied or renamed still continues its run, while one whose model, data or
+// optimizer settings changed since the checkpoint is refused, naming the field. The cluster, the layout and the
+// trainer's steps, evaluation, checkpointing and threads may change (the learning-rate schedule is lr_schedule.hpp's to
+// compare).
 #pragma once
 
 #include <cstdint>

@@ -130,7 +130,8 @@ void ZeroModule::begin_instruction(int block_calls, int rest_calls, bool backwar
 void ZeroModule::end_instruction() {
   running_ = false;
   for (auto& u : units_) {
-    if (u.gathered && u.done < u.calls) free_weights(u);  // gathered but never used: no calls here
+    // Gathered for a backward that made no call into it (or stopped short): its last use freed nothing.
+    if (u.gathered && (u.calls == 0 || u.done < u.calls)) free_weights(u);
     u.used = u.done = 0;
     u.gathered = false;
   }

@@ -6,8 +6,9 @@
 //      rank steps its shard, and the updated shards are all-gathered back into the weights
 //   2  also the gradients: a unit's gradient is reduce-scattered into the shard as soon as its
 //      backward is done (every microbatch) and the whole gradient freed
-//   3  also the weights: a unit's weights are all-gathered just before its forward or backward
-//      and freed after; between uses a rank keeps its shard only
+//   3  also the weights: a unit's weights are all-gathered just before its forward (a backward
+//      gathers every unit as it starts) and freed after its last use; between uses a rank keeps
+//      its shard only
 //
 // A unit is a transformer block (the module calls the BlockHooks around each), or the rest of
 // the module part this rank holds (embeddings, position tables, final norm, heads, a whole

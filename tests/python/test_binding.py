@@ -205,6 +205,7 @@ class PlanOptionsTest(unittest.TestCase):
         with llava_config() as config, config.plan("megatron", tp=8, pp=4, schedule="gpipe") as p, \
                 p.program() as program:
             self.assertEqual(program.schedule, "gpipe")
+            self.assertEqual(p.to_json()["schedule"], "gpipe", "the plan says what its programs run")
             compute = [i.opcode for i in ops(program.instructions(0), "Forward", "Backward")]
             self.assertEqual(compute, ["Forward"] * 32 + ["Backward"] * 32)
 

@@ -396,7 +396,6 @@ class TwoStageMessages(unittest.TestCase):
                          r"back to their input of microbatch 0")
 
 
-@unittest.skipIf(torch is None, REASON)
 def refusing_worker(rank, world, init_file, case, results):
     """Builds the executor of ``case`` on every rank: what each raised, or "built"."""
     import braid
@@ -452,6 +451,7 @@ FAN_OUT = TWO_STAGES.replace("devices: 2\n", "devices: 3\n").replace(
     "dp: 2, first_device: 1, devices: 2, first_stage: 0,\n     microbatch_size: 2")
 
 
+@unittest.skipIf(torch is None, REASON)
 class ExecutorRefusesOnEveryRank(unittest.TestCase):
     """A batch or groups the program cannot run are refused on every rank as the executor is
     built (they failed on some ranks in the step while the others waited, or hung)."""
@@ -488,6 +488,7 @@ class ExecutorRefusesOnEveryRank(unittest.TestCase):
             self.assertIn("groups were not made from the program's plan", said, f"rank {rank}")
 
 
+@unittest.skipIf(torch is None, REASON)
 class ExecutorRefusesBadInput(unittest.TestCase):
     """What the host gets wrong is refused with a ValueError naming it (on one process)."""
 

@@ -187,7 +187,8 @@ TEST(Planner, MultimodalLayoutsBeatMegatronOnTheViT22bRun) {
   auto megatron = orchestrate::make_plan(cost, plan::PlanRequest{Strategy::megatron, {}, {}});
   auto optimus = orchestrate::make_plan(cost, plan::PlanRequest{Strategy::optimus, {}, {}});
   EXPECT_LT(optimus.best.estimate.iteration_time_s, megatron.best.estimate.iteration_time_s);
-  std::string table = plan::to_table({&optimus, Strategy::optimus, &cost});
+  std::string table = plan::to_table(orchestrate::plan_report(cost, optimus, Strategy::optimus));
+  EXPECT_NE(table.find("schedule optimus-fine)"), std::string::npos) << table;
   EXPECT_NE(table.find("bubble scheduler's fine schedule"), std::string::npos) << table;
 }
 

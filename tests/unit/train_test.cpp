@@ -583,6 +583,22 @@ TEST(RunRecord, ACheckpointKeepsItsRunAndAResumeNamesTheFieldThatChanged) {
   EXPECT_NE(gone.find("its model.modules was 3, this run's 2 (and "), std::string::npos) << gone;
   EXPECT_NE(gone.find("model.text_encoder.role"), std::string::npos) << gone;
 
+  // The same modules listed in another order are the same run; the optimizer's settings count.
+  spec::RunSpec reordered = run;
+  std::swap(reordered.model.modules[0], reordered.model.modules[1]);
+  EXPECT_EQ(run_change(c, RunRecord::of(reordered, 1)), "");
+  spec::RunSpec betas = run;
+  betas.trainer.beta2 = 0.999;
+  EXPECT_EQ(run_change(c, RunRecord::of(betas, 1)),
+            "checkpoint 'ck/step-000003.braidckpt' was trained on another run: its trainer.beta2 was "
+            "0.97999999999999998, this run's 0.999");
+  // A module name of any text reads back whole.
+  spec::RunSpec odd = run;
+  odd.model.modules[0].name = "a=b\\c\nd";
+  CheckpointContents d;
+  RunRecord::of(odd, 1).record(d);
+  EXPECT_EQ(*RunRecord::recorded(d), RunRecord::of(odd, 1));
+
   CheckpointContents broken;
   broken.source = "ck/bad.braidckpt";
   broken.add_blob("run/fields", "seed=1\nno equals sign\n");
