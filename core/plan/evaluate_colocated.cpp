@@ -27,7 +27,8 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
   Plan llm_grid = plan;
   std::erase_if(llm_grid.modules, [](const ModulePlacement& p) { return p.role == spec::Role::encoder; });
   MonolithicStages g;
-  if (!analyze_monolithic(cost, llm_grid, g, why)) return false;
+  if (!analyze_monolithic(cost, llm_grid, g, why, "the colocated llm grid (the llm, its projectors and generators)"))
+    return false;
   const int devices = g.tp * g.dp * g.stages;
   if (g.virtual_stages > 1) return reject(why, "the colocated estimate covers plain 1F1B llm pipelines");
 

@@ -22,7 +22,8 @@ double MonolithicStages::tail(std::size_t s, const spec::TrainingSpec& training)
   return l.exposed_dp_sync(training) + l.optimizer_s;
 }
 
-bool analyze_monolithic(const cost::CostModel& cost, const Plan& plan, MonolithicStages& out, std::string* why) {
+bool analyze_monolithic(const cost::CostModel& cost, const Plan& plan, MonolithicStages& out, std::string* why,
+                        std::string_view grid) {
   const auto& run = cost.run();
   const auto& train = run.training;
   const int tp = plan.modules.front().tp, dp = plan.modules.front().dp;
@@ -30,7 +31,7 @@ bool analyze_monolithic(const cost::CostModel& cost, const Plan& plan, Monolithi
   for (const auto& p : plan.modules) {
     if (p.tp != tp || p.dp != dp || p.microbatch_size != plan.modules.front().microbatch_size) {
       return reject(
-          why, "a monolithic grid uses one tp, dp and microbatch size for every module ('" + p.name + "' differs)");
+          why, std::string(grid) + " uses one tp, dp and microbatch size for every module ('" + p.name + "' differs)");
     }
     if (!check_tp(cost, p, why) || !check_stages(cost, p, why)) return false;
     stages = std::max(stages, p.first_stage + p.pp);  // both below the device count: no overflow

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/plan/stage_load.hpp"
@@ -25,7 +26,9 @@ struct MonolithicStages {
   double tail(std::size_t stage, const spec::TrainingSpec& training) const;
 };
 
-// Validates the placements of `plan` as one grid and computes every stage's load.
-bool analyze_monolithic(const cost::CostModel& cost, const Plan& plan, MonolithicStages& out, std::string* why);
+// Validates the placements of `plan` as one grid and computes every stage's load. `grid`
+// names the grid in a refusal (a colocated plan's llm grid is one too).
+bool analyze_monolithic(const cost::CostModel& cost, const Plan& plan, MonolithicStages& out, std::string* why,
+                        std::string_view grid = "a monolithic grid");
 
 }  // namespace braid::plan

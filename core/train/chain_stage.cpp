@@ -33,102 +33,106 @@ std::span<std::byte> bytes(std::span<float> v) { return std::as_writable_bytes(v
 ChainStage::ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, const plan::Plan& plan, nn::Model& model,
                        const data::ShapesDataset& dataset, const RankLayout& layout, const RankProgram& program,
                        runtime::World& world, nn::Ops& ops, const DataOptions& data,
-                       const DeviceCollectives* collectives)
+                       const DeviceCollectives* collectives, const Agree& agree)
     : model_(model), program_(program), ops_(ops), data_(data) {
-  vision_ = role_of(layout, spec::Role::encoder);
-  projector_ = role_of(layout, spec::Role::projector);
-  llm_ = role_of(layout, spec::Role::llm);
-  const auto& chain = *model.chain;
-  if (!llm_.grid) throw Error(Status::bad_config, "the plan places no llm");
-  if (chain.vision && !vision_.grid) throw Error(Status::bad_config, "the plan places no image encoder");
-  colocated_ = plan.layout == plan::Layout::colocated;
-  // Refused before the model is touched (sliced, hooked).
-  if (colocated_ && run.training.zero_stage >= 2 && vision_.replicas > 1 && chain.vision && !chain.vision->frozen())
-    throw Error(Status::unsupported,
-                "the CPU trainer runs a colocated encoder's ZeRO at stage 1 only: '" + vision_.name +
-                    "' is data parallel over ranks of different pipeline stages, whose programs place its "
-                    "encoder tasks (and so stage " +
-                    std::to_string(run.training.zero_stage) + "'s collectives) differently");
-  const int llm_first = program.stage_of_rank[static_cast<std::size_t>(llm_.rank_at(0, 0, 0))];
-  if (chain.vision) {
-    if (vision_.stages != 1)
-      throw Error(Status::unsupported, "the CPU trainer runs the encoder '" + vision_.name +
-                                           "' in one pipeline stage: the plan gives it pp " +
-                                           std::to_string(vision_.stages));
-    const int vision_stage = program.stage_of_rank[static_cast<std::size_t>(vision_.rank_at(0, 0, 0))];
-    if (plan.layout == plan::Layout::chain) encoder_stage_index_ = vision_stage;
-    if (plan.layout == plan::Layout::monolithic) {
-      if (vision_stage != llm_first)
-        throw Error(Status::unsupported, "the CPU trainer runs the encoder '" + vision_.name +
-                                             "' in the llm's first pipeline stage, where the plan does not put it");
-      encodes_in_forward_ = vision_.held && llm_.held && llm_.stage == 0;
-    } else if (plan.layout == plan::Layout::chain) {
-      encoder_stage_ = vision_.held;
-      encodes_in_forward_ = encoder_stage_;
-      if (vision_.replicas % llm_.replicas != 0)
-        throw Error(Status::unsupported, "the CPU trainer feeds each llm replica from whole encoder replicas: '" +
-                                             vision_.name + "' has " + std::to_string(vision_.replicas) +
-                                             " replicas for " + std::to_string(llm_.replicas) + " of '" + llm_.name +
-                                             "'");
-      fan_in_ = vision_.replicas / llm_.replicas;
-    }
-  }
-  if (chain.projector) {
-    // With the llm's first stage when its grid covers that stage's first rank, else with the encoder.
-    projector_on_encoder_ = !projector_.grid->contains(llm_.rank_at(0, 0, 0));
-    const bool must_hold = projector_on_encoder_ ? vision_.held : (llm_.held && llm_.stage == 0);
-    if (must_hold != projector_.held)
+  // What this rank runs, and the layouts it cannot: checked on every rank before any group
+  // is made.
+  agreed(agree, [&] {
+    vision_ = role_of(layout, spec::Role::encoder);
+    projector_ = role_of(layout, spec::Role::projector);
+    llm_ = role_of(layout, spec::Role::llm);
+    const auto& chain = *model.chain;
+    if (!llm_.grid) throw Error(Status::bad_config, "the plan places no llm");
+    if (chain.vision && !vision_.grid) throw Error(Status::bad_config, "the plan places no image encoder");
+    colocated_ = plan.layout == plan::Layout::colocated;
+    // Refused before the model is touched (sliced, hooked).
+    if (colocated_ && run.training.zero_stage >= 2 && vision_.replicas > 1 && chain.vision && !chain.vision->frozen())
       throw Error(Status::unsupported,
-                  "the CPU trainer runs the projector '" + projector_.name + "' on every rank of " +
-                      (projector_on_encoder_ ? "the encoder '" + vision_.name + "'" : "the llm's first stage") +
-                      " and nowhere else; rank " + std::to_string(layout.rank) + " does not match");
-  }
-  const plan::ModulePlacement* llm_plan = nullptr;
-  for (const auto& m : plan.modules)
-    if (m.role == spec::Role::llm) llm_plan = &m;
-  if (llm_plan) microbatch_ = llm_plan->microbatch_size;
-  microbatches_ = program.program.microbatches;
-  // The program runs the plan's microbatches of the llm, each shared by whole encoder replicas.
-  const bool as_planned = llm_plan && run.training.global_batch % plan::samples_per_microbatch(*llm_plan) == 0 &&
-                          plan::microbatches_per_step(run.training, *llm_plan) == microbatches_;
-  if (!as_planned || microbatch_ % fan_in_ != 0)
-    throw Error(Status::bad_config,
-                run.source + ": training: " + std::to_string(run.training.global_batch) + " samples over " +
-                    std::to_string(llm_.replicas) + " llm replicas do not split into the program's " +
-                    std::to_string(microbatches_) + " microbatches of the plan's " + std::to_string(microbatch_) +
-                    " samples, shared by " + std::to_string(fan_in_) + " encoder replicas each");
-  if (microbatches_ > kMaxMicrobatches)
-    throw Error(Status::unsupported, "the CPU trainer runs at most " + std::to_string(kMaxMicrobatches) +
-                                         " microbatches per replica (got " + std::to_string(microbatches_) + ")");
-  if (llm_.held) part_ = nn::split_decoder(chain.llm->layers(), llm_.stages)[static_cast<std::size_t>(llm_.stage)];
-  llm_replica_ = llm_.held ? llm_.replica : vision_.replica / fan_in_;
-  encoder_part_ = encoder_stage_ ? vision_.replica % fan_in_ : 0;
-  loader_ = std::make_unique<Loader>(
-      dataset, LoaderOptions{run.training.global_batch, llm_.replicas, data.reorder && llm_.replicas > 1});
+                  "the CPU trainer runs a colocated encoder's ZeRO at stage 1 only: '" + vision_.name +
+                      "' is data parallel over ranks of different pipeline stages, whose programs place its "
+                      "encoder tasks (and so stage " +
+                      std::to_string(run.training.zero_stage) + "'s collectives) differently");
+    const int llm_first = program.stage_of_rank[static_cast<std::size_t>(llm_.rank_at(0, 0, 0))];
+    if (chain.vision) {
+      if (vision_.stages != 1)
+        throw Error(Status::unsupported, "the CPU trainer runs the encoder '" + vision_.name +
+                                             "' in one pipeline stage: the plan gives it pp " +
+                                             std::to_string(vision_.stages));
+      const int vision_stage = program.stage_of_rank[static_cast<std::size_t>(vision_.rank_at(0, 0, 0))];
+      if (plan.layout == plan::Layout::chain) encoder_stage_index_ = vision_stage;
+      if (plan.layout == plan::Layout::monolithic) {
+        if (vision_stage != llm_first)
+          throw Error(Status::unsupported, "the CPU trainer runs the encoder '" + vision_.name +
+                                               "' in the llm's first pipeline stage, where the plan does not put it");
+        encodes_in_forward_ = vision_.held && llm_.held && llm_.stage == 0;
+      } else if (plan.layout == plan::Layout::chain) {
+        encoder_stage_ = vision_.held;
+        encodes_in_forward_ = encoder_stage_;
+        if (vision_.replicas % llm_.replicas != 0)
+          throw Error(Status::unsupported, "the CPU trainer feeds each llm replica from whole encoder replicas: '" +
+                                               vision_.name + "' has " + std::to_string(vision_.replicas) +
+                                               " replicas for " + std::to_string(llm_.replicas) + " of '" + llm_.name +
+                                               "'");
+        fan_in_ = vision_.replicas / llm_.replicas;
+      }
+    }
+    if (chain.projector) {
+      // With the llm's first stage when its grid covers that stage's first rank, else with the encoder.
+      projector_on_encoder_ = !projector_.grid->contains(llm_.rank_at(0, 0, 0));
+      const bool must_hold = projector_on_encoder_ ? vision_.held : (llm_.held && llm_.stage == 0);
+      if (must_hold != projector_.held)
+        throw Error(Status::unsupported,
+                    "the CPU trainer runs the projector '" + projector_.name + "' on every rank of " +
+                        (projector_on_encoder_ ? "the encoder '" + vision_.name + "'" : "the llm's first stage") +
+                        " and nowhere else; rank " + std::to_string(layout.rank) + " does not match");
+    }
+    const plan::ModulePlacement* llm_plan = nullptr;
+    for (const auto& m : plan.modules)
+      if (m.role == spec::Role::llm) llm_plan = &m;
+    if (llm_plan) microbatch_ = llm_plan->microbatch_size;
+    microbatches_ = program.program.microbatches;
+    // The program runs the plan's microbatches of the llm, each shared by whole encoder replicas.
+    const bool as_planned = llm_plan && run.training.global_batch % plan::samples_per_microbatch(*llm_plan) == 0 &&
+                            plan::microbatches_per_step(run.training, *llm_plan) == microbatches_;
+    if (!as_planned || microbatch_ % fan_in_ != 0)
+      throw Error(Status::bad_config,
+                  run.source + ": training: " + std::to_string(run.training.global_batch) + " samples over " +
+                      std::to_string(llm_.replicas) + " llm replicas do not split into the program's " +
+                      std::to_string(microbatches_) + " microbatches of the plan's " + std::to_string(microbatch_) +
+                      " samples, shared by " + std::to_string(fan_in_) + " encoder replicas each");
+    if (microbatches_ > kMaxMicrobatches)
+      throw Error(Status::unsupported, "the CPU trainer runs at most " + std::to_string(kMaxMicrobatches) +
+                                           " microbatches per replica (got " + std::to_string(microbatches_) + ")");
+    if (llm_.held) part_ = nn::split_decoder(chain.llm->layers(), llm_.stages)[static_cast<std::size_t>(llm_.stage)];
+    llm_replica_ = llm_.held ? llm_.replica : vision_.replica / fan_in_;
+    encoder_part_ = encoder_stage_ ? vision_.replica % fan_in_ : 0;
+    loader_ = std::make_unique<Loader>(
+        dataset, LoaderOptions{run.training.global_batch, llm_.replicas, data.reorder && llm_.replicas > 1});
 
-  if (colocated_ && chain.vision) {
-    if (llm_.tp % vision_.tp != 0)
-      throw Error(Status::unsupported, "the CPU trainer runs a colocated encoder whose tp divides the llm's: '" +
-                                           vision_.name + "' has tp " + std::to_string(vision_.tp) + ", '" + llm_.name +
-                                           "' tp " + std::to_string(llm_.tp));
-    encoder_ = std::make_unique<ColocatedEncoder>(bubble::decompose(cost, plan), program.stage, program.stage_program(),
-                                                  *chain.vision, ops, microbatch_, llm_.tp_rank / vision_.tp,
-                                                  llm_.tp / vision_.tp);
-    for (const Instruction& ins : program_.instructions()) llm_backwards_ += ins.op == Op::backward;
-    // Encoder tasks and the ordering messages of the encoder's side (its tokens out, their
-    // gradients in) may run ahead of a wait; they keep their order among themselves.
-    fill_.movable = [this](int index) {
-      const Instruction& ins = program_.instructions()[static_cast<std::size_t>(index)];
-      return ins.op == Op::encoder_task ||
-             ((ins.flags & pipeline::kSyncOnly) && (ins.op == Op::send_activation || ins.op == Op::recv_grad));
-    };
-    fill_.ready = [this](int index) {
-      const Instruction& ins = program_.instructions()[static_cast<std::size_t>(index)];
-      if (ins.op == Op::encoder_task) return encoder_->ready(ins);
-      if (ins.op == Op::send_activation) return store_.has(ins.microbatch, encoder_->positions(), false);
-      return true;
-    };
-  }
+    if (colocated_ && chain.vision) {
+      if (llm_.tp % vision_.tp != 0)
+        throw Error(Status::unsupported, "the CPU trainer runs a colocated encoder whose tp divides the llm's: '" +
+                                             vision_.name + "' has tp " + std::to_string(vision_.tp) + ", '" +
+                                             llm_.name + "' tp " + std::to_string(llm_.tp));
+      encoder_ = std::make_unique<ColocatedEncoder>(bubble::decompose(cost, plan), program.stage,
+                                                    program.stage_program(), *chain.vision, ops, microbatch_,
+                                                    llm_.tp_rank / vision_.tp, llm_.tp / vision_.tp);
+      for (const Instruction& ins : program_.instructions()) llm_backwards_ += ins.op == Op::backward;
+      // Encoder tasks and the ordering messages of the encoder's side (its tokens out, their
+      // gradients in) may run ahead of a wait; they keep their order among themselves.
+      fill_.movable = [this](int index) {
+        const Instruction& ins = program_.instructions()[static_cast<std::size_t>(index)];
+        return ins.op == Op::encoder_task ||
+               ((ins.flags & pipeline::kSyncOnly) && (ins.op == Op::send_activation || ins.op == Op::recv_grad));
+      };
+      fill_.ready = [this](int index) {
+        const Instruction& ins = program_.instructions()[static_cast<std::size_t>(index)];
+        if (ins.op == Op::encoder_task) return encoder_->ready(ins);
+        if (ins.op == Op::send_activation) return store_.has(ins.microbatch, encoder_->positions(), false);
+        return true;
+      };
+    }
+  });
 
   // Groups in one order on every rank: llm tp, encoder tp, projector tp, llm dp, encoder dp,
   // projector dp.

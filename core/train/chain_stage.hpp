@@ -64,7 +64,7 @@ class ChainStage : public StageWork {
   ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, const plan::Plan& plan, nn::Model& model,
              const data::ShapesDataset& dataset, const RankLayout& layout, const RankProgram& program,
              runtime::World& world, nn::Ops& ops, const DataOptions& data,
-             const DeviceCollectives* collectives = nullptr);
+             const DeviceCollectives* collectives = nullptr, const Agree& agree = {});
   ~ChainStage() override;
 
   void begin_step(std::int64_t step, StepResult& r) override;

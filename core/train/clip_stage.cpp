@@ -26,92 +26,101 @@ Message hidden_message(int tower, bool forward) {
 
 ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model& model,
                      const data::ShapesDataset& dataset, const RankLayout& layout, const RankProgram& program,
-                     runtime::World& world, nn::Ops& ops, const DataOptions& data, const DeviceCollectives* collectives)
+                     runtime::World& world, nn::Ops& ops, const DataOptions& data, const DeviceCollectives* collectives,
+                     const Agree& agree)
     : model_(model), layout_(layout), program_(program), ops_(ops), data_(data) {
-  world_ = &world.communicator();
-  const auto& clip = *model.clip;
-  const long long global = run.training.global_batch, group_rows = run.training.contrastive_batch;
-  groups_ = plan::contrastive_groups(run.training);
-  std::string names[2];
-  for (const auto& s : run.model.modules)
-    if (s.role == spec::Role::encoder) names[s.modality == spec::Modality::image ? 0 : 1] = s.name;
-  const int layers[2] = {clip.image_encoder->layers(), clip.text_encoder->layers()};
-  const auto& stage = program.stage_program();
-  const int per_group = stage.microbatches_per_group(program.program.group_microbatches);
-  int min_replicas = 0;
-  for (int t = 0; t < 2; ++t) {
-    Tower& tower = towers_[t];
-    const ModuleRole& role = layout.module(names[t]);
-    tower.role = &role;
-    min_replicas = min_replicas ? std::min(min_replicas, role.replicas) : role.replicas;
-    if (group_rows % role.replicas != 0)
-      bad_split(run, "the contrastive batch (" + std::to_string(group_rows) + ") does not split over the " +
-                         std::to_string(role.replicas) + " replicas of '" + role.name + "'");
-    // The module stage this rank's program stage runs of the tower, if any.
-    tower.here = role.held;
-    if (!tower.here) continue;
-    tower.part = nn::split_encoder(layers[t], role.stages)[static_cast<std::size_t>(role.stage)];
-    const long long rows = group_rows / role.replicas;
-    const plan::ModulePlacement* placed = nullptr;
-    for (const auto& m : plan.modules)
-      if (m.name == role.name) placed = &m;
-    const int planned = placed ? placed->microbatch_size : 0;
-    tower.microbatch = planned;
-    // The program runs the plan's microbatches per group, of the plan's size.
-    if (!placed || group_rows % plan::samples_per_microbatch(*placed) != 0 ||
-        plan::microbatches_per_group(run.training, *placed) != per_group)
-      bad_split(run, "a replica of '" + role.name + "' holds " + std::to_string(rows) +
-                         " samples per contrastive group, which the program's " + std::to_string(per_group) +
-                         " microbatches do not split into the plan's microbatches of " + std::to_string(planned));
-    tower.loader = std::make_unique<Loader>(
-        dataset, LoaderOptions{global, role.replicas, data.reorder && role.replicas > 1, static_cast<int>(groups_)});
-    // The part's blocks, and the projection head with the last part.
-    const auto params =
-        t == 0 ? clip.image_encoder->part_parameters(tower.part) : clip.text_encoder->part_parameters(tower.part);
-    for (auto* p : params)
-      if (p->trainable) tower.params.push_back(p);
-    if (role.stage + 1 == role.stages) {
-      const nn::ClipHead& head = t == 0 ? *clip.image_head : *clip.text_head;
-      for (auto* p : head.parameters())
+  // What this rank runs, and the layouts it cannot: checked on every rank before any group
+  // is made.
+  agreed(agree, [&] {
+    world_ = &world.communicator();
+    const auto& clip = *model.clip;
+    const long long global = run.training.global_batch, group_rows = run.training.contrastive_batch;
+    groups_ = plan::contrastive_groups(run.training);
+    std::string names[2];
+    for (const auto& s : run.model.modules)
+      if (s.role == spec::Role::encoder) names[s.modality == spec::Modality::image ? 0 : 1] = s.name;
+    const int layers[2] = {clip.image_encoder->layers(), clip.text_encoder->layers()};
+    const auto& stage = program.stage_program();
+    const int per_group = stage.microbatches_per_group(program.program.group_microbatches);
+    int min_replicas = 0;
+    for (int t = 0; t < 2; ++t) {
+      Tower& tower = towers_[t];
+      const ModuleRole& role = layout.module(names[t]);
+      tower.role = &role;
+      min_replicas = min_replicas ? std::min(min_replicas, role.replicas) : role.replicas;
+      if (group_rows % role.replicas != 0)
+        bad_split(run, "the contrastive batch (" + std::to_string(group_rows) + ") does not split over the " +
+                           std::to_string(role.replicas) + " replicas of '" + role.name + "'");
+      // The module stage this rank's program stage runs of the tower, if any.
+      tower.here = role.held;
+      if (!tower.here) continue;
+      tower.part = nn::split_encoder(layers[t], role.stages)[static_cast<std::size_t>(role.stage)];
+      const long long rows = group_rows / role.replicas;
+      const plan::ModulePlacement* placed = nullptr;
+      for (const auto& m : plan.modules)
+        if (m.name == role.name) placed = &m;
+      const int planned = placed ? placed->microbatch_size : 0;
+      tower.microbatch = planned;
+      // The program runs the plan's microbatches per group, of the plan's size.
+      if (!placed || group_rows % plan::samples_per_microbatch(*placed) != 0 ||
+          plan::microbatches_per_group(run.training, *placed) != per_group)
+        bad_split(run, "a replica of '" + role.name + "' holds " + std::to_string(rows) +
+                           " samples per contrastive group, which the program's " + std::to_string(per_group) +
+                           " microbatches do not split into the plan's microbatches of " + std::to_string(planned));
+      tower.loader = std::make_unique<Loader>(
+          dataset, LoaderOptions{global, role.replicas, data.reorder && role.replicas > 1, static_cast<int>(groups_)});
+      // The part's blocks, and the projection head with the last part.
+      const auto params =
+          t == 0 ? clip.image_encoder->part_parameters(tower.part) : clip.text_encoder->part_parameters(tower.part);
+      for (auto* p : params)
         if (p->trainable) tower.params.push_back(p);
+      if (role.stage + 1 == role.stages) {
+        const nn::ClipHead& head = t == 0 ? *clip.image_head : *clip.text_head;
+        for (auto* p : head.parameters())
+          if (p->trainable) tower.params.push_back(p);
+      }
     }
-  }
-  rows_per_replica_ = group_rows / min_replicas;
-  if (static_cast<long long>(groups_) * per_group > kMaxMicrobatches)
-    throw Error(Status::unsupported, "the CPU trainer runs at most " + std::to_string(kMaxMicrobatches) +
-                                         " microbatches per replica (got " +
-                                         std::to_string(static_cast<long long>(groups_) * per_group) + ")");
-  logit_scale_ = clip.loss->parameters().front();
-  const ModuleRole& image = *towers_[0].role;
-  const ModuleRole& text = *towers_[1].role;
-  if (image.tp != text.tp)
-    throw Error(Status::unsupported, "the CPU trainer runs CLIP towers of one tensor-parallel width: '" + image.name +
-                                         "' has tp " + std::to_string(image.tp) + ", '" + text.name + "' tp " +
-                                         std::to_string(text.tp) +
-                                         " (each TP rank's batch-sync pairs it with the same TP rank of the other "
-                                         "tower)");
-  // Hidden states travel between the stages of one tower; a program that chains the towers'
-  // stages (one tower a stage, the other the next) has nothing to send between them.
-  for (const pipeline::Instruction& ins : program.instructions()) {
-    if (ins.op != Op::send_activation && ins.op != Op::recv_activation) continue;
-    const int peer = program.rank_of(ins.peer, 0, 0);
-    for (const Tower& t : towers_)
-      if (t.here && !t.role->grid->contains(peer))
-        throw Error(Status::unsupported,
-                    "the CPU trainer pipelines a CLIP tower over stages that each hold a part of it: the program "
-                    "sends stage " +
-                        std::to_string(program.stage) + "'s activations to stage " + std::to_string(ins.peer) +
-                        ", which does not hold '" + t.role->name +
-                        "' (plan the towers side by side, --strategy distmm, or split each over the stages)");
-  }
+    rows_per_replica_ = group_rows / min_replicas;
+    if (static_cast<long long>(groups_) * per_group > kMaxMicrobatches)
+      throw Error(Status::unsupported, "the CPU trainer runs at most " + std::to_string(kMaxMicrobatches) +
+                                           " microbatches per replica (got " +
+                                           std::to_string(static_cast<long long>(groups_) * per_group) + ")");
+    logit_scale_ = clip.loss->parameters().front();
+    const ModuleRole& image = *towers_[0].role;
+    const ModuleRole& text = *towers_[1].role;
+    if (image.tp != text.tp)
+      throw Error(Status::unsupported, "the CPU trainer runs CLIP towers of one tensor-parallel width: '" + image.name +
+                                           "' has tp " + std::to_string(image.tp) + ", '" + text.name + "' tp " +
+                                           std::to_string(text.tp) +
+                                           " (each TP rank's batch-sync pairs it with the same TP rank of the other "
+                                           "tower)");
+    // Hidden states travel between the stages of one tower; a program that chains the towers'
+    // stages (one tower a stage, the other the next) has nothing to send between them.
+    for (const pipeline::Instruction& ins : program.instructions()) {
+      if (ins.op != Op::send_activation && ins.op != Op::recv_activation) continue;
+      const int peer = program.rank_of(ins.peer, 0, 0);
+      for (const Tower& t : towers_)
+        if (t.here && !t.role->grid->contains(peer))
+          throw Error(Status::unsupported,
+                      "the CPU trainer pipelines a CLIP tower over stages that each hold a part of it: the program "
+                      "sends stage " +
+                          std::to_string(program.stage) + "'s activations to stage " + std::to_string(ins.peer) +
+                          ", which does not hold '" + t.role->name +
+                          "' (plan the towers side by side, --strategy distmm, or split each over the stages)");
+    }
+  });
+
   // The batch-sync of this rank's TP index: every tower replica's rank of that index (with
   // tp 1 the plan's whole batch-sync group). Each TP index computes the same loss.
+  const ModuleRole& image = *towers_[0].role;
+  const ModuleRole& text = *towers_[1].role;
   tp_index_ = towers_[0].here ? image.tp_rank : text.tp_rank;
   std::vector<int> sync;
   for (int r : layout.sync_ranks) {
     const ModuleRole& holder = image.grid && image.grid->contains(r) ? image : text;
     if (holder.grid->coords(r)[static_cast<std::size_t>(runtime::Axis::tp)] == tp_index_) sync.push_back(r);
   }
+
   // Groups in one order on every rank; only their members create them.
   for (auto& t : towers_) {
     if (t.here && t.role->tp > 1) t.tp.emplace(world.group(t.role->tp_ranks));

@@ -45,7 +45,7 @@ class ClipStage : public StageWork {
   // the plan's replicas and microbatches, Error(unsupported) for a tower split by TP.
   ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model& model, const data::ShapesDataset& dataset,
             const RankLayout& layout, const RankProgram& program, runtime::World& world, nn::Ops& ops,
-            const DataOptions& data, const DeviceCollectives* collectives = nullptr);
+            const DataOptions& data, const DeviceCollectives* collectives = nullptr, const Agree& agree = {});
 
   void begin_step(std::int64_t step, StepResult& r) override;
   void install(Interpreter& interpreter) override;

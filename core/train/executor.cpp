@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "core/common/error.hpp"
 #include "core/train/chain_stage.hpp"
@@ -14,6 +16,18 @@ namespace braid::train {
 using pipeline::Instruction;
 using pipeline::Op;
 
+namespace {
+
+// This rank's program, refused (a schedule the plan does not run) on every rank alike.
+RankProgram agreed_program(const Agree& agree, const cost::CostModel& cost, const plan::Plan& plan,
+                           std::optional<spec::Schedule> schedule, const runtime::Topology& topology, int rank) {
+  std::optional<RankProgram> program;
+  agreed(agree, [&] { program.emplace(rank_program(cost, plan, schedule, topology, rank)); });
+  return std::move(*program);
+}
+
+}  // namespace
+
 Executor::Executor(const spec::RunSpec& run, const cost::CostModel& cost, const plan::Plan& plan, nn::Model& model,
                    const data::ShapesDataset& dataset, const runtime::Topology& topology, RankLayout layout,
                    runtime::World& world, nn::Ops& ops, ExecutorOptions options)
@@ -22,12 +36,13 @@ Executor::Executor(const spec::RunSpec& run, const cost::CostModel& cost, const 
       ops_(ops),
       options_(std::move(options)),
       world_comm_(&world.communicator()),
-      program_(rank_program(cost, plan, options_.schedule, topology, world.rank())),
+      program_(agreed_program(options_.agree, cost, plan, options_.schedule, topology, world.rank())),
       work_(model.topology == spec::Topology::contrastive
-                ? std::unique_ptr<StageWork>(std::make_unique<ClipStage>(
-                      run, plan, model, dataset, layout_, program_, world, ops, options_.data, options_.collectives))
+                ? std::unique_ptr<StageWork>(std::make_unique<ClipStage>(run, plan, model, dataset, layout_, program_,
+                                                                         world, ops, options_.data,
+                                                                         options_.collectives, options_.agree))
                 : std::make_unique<ChainStage>(run, cost, plan, model, dataset, layout_, program_, world, ops,
-                                               options_.data, options_.collectives)),
+                                               options_.data, options_.collectives, options_.agree)),
       params_(work_->parameters()) {
   work_->install(interpreter_);
   interpreter_.set(Op::optimizer_step, [this](const Instruction&) { return optimizer_step(lr_, *result_); });

@@ -53,6 +53,9 @@ struct ExecutorOptions {
   // The device's data-parallel collectives, when they run there (device_collectives.hpp);
   // null: through host memory and the MPI plugin.
   const DeviceCollectives* collectives = nullptr;
+  // The layout checks of this rank's program and stage work, before any group is made
+  // (stage_work.hpp); null: thrown on this rank alone.
+  Agree agree;
 };
 
 class Executor {

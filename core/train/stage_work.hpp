@@ -21,6 +21,7 @@
 #include "core/runtime/communicator.hpp"
 #include "core/sim/simulator.hpp"
 #include "core/spec/run.hpp"
+#include "core/train/agree.hpp"
 #include "core/train/interpreter.hpp"
 #include "core/train/prefetcher.hpp"
 

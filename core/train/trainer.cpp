@@ -288,7 +288,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
     topology = runtime::build_groups(run.model, o.plan, size);
     for (int r = 0; r < size; ++r) layouts.push_back(layout_for(run.model, topology, r));
   };
-  o.agree ? o.agree(lay_out) : lay_out();
+  agreed(o.agree, lay_out);
 
   int threads = o.threads > 0 ? o.threads : run.trainer.threads;
   if (threads <= 0)
@@ -333,6 +333,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   eo.on_fatal = o.on_fatal;
   eo.schedule = o.schedule;
   eo.collectives = collectives.get();
+  eo.agree = o.agree;
   if (device.backend && !device.backend->device().is_host())  // resident: cuda, emulated
     eo.device_in_use = [backend = device.backend] { return static_cast<std::size_t>(backend->memory_stats().in_use); };
   else if (device.backend)  // the host backend's pool is this process's heap
@@ -366,8 +367,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   report.layout = executor.layout().summary;
   std::int64_t first = 1;
   std::optional<CheckpointDirLock> checkpoint_lock;  // rank 0's, for the whole run
-  const auto agreed = [&](const std::function<void()>& checks) { o.agree ? o.agree(checks) : checks(); };
-  agreed([&] {
+  agreed(o.agree, [&] {
     if (rank == 0 && !o.checkpoint_dir.empty()) {
       create_checkpoint_dir(o.checkpoint_dir);
       checkpoint_lock.emplace(o.checkpoint_dir);
@@ -384,7 +384,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   });
   comm.barrier();  // the directory exists before the other ranks look into it
   if (o.resume)
-    agreed([&] {
+    agreed(o.agree, [&] {
       if (o.checkpoint_dir.empty()) throw Error(Status::invalid_argument, "--resume needs --checkpoint-dir");
       // The newest checkpoint whatever world wrote it: another layout is resharded on load.
       const CheckpointScan scan = latest_valid_any(o.checkpoint_dir);

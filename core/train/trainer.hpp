@@ -16,6 +16,7 @@
 #include "core/plan/plan.hpp"
 #include "core/runtime/world.hpp"
 #include "core/spec/run.hpp"
+#include "core/train/agree.hpp"
 #include "core/train/memory_meter.hpp"
 #include "core/train/metrics.hpp"
 #include "core/train/op_profile.hpp"
@@ -41,10 +42,10 @@ struct TrainOptions {
   // Called with an error thrown inside a step while its messages are still pending (the CLI
   // reports it and aborts the world); the error is rethrown when it returns.
   std::function<void(const std::exception_ptr&)> on_fatal;
-  // Runs checks every rank makes before training (the checkpoint directory, the resume) so that
-  // a failure is said once and every rank stops alike (the CLI: agree_on_setup), throwing when
-  // one failed; null: the checks run as they are.
-  std::function<void(const std::function<void()>&)> agree;
+  // Runs checks every rank makes before training (the layout, each rank's program and stage,
+  // the checkpoint directory, the resume) so that a failure is said once and every rank stops
+  // alike (the CLI: agree_on_setup), throwing when one failed; null: the checks run as they are.
+  Agree agree;
   int threads = 0;                  // host threads; 0: the run file's, else cores / local processes
   std::string device = "auto";      // auto | host | cuda: what runs the ops (see train_device.hpp)
   std::int64_t progress_every = 1;  // rank 0 prints a progress line every N steps; 0: none

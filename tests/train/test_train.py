@@ -369,9 +369,12 @@ class LayoutEquivalence(unittest.TestCase):
 
     def test_clip_towers_chained_as_stages_are_refused(self):
         # Megatron's plan with pp 2 puts one tower on each stage: nothing flows between them.
+        # Each rank finds it of its own tower before making its groups: said once, no abort.
         r = train(2, "--config", CLIP, "--steps", "1", "--strategy", "megatron", "--pp", "2")
         self.assertEqual(r.returncode, 2)
         self.assertIn("the CPU trainer pipelines a CLIP tower over stages that each hold a part of it", r.stderr)
+        self.assertEqual(r.stderr.count("braid: error:"), 1, r.stderr)
+        self.assertNotIn("MPI_ABORT", r.stderr)
 
     def test_a_process_count_without_a_plan_is_told_the_counts_that_have_one(self):
         # 3 ranks do not split tiny-clip's batch of 128 at tp 1, pp 1 (braid train's default).
@@ -904,6 +907,8 @@ class Cli(unittest.TestCase):
             self.assertEqual(r.returncode, 2)
             self.assertIn("the CPU trainer runs a colocated encoder's ZeRO at stage 1 only: 'vision' is data parallel "
                           "over ranks of different pipeline stages", r.stderr)
+            self.assertEqual(r.stderr.count("braid: error:"), 1, r.stderr)
+            self.assertNotIn("MPI_ABORT", r.stderr)
 
     def test_progress_eval_and_summary_lines(self):
         r = train(1, "--config", MLLM, "--steps", "2")

@@ -506,6 +506,23 @@ TEST(Planner, DeviceMemoryPeaksAtTheEstimate) {
   }
 }
 
+TEST(Planner, AColocatedLlmGridOfManyMicrobatchSizesIsRefusedByItsName) {
+  spec::RunSpec run = test::parse(llava_small(2));
+  cost::CostModel cost(run);
+  plan::PlanRequest request;
+  request.strategy = Strategy::optimus;
+  plan::Plan p = orchestrate::make_plan(cost, request).best;
+  ASSERT_EQ(p.layout, plan::Layout::colocated);
+  for (auto& m : p.modules)
+    if (m.role == spec::Role::projector) m.microbatch_size *= 2;
+  std::string why;
+  EXPECT_FALSE(plan::evaluate(cost, p, &why));
+  EXPECT_NE(why.find("the colocated llm grid (the llm, its projectors and generators) uses one tp, dp and "
+                     "microbatch size for every module"),
+            std::string::npos)
+      << why;
+}
+
 TEST(Planner, CountsAndDevicesComeFromThePlacement) {
   plan::ModulePlacement p;
   p.tp = 2;
