@@ -327,9 +327,11 @@ double CostModel::param_gather_seconds(int m, double params, const GroupShape& d
 double CostModel::sharded_traffic_seconds(int m, double params, const GroupShape& dp_group) const {
   const auto& mod = run_->model.modules[static_cast<std::size_t>(m)];
   const int zero = run_->training.zero_stage;
-  if (dp_group.size <= 1 || zero < 2) return 0;
+  // A frozen module is not sharded (state_bytes keeps its whole weights; the trainer makes it
+  // no ZeRO units): nothing to gather, no gradient to reduce.
+  if (mod.frozen || dp_group.size <= 1 || zero < 2) return 0;
   const double bytes = params * device_.element_bytes();
-  double t = mod.frozen ? 0 : comm_.reduce_scatter(bytes, dp_group);
+  double t = comm_.reduce_scatter(bytes, dp_group);
   if (zero == 3) t += 2 * comm_.all_gather(bytes, dp_group);
   return t;
 }

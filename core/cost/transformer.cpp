@@ -40,10 +40,12 @@ void add_residual(BlockCost& c, double bytes, const BlockContext& ctx) {
 
 // A linear layer of a transformer block, activations [m,k] x weight [k,n]: as add_gemm,
 // but with the run's FP8 setting. Under FP8 (TransformerEngine's Linear/LayerNormLinear)
-// its three GEMMs run at the FP8 peak and each input is first cast to FP8: the
-// activation in forward (read at the training precision, write one byte), the incoming
-// gradient in backward (add_elementwise doubles it for that); the weight's cast is
-// cached across the microbatches of a step (TE's `is_first_microbatch`), so free here.
+// its three GEMMs run at the FP8 peak and each input is first cast to FP8, read at the
+// training precision: the activation [m,k] in forward, the incoming gradient [m,n] in
+// backward. Hopper's FP8 GEMMs take only the TN layout, so where the weight's gradient is
+// computed the cast also writes the transpose its GEMM reads (TE's fused cast-transpose,
+// `fp8_cast_transpose_fused`): two bytes out, else one. The weight's cast is cached across
+// the microbatches of a step (TE's `is_first_microbatch`), so free here.
 void add_linear(BlockCost& c, double m, double n, double k, const BlockContext& ctx) {
   const DeviceModel& dev = *ctx.device;
   if (!dev.fp8()) return add_gemm(c, m, n, k, 1, true, ctx);
@@ -58,7 +60,9 @@ void add_linear(BlockCost& c, double m, double n, double k, const BlockContext& 
       c.backward_s += dev.linear_gemm_seconds(k, n, m);
     }
   }
-  add_elementwise(c, m * k * (dev.element_bytes() + 1), ctx);
+  const double cast_bytes = dev.element_bytes() + (ctx.grads.weights ? 2 : 1);  // per element
+  c.forward_s += dev.memory_seconds(m * k * cast_bytes);
+  if (ctx.grads.any()) c.backward_s += dev.memory_seconds(m * n * cast_bytes);
 }
 
 // Exposed part of a TP collective of `comm` seconds that userbuffers overlap with a

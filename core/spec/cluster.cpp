@@ -93,6 +93,12 @@ EfficiencyTable parse_efficiency(const Node& n) {
   if (auto b = n.find("flash_attention_backward")) t.flash_attention_backward = b->as_fraction();
   if (auto f = n.find("attention_forward")) t.attention_forward = parse_table(*f, "attention_forward", kGemmTable);
   if (auto b = n.find("attention_backward")) t.attention_backward = parse_table(*b, "attention_backward", kGemmTable);
+  // The measured attention prices both passes or neither (DeviceModel::measured_attention).
+  if (t.attention_forward.empty() != t.attention_backward.empty()) {
+    const char* given = t.attention_forward.empty() ? "attention_backward" : "attention_forward";
+    const char* missing = t.attention_forward.empty() ? "attention_forward" : "attention_backward";
+    n.at(given).fail(std::string("needs ") + missing + " too: the measured attention prices both passes or neither");
+  }
   return t;
 }
 

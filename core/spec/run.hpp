@@ -37,7 +37,7 @@ struct TrainingSpec {
   bool overlap_grad_reduce = false;   // DP gradient reduce-scatter / all-reduce behind the last backward
   bool overlap_param_gather = false;  // ZeRO-1/2 parameter all-gather behind the next step's first forward
   bool tp_comm_overlap = false;       // userbuffers: SP all-gather / reduce-scatter chunked behind the TP GEMMs
-  bool fused_kernels = true;          // fused norm, bias+activation, bias+dropout+add, softmax, cross-entropy
+  bool fused_kernels = true;          // fused norm, bias+activation, bias+dropout+add, softmax (not cross-entropy)
   bool fp8 = false;                   // TransformerEngine FP8 GEMMs in the transformer layers' linears
 };
 

@@ -217,6 +217,16 @@ class PlanErrorTest(CliTestCase):
     def test_unknown_option(self):
         self.assertUsageError(run_config(CLIP, "--tensor-parallel", "8"), "tensor-parallel")
 
+    def test_a_cluster_of_another_file_is_asked_what_the_run_needs(self):
+        # An FP8 run on a cluster without an FP8 peak: the run file's field, as when the run
+        # file names that cluster itself.
+        fp8 = "configs/runs/megatron-core-h100/llama2-7b-8gpu.yaml"
+        for command in ("plan", "simulate"):
+            self.assertUsageError(
+                braid(command, "--config", fp8, "--cluster", "configs/clusters/dgx-a100-80gb.yaml"),
+                f"{fp8}: training.fp8: cluster 'dgx-a100-80gb' gives no FP8 peak",
+                "(the cluster of --cluster 'configs/clusters/dgx-a100-80gb.yaml')")
+
     def test_a_misspelt_option_gets_the_nearest_one(self):
         self.assertUsageError(run_config(CLIP, "--stratgy", "megatron"),
                               "unrecognised option '--stratgy' (did you mean '--strategy'?)")

@@ -152,6 +152,14 @@ TEST(Calibrate, TheClusterFilePricesTheMeasuredCasesAsMeasured) {
     test::expect_error([&] { spec::parse_cluster(spec::parse_document(bad, "<calibrated>")); }, Status::bad_config,
                        {"<calibrated>:", message});
   }
+  // A measured attention of one pass alone would be dropped unsaid: refused at the one given.
+  bad = yaml;
+  const std::size_t backward = bad.find("  attention_backward:\n");
+  std::size_t end = backward + std::string("  attention_backward:\n").size();
+  while (bad.compare(end, 6, "    - ") == 0) end = bad.find('\n', end) + 1;
+  bad.erase(backward, end - backward);
+  test::expect_error([&] { spec::parse_cluster(spec::parse_document(bad, "<calibrated>")); }, Status::bad_config,
+                     {"<calibrated>:", "efficiency.attention_forward: needs attention_backward too"});
   const cost::DeviceModel device(cluster, spec::Precision::bf16);
   // Each GEMM case is three GEMMs of rows x width x width (the linear op's forward and backward).
   for (std::size_t i = 0; i < c.gemms.size(); ++i) {

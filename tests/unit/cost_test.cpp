@@ -175,6 +175,29 @@ TEST(Cost, TrainingStateBytesPerParameter) {
   EXPECT_DOUBLE_EQ(c3.state_bytes(0, 8).total(), 16.0 / 8);
 }
 
+TEST(Cost, AFrozenModuleUnderZero3IsNeitherShardedNorGathered) {
+  // As the trainer runs it: ZeRO units for trained modules only, a frozen one kept whole.
+  auto run = test::load("llava-13b-256gpu.yaml");
+  run.training.zero_stage = 3;
+  cost::CostModel cost(run);
+  const cost::GroupShape dp = cost::group_shape(0, 1, 8, 8);
+  int frozen = 0;
+  for (int m = 0; m < static_cast<int>(run.model.modules.size()); ++m) {
+    const auto& mod = run.model.modules[static_cast<std::size_t>(m)];
+    SCOPED_TRACE(mod.name);
+    if (mod.role == spec::Role::loss) continue;
+    if (mod.frozen) {
+      ++frozen;
+      EXPECT_DOUBLE_EQ(cost.state_bytes(m, 8).weights, 2);
+      EXPECT_EQ(cost.sharded_traffic_seconds(m, 1e9, dp), 0);
+    } else {
+      EXPECT_DOUBLE_EQ(cost.state_bytes(m, 8).weights, 2.0 / 8);
+      EXPECT_GT(cost.sharded_traffic_seconds(m, 1e9, dp), 0);
+    }
+  }
+  EXPECT_EQ(frozen, 1);
+}
+
 TEST(Cost, GroupShapes) {
   auto g = cost::group_shape(0, 1, 16, 8);
   EXPECT_EQ(g.nodes, 2);

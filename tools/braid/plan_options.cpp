@@ -1,5 +1,6 @@
 #include "tools/braid/plan_options.hpp"
 
+#include "core/common/error.hpp"
 #include "core/common/text.hpp"
 #include "core/plan/plan_io.hpp"
 #include "tools/braid/parse_options.hpp"
@@ -47,6 +48,10 @@ spec::RunSpec PlanOptions::load_run() const {
     const int nodes = run.cluster.nodes;
     run.cluster = spec::load_cluster(cluster_file);
     run.cluster.nodes = nodes;
+    // What the run file's training needs of its cluster, asked again of this one.
+    if (auto problem = spec::check_training_on(run.training, run.cluster))
+      throw Error(Status::bad_config, run.source + ": " + problem->field + ": " + problem->message +
+                                          " (the cluster of --cluster '" + cluster_file + "')");
   }
   return run;
 }
