@@ -131,11 +131,16 @@ void Communicator::check_rank(int rank, const char* call, const char* role) cons
   }
 }
 
+std::string Communicator::member(int rank) const {
+  return "rank " + std::to_string(rank) + " (world rank " +
+         std::to_string(world_ranks_[static_cast<std::size_t>(rank)]) + ")";
+}
+
 Request Communicator::isend(std::span<const std::byte> data, int peer, int tag) {
   check_rank(peer, "isend", "peer");
   braid_comm_request_v1* r = nullptr;
-  std::string what = "isend of " + std::to_string(data.size()) + " bytes to rank " + std::to_string(peer) + " (tag " +
-                     std::to_string(tag) + ")";
+  std::string what = "isend of " + std::to_string(data.size()) + " bytes to " + member(peer) + " with tag " +
+                     std::to_string(tag) + " over " + describe();
   plugin_->check(plugin_->api().isend(handle_, data.data(), data.size(), peer, tag, &r), what);
   return Request(plugin_, r, std::move(what));
 }
@@ -143,8 +148,8 @@ Request Communicator::isend(std::span<const std::byte> data, int peer, int tag) 
 Request Communicator::irecv(std::span<std::byte> data, int peer, int tag) {
   check_rank(peer, "irecv", "peer");
   braid_comm_request_v1* r = nullptr;
-  std::string what = "irecv of " + std::to_string(data.size()) + " bytes from rank " + std::to_string(peer) + " (tag " +
-                     std::to_string(tag) + ")";
+  std::string what = "irecv of " + std::to_string(data.size()) + " bytes from " + member(peer) + " with tag " +
+                     std::to_string(tag) + " over " + describe();
   plugin_->check(plugin_->api().irecv(handle_, data.data(), data.size(), peer, tag, &r), what);
   return Request(plugin_, r, std::move(what));
 }
@@ -214,7 +219,8 @@ Request Communicator::iallgather(std::span<const std::byte> send, std::span<std:
 Request Communicator::ibroadcast(std::span<std::byte> data, int root) {
   check_rank(root, "ibroadcast", "root");
   braid_comm_request_v1* r = nullptr;
-  std::string what = "ibroadcast of " + std::to_string(data.size()) + " bytes from rank " + std::to_string(root);
+  std::string what =
+      "ibroadcast of " + std::to_string(data.size()) + " bytes from " + member(root) + " over " + describe();
   plugin_->check(plugin_->api().ibroadcast(handle_, data.data(), data.size(), root, &r), what);
   return Request(plugin_, r, std::move(what));
 }

@@ -38,7 +38,8 @@ class Request {
   bool test();
   // Seconds spent blocked in wait() on this request.
   double waited_seconds() const { return waited_; }
-  // "isend of 40 bytes to rank 1 (tag 7)"
+  // "isend of 40 bytes to rank 1 (world rank 3) with tag 7 over this 2-rank communicator
+  // (world ranks 2,3)"
   const std::string& description() const { return what_; }
 
  private:
@@ -141,6 +142,8 @@ class Communicator {
                               std::size_t element_bytes, int32_t dtype, ReduceOp op);
   void check_rank(int rank, const char* call, const char* role) const;
   std::string describe() const;
+  // "rank 1 (world rank 3)", for a rank check_rank accepted.
+  std::string member(int rank) const;
   std::shared_ptr<CommPlugin> plugin_;
   braid_comm_v1* handle_ = nullptr;
   std::vector<int> world_ranks_;

@@ -32,7 +32,8 @@
  *   by the caller and must stay valid, and unmodified (sends) or unread (receives),
  *   until its request completes.
  * - Ranks: `peer` and `root` are ranks in the communicator passed (0 .. size-1);
- *   comm_create() takes world ranks. Tags 0 .. 32767 are valid on every backend.
+ *   comm_create() takes world ranks. Tags 0 .. 32767 are valid on every backend; the
+ *   MPI plugin refuses others, naming the tag (MPI would take -1 on a receive as any tag).
  * - Sizes: counts are size_t; a backend that cannot move that much in one call
  *   fails with a message saying so (MPI: more than INT_MAX elements).
  */

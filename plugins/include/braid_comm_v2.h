@@ -18,7 +18,16 @@
  *   device's default stream); its buffers are device memory of this process's device.
  * - wait and barrier take a deadline in seconds (<= 0: none). Past it the communicator is
  *   aborted (unusable afterwards: free it) and the error names the communicator's world
- *   ranks, the operation and what the backend can tell of the ranks that did not arrive.
+ *   ranks, the operation and what the backend can tell of the ranks that did not arrive
+ *   (the peer's world rank, for a send or a receive). A backend that cannot cancel the
+ *   operation (MPI) leaves it in flight: comm_free waits for the other ranks to complete
+ *   it, and finalize fails, changing nothing, while one is still in flight (MPI cannot
+ *   finalize cleanly under it); a process that cannot wait for its peers calls abort.
+ * - Requests issued on a communicator stay valid after comm_free: each still completes, or
+ *   fails, at its wait or test. (NCCL: sends and receives still queued, not yet issued as a
+ *   group, are not issued by comm_free; they fail at their wait or test.)
+ * - A call refused for its arguments (a NULL output pointer, a tag outside 0..32767 where the
+ *   backend honours tags) posts nothing and releases nothing.
  * - Point to point matches by issue order, per pair of ranks (NCCL has no tags): the
  *   n-th send from a to b meets the n-th receive on b from a. Tags are accepted for
  *   symmetry with version 1 and ignored; sizes must match (NCCL does not check them).

@@ -110,6 +110,17 @@ int check_peer(braid_comm_v1* comm, int32_t peer, const char* call, const char* 
   return 0;
 }
 
+// Tags outside 0..32767 are refused: MPI would take -1 (MPI_ANY_TAG) on a receive as "any
+// tag", and tags above 32767 only on the MPIs whose MPI_TAG_UB allows them.
+constexpr int32_t kMaxTag = 32767;
+
+int check_tag(int32_t tag, const char* call) {
+  if (tag < 0 || tag > kMaxTag)
+    return fail(MPI_ERR_TAG, "%s: tag %d is outside 0..%d, the tags valid on every backend", call, int(tag),
+                int(kMaxTag));
+  return 0;
+}
+
 // Allocates the request record; MPI fills its request.
 braid_comm_request_v1* new_request(const char* call) {
   auto* r = new (std::nothrow) braid_comm_request_v1();
@@ -334,6 +345,7 @@ int isend(braid_comm_v1* comm, const void* data, size_t bytes, int32_t peer, int
   *request = nullptr;
   int n = 0;
   if (int rc = check_peer(comm, peer, "isend", "peer")) return rc;
+  if (int rc = check_tag(tag, "isend")) return rc;
   if (int rc = check_buffer(data, bytes, "isend", "send")) return rc;
   if (int rc = to_int(bytes, "isend", "bytes", &n)) return rc;
   braid_comm_request_v1* r = new_request("isend");
@@ -353,6 +365,7 @@ int irecv(braid_comm_v1* comm, void* data, size_t bytes, int32_t peer, int32_t t
   *request = nullptr;
   int n = 0;
   if (int rc = check_peer(comm, peer, "irecv", "peer")) return rc;
+  if (int rc = check_tag(tag, "irecv")) return rc;
   if (int rc = check_buffer(data, bytes, "irecv", "receive")) return rc;
   if (int rc = to_int(bytes, "irecv", "bytes", &n)) return rc;
   braid_comm_request_v1* r = new_request("irecv");

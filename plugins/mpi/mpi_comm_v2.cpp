@@ -6,9 +6,14 @@
 // - the bootstrap is not needed (MPI has its own) and is only checked;
 // - wait and barrier keep their deadline by testing and sleeping. Past it the operation is
 //   abandoned (MPI cannot cancel a collective) and the communicator refuses further work;
-//   the error names the operation and the communicator's world ranks. Freeing the
-//   communicator then waits for what it abandoned, which the other ranks must complete.
-// Tags are honoured (MPI has them), which the interface allows.
+//   the error names the operation and the communicator's world ranks (and, for a send or a
+//   receive, the peer's world rank, the bytes and the tag). Freeing the communicator then waits
+//   for what it abandoned, which the other ranks must complete. finalize refuses (and changes
+//   nothing) while an abandoned operation is still in flight: MPI_Finalize would crash in it.
+// Tags are honoured (MPI has them), which the interface allows; version 1 refuses tags
+// outside 0..32767. Output pointers are checked before anything is posted, and a call
+// refused for its arguments releases nothing.
+#include <algorithm>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
@@ -29,12 +34,15 @@ struct braid_comm_v2 {
   bool owned = true;                              // false for the world
   bool aborted = false;                           // a deadline passed: no further work
   std::vector<braid_comm_request_v1*> abandoned;  // operations left at a deadline
+  std::vector<braid_comm_request_v2*> requests;   // handed to the caller, not yet released
 };
 
 struct braid_comm_request_v2 {
   braid_comm_request_v1* request = nullptr;
   braid_comm_v2* comm = nullptr;
-  const char* op = "";
+  std::string op;     // "all-reduce", "irecv of 16 bytes from world rank 2 (tag 3)": for errors
+  bool p2p = false;   // a send or a receive: its peer is named, so the deadline's error names it
+  std::string freed;  // once its communicator was freed (comm is then NULL): its world ranks
 };
 
 namespace {
@@ -42,6 +50,8 @@ namespace {
 const braid_comm_plugin_v1& v1 = braidCommPlugin_v1;
 char error[1024] = "";
 braid_comm_v2 world_comm;
+std::vector<braid_comm_v2*> created;          // live communicators from comm_create, for finalize
+std::vector<braid_comm_request_v1*> orphans;  // abandoned at a deadline after their communicator was freed
 bool started = false;
 
 int fail(int code, const char* format, ...) __attribute__((format(printf, 2, 3)));
@@ -75,11 +85,46 @@ int usable(braid_comm_v2* c, const char* call) {
   return 0;
 }
 
-// Wraps the version-1 request a call just made (`code` its status).
-int posted(braid_comm_v2* c, const char* op, int code, braid_comm_request_v1* r, braid_comm_request_v2** out) {
+// Where a call puts version 1's request: NULL when the caller gave no output pointer, so
+// that version 1 refuses the call, with its status and message, before posting anything.
+braid_comm_request_v1** v1_out(braid_comm_request_v2** out, braid_comm_request_v1** r) { return out ? r : nullptr; }
+
+// Wraps the version-1 request a call just made (`code` its status; `out` is not NULL when
+// code is 0, as version 1 refused a NULL one).
+int posted(braid_comm_v2* c, std::string op, int code, braid_comm_request_v1* r, braid_comm_request_v2** out,
+           bool p2p = false) {
   if (code) return from_v1(code);
-  *out = new braid_comm_request_v2{r, c, op};
+  *out = new braid_comm_request_v2{r, c, std::move(op), p2p, ""};
+  c->requests.push_back(*out);
   return 0;
+}
+
+// Deletes a request whose version-1 request was released (or abandoned).
+void release(braid_comm_request_v2* q) {
+  if (braid_comm_v2* c = q->comm)
+    c->requests.erase(std::remove(c->requests.begin(), c->requests.end(), q), c->requests.end());
+  delete q;
+}
+
+// The caller still holds the requests of a communicator it frees: they stay valid, detached.
+void detach_requests(braid_comm_v2* c) {
+  for (braid_comm_request_v2* q : c->requests) {
+    q->comm = nullptr;
+    q->freed = ranks_text(c);
+  }
+  c->requests.clear();
+}
+
+// Tests operations abandoned at deadlines, releasing those that ended; returns how many are
+// still in flight.
+std::size_t still_in_flight(std::vector<braid_comm_request_v1*>& abandoned) {
+  std::vector<braid_comm_request_v1*> left;
+  for (braid_comm_request_v1* r : abandoned) {
+    int32_t done = 0;
+    if (v1.test(r, &done) == 0 && !done) left.push_back(r);  // else v1 released it (done or failed)
+  }
+  abandoned.swap(left);
+  return abandoned.size();
 }
 
 const char* last_error() { return error; }
@@ -108,7 +153,19 @@ int init(const braid_comm_bootstrap_v2* bootstrap) {
 
 int finalize() {
   if (!started) return 0;
+  // MPI_Finalize progresses what is in flight and crashes in an operation abandoned at a
+  // deadline (its communicator freed under it), and nothing can cancel a collective: refuse,
+  // changing nothing, while one is in flight. Once the other ranks complete them, finalize
+  // succeeds; a caller that cannot wait for that ends the job with abort().
+  std::size_t in_flight = still_in_flight(world_comm.abandoned) + still_in_flight(orphans);
+  for (braid_comm_v2* c : created) in_flight += still_in_flight(c->abandoned);
+  if (in_flight)
+    return fail(kFailed,
+                "finalize: %zu operation(s) abandoned after their deadline %s still in flight (the other ranks "
+                "have not completed them); MPI cannot finalize cleanly with them: call abort() to end the job",
+                in_flight, in_flight == 1 ? "is" : "are");
   started = false;
+  detach_requests(&world_comm);
   world_comm = braid_comm_v2();
   return from_v1(v1.finalize());
 }
@@ -130,7 +187,8 @@ int comm_create(const int32_t* world_ranks, int32_t count, braid_comm_v2** out) 
   if (!out) return fail(kFailed, "comm_create: output pointer is NULL");
   braid_comm_v1* c = nullptr;
   if (int rc = from_v1(v1.comm_create(world_ranks, count, &c))) return rc;
-  *out = new braid_comm_v2{c, std::vector<int32_t>(world_ranks, world_ranks + count), true, false, {}};
+  *out = new braid_comm_v2{c, std::vector<int32_t>(world_ranks, world_ranks + count), true, false, {}, {}};
+  created.push_back(*out);
   return 0;
 }
 
@@ -138,6 +196,8 @@ int comm_free(braid_comm_v2* c) {
   if (!c || !c->owned) return 0;
   for (braid_comm_request_v1* r : c->abandoned) v1.wait(r);  // MPI frees nothing in flight
   const int rc = from_v1(v1.comm_free(c->comm));
+  created.erase(std::remove(created.begin(), created.end(), c), created.end());
+  detach_requests(c);
   delete c;
   return rc;
 }
@@ -152,40 +212,48 @@ int comm_size(braid_comm_v2* c, int32_t* size) {
   return from_v1(v1.comm_size(c->comm, size));
 }
 
+// "irecv of 16 bytes from world rank 2 (tag 3)"
+std::string p2p_text(const char* call, size_t bytes, const char* direction, int32_t world_peer, int32_t tag) {
+  return std::string(call) + " of " + std::to_string(bytes) + " bytes " + direction + " world rank " +
+         std::to_string(world_peer) + " (tag " + std::to_string(tag) + ")";
+}
+
 int isend(braid_comm_v2* c, const void* data, size_t bytes, int32_t peer, int32_t tag, void*,
           braid_comm_request_v2** out) {
   if (int rc = usable(c, "isend")) return rc;
   braid_comm_request_v1* r = nullptr;
-  const int code = v1.isend(c->comm, data, bytes, peer, tag, &r);
-  return posted(c, "isend", code, r, out);
+  const int code = v1.isend(c->comm, data, bytes, peer, tag, v1_out(out, &r));
+  if (code) return from_v1(code);  // refused (a bad peer among the reasons): nothing to name
+  return posted(c, p2p_text("isend", bytes, "to", c->world_ranks[std::size_t(peer)], tag), 0, r, out, true);
 }
 
 int irecv(braid_comm_v2* c, void* data, size_t bytes, int32_t peer, int32_t tag, void*, braid_comm_request_v2** out) {
   if (int rc = usable(c, "irecv")) return rc;
   braid_comm_request_v1* r = nullptr;
-  const int code = v1.irecv(c->comm, data, bytes, peer, tag, &r);
-  return posted(c, "irecv", code, r, out);
+  const int code = v1.irecv(c->comm, data, bytes, peer, tag, v1_out(out, &r));
+  if (code) return from_v1(code);
+  return posted(c, p2p_text("irecv", bytes, "from", c->world_ranks[std::size_t(peer)], tag), 0, r, out, true);
 }
 
 int iallreduce(braid_comm_v2* c, const void* send, void* recv, size_t count, int32_t dtype, int32_t op, void*,
                braid_comm_request_v2** out) {
   if (int rc = usable(c, "iallreduce")) return rc;
   braid_comm_request_v1* r = nullptr;
-  const int code = v1.iallreduce(c->comm, send, recv, count, dtype, op, &r);
+  const int code = v1.iallreduce(c->comm, send, recv, count, dtype, op, v1_out(out, &r));
   return posted(c, "all-reduce", code, r, out);
 }
 
 int iallgather(braid_comm_v2* c, const void* send, void* recv, size_t bytes, void*, braid_comm_request_v2** out) {
   if (int rc = usable(c, "iallgather")) return rc;
   braid_comm_request_v1* r = nullptr;
-  const int code = v1.iallgather(c->comm, send, recv, bytes, &r);
+  const int code = v1.iallgather(c->comm, send, recv, bytes, v1_out(out, &r));
   return posted(c, "all-gather", code, r, out);
 }
 
 int ibroadcast(braid_comm_v2* c, void* data, size_t bytes, int32_t root, void*, braid_comm_request_v2** out) {
   if (int rc = usable(c, "ibroadcast")) return rc;
   braid_comm_request_v1* r = nullptr;
-  const int code = v1.ibroadcast(c->comm, data, bytes, root, &r);
+  const int code = v1.ibroadcast(c->comm, data, bytes, root, v1_out(out, &r));
   return posted(c, "broadcast", code, r, out);
 }
 
@@ -193,14 +261,16 @@ int ireduce_scatter(braid_comm_v2* c, const void* send, void* recv, size_t recv_
                     braid_comm_request_v2** out) {
   if (int rc = usable(c, "ireduce_scatter")) return rc;
   braid_comm_request_v1* r = nullptr;
-  const int code = v1.ireduce_scatter(c->comm, send, recv, recv_count, dtype, op, &r);
+  const int code = v1.ireduce_scatter(c->comm, send, recv, recv_count, dtype, op, v1_out(out, &r));
   return posted(c, "reduce-scatter", code, r, out);
 }
 
 int test(braid_comm_request_v2* request, int32_t* done) {
   if (!request) return fail(kFailed, "test: request is NULL");
+  // Refused by version 1 before it looks at the request, which stays valid: release nothing.
+  if (!done) return from_v1(v1.test(request->request, nullptr));
   const int rc = from_v1(v1.test(request->request, done));
-  if (rc != 0 || *done) delete request;  // v1 released its request either way
+  if (rc != 0 || *done) release(request);  // v1 released its request either way
   return rc;
 }
 
@@ -208,28 +278,33 @@ int wait(braid_comm_request_v2* request, double timeout_s) {
   if (!request) return fail(kFailed, "wait: request is NULL");
   if (timeout_s <= 0) {
     const int rc = from_v1(v1.wait(request->request));
-    delete request;
+    release(request);
     return rc;
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   for (;;) {
     int32_t done = 0;
     if (int rc = from_v1(v1.test(request->request, &done)); rc || done) {
-      delete request;
+      release(request);
       return rc;
     }
     if (std::chrono::steady_clock::now() > deadline) break;
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   braid_comm_v2* c = request->comm;
-  const char* op = request->op;
-  c->abandoned.push_back(request->request);
-  c->aborted = true;
-  delete request;
-  return fail(kFailed,
-              "%s on the communicator of world ranks %s did not complete within %.3g s; it is aborted (MPI "
-              "does not say which ranks did not arrive)",
-              op, ranks_text(c).c_str(), timeout_s);
+  const std::string op = request->op, ranks = c ? ranks_text(c) : request->freed;
+  const bool p2p = request->p2p;
+  if (c) {
+    c->abandoned.push_back(request->request);
+    c->aborted = true;
+  } else {
+    orphans.push_back(request->request);  // its communicator is gone: finalize still tests it
+  }
+  release(request);
+  // A send or a receive names its peer; of a collective MPI does not say who did not arrive.
+  return fail(kFailed, "%s on the communicator of world ranks %s did not complete within %.3g s; %s%s", op.c_str(),
+              ranks.c_str(), timeout_s, c ? "it is aborted" : "it is abandoned (the communicator was freed before)",
+              p2p ? "" : " (MPI does not say which ranks did not arrive)");
 }
 
 int barrier(braid_comm_v2* c, double timeout_s) {

@@ -4,12 +4,16 @@
 // wait can give up), a request is a CUDA event recorded after the operation, and every
 // wait has a deadline past which the communicator is aborted. Sends and receives queue up
 // and are issued as one NCCL group at the communicator's next wait, test, collective or
-// barrier, so a rank can exchange with itself and its peers in any order.
+// barrier, so a rank can exchange with itself and its peers in any order. Requests belong to
+// the caller until their wait or test: freeing a communicator detaches them, and they then
+// complete (an issued one, by its event) or fail (one still queued, never issued) there.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -38,12 +42,14 @@ struct braid_comm_v2 {
   };
   std::vector<P2p> pending;  // sends and receives not yet issued
   cudaStream_t pending_stream = nullptr;
+  std::vector<braid_comm_request_v2*> requests;  // handed to the caller, not yet released
 };
 
 struct braid_comm_request_v2 {
-  braid_comm_v2* comm = nullptr;
-  cudaEvent_t event = nullptr;  // recorded after the operation; null while a p2p is pending
+  braid_comm_v2* comm = nullptr;  // null once the communicator was freed (the request outlives it)
+  cudaEvent_t event = nullptr;    // recorded after the operation; null while a p2p is pending
   std::string op;
+  std::string freed;  // the freed communicator, as where() named it, for errors
 };
 
 namespace {
@@ -56,6 +62,8 @@ struct State {
   int device = 0;
   braid_comm_v2* world = nullptr;
   std::vector<braid_comm_v2*> comms;  // every live communicator, for abort
+  double init_limit_s = 300.0;        // BRAID_NCCL_INIT_TIMEOUT, read at init
+  double call_limit_s = 60.0;         // BRAID_NCCL_CALL_TIMEOUT, read at init
   std::string last_error;
 };
 
@@ -100,12 +108,21 @@ void check_cuda(cudaError_t err, const std::string& what) {
   if (err != cudaSuccess) fail(2000 + static_cast<int>(err), what + ": " + cudaGetErrorString(err));
 }
 
-double seconds_from_env(const char* name, double fallback) {
+// Seconds from the variable `name` into `out`: unset or empty, `fallback`. Returns what is
+// wrong with a value that is not all a finite number above 0 ("5min", "0", "-1", "bogus"),
+// "" when nothing is: refused, not read as something else.
+std::string seconds_from_env(const char* name, double fallback, double& out) {
+  out = fallback;
   const char* v = std::getenv(name);
-  if (!v) return fallback;
+  if (!v || !*v) return "";
   char* end = nullptr;
+  errno = 0;
   const double d = std::strtod(v, &end);
-  return end != v && d > 0 ? d : fallback;
+  if (end == v || *end != '\0' || errno == ERANGE || !std::isfinite(d) || d <= 0)
+    return std::string(name) + " is '" + v +
+           "'; set it to a number of seconds above 0 (unset: " + std::to_string(static_cast<int>(fallback)) + ")";
+  out = d;
+  return "";
 }
 
 // Non-blocking NCCL calls return ncclInProgress until the communicator settles: poll its
@@ -127,8 +144,8 @@ void settle(braid_comm_v2* c, ncclResult_t result, const std::string& what, doub
          where(c) + ": " + what + ": " + ncclGetErrorString(result) + " (" + ncclGetLastError(c->comm) + ")");
 }
 
-double init_limit() { return seconds_from_env("BRAID_NCCL_INIT_TIMEOUT", 300.0); }
-double call_limit() { return seconds_from_env("BRAID_NCCL_CALL_TIMEOUT", 60.0); }
+double init_limit() { return state().init_limit_s; }
+double call_limit() { return state().call_limit_s; }
 
 // A non-blocking NCCL communicator over `ranks` (world ranks; this process among them),
 // its unique id from ranks[0] over the bootstrap. Every listed process takes part in the
@@ -152,10 +169,10 @@ braid_comm_v2* make_comm(const std::vector<int32_t>& ranks, const std::string& l
                             sizeof payload) != 0)
     fail(4, "the bootstrap's broadcast of the unique id for world ranks " + ranks_text(ranks) + " failed");
   if (me == 0 && !root_problem.empty()) fail(9, "nccl plugin: " + root_problem);
+  if (!local_problem.empty()) fail(6, "nccl plugin: " + local_problem);  // this process's own first
   if (!payload.ok)
     fail(9, "nccl plugin: world rank " + std::to_string(ranks.front()) + " could not make the communicator over " +
                 ranks_text(ranks) + " (its own error says why)");
-  if (!local_problem.empty()) fail(6, "nccl plugin: " + local_problem);
   auto* c = new braid_comm_v2();
   c->world_ranks = ranks;
   c->rank = me;
@@ -192,8 +209,14 @@ void destroy(braid_comm_v2* c) {
   }
   // After the communicator: cudaFree waits for the device, and a kernel of a communicator
   // stuck on a rank that never arrived only ends with the abort above.
-  for (auto& p : c->pending) delete p.request;  // queued, never issued: no one can wait on them now
   if (c->barrier_scratch) cudaFree(c->barrier_scratch);
+  // The caller still holds its requests: they stay valid, detached. An issued one completes
+  // by its event; one still queued (never issued) fails at its wait or test.
+  const std::string place = where(c);
+  for (braid_comm_request_v2* r : c->requests) {
+    r->comm = nullptr;
+    r->freed = place;
+  }
   delete c;
 }
 
@@ -229,7 +252,7 @@ ncclRedOp_t op_of(int32_t op) {
 }
 
 braid_comm_request_v2* recorded(braid_comm_v2* c, cudaStream_t stream, const std::string& op) {
-  auto* r = new braid_comm_request_v2{c, nullptr, op};
+  auto* r = new braid_comm_request_v2{c, nullptr, op, ""};
   cudaError_t err = cudaEventCreateWithFlags(&r->event, cudaEventDisableTiming);
   if (err == cudaSuccess) err = cudaEventRecord(r->event, stream);
   if (err != cudaSuccess) {
@@ -237,12 +260,14 @@ braid_comm_request_v2* recorded(braid_comm_v2* c, cudaStream_t stream, const std
     delete r;
     check_cuda(err, where(c) + ": recording " + op);
   }
+  c->requests.push_back(r);
   return r;
 }
 
-// Issues the queued sends and receives as one group and records their requests' events.
-// A failure aborts the communicator: its queued requests were not all issued.
-void flush(braid_comm_v2* c) {
+// Issues the queued sends and receives as one group, settled within `limit_s` seconds, and
+// records their requests' events. A failure aborts the communicator: its queued requests
+// were not all issued.
+void flush(braid_comm_v2* c, double limit_s) {
   if (c->pending.empty()) return;
   std::vector<braid_comm_v2::P2p> ops;
   ops.swap(c->pending);
@@ -254,8 +279,7 @@ void flush(braid_comm_v2* c) {
                  : ncclRecv(p.data, p.bytes, ncclChar, p.peer, c->comm, c->pending_stream);
     }
     const ncclResult_t end = ncclGroupEnd();
-    settle(c, r != ncclSuccess && r != ncclInProgress ? r : end, std::to_string(ops.size()) + " send/recv",
-           call_limit());
+    settle(c, r != ncclSuccess && r != ncclInProgress ? r : end, std::to_string(ops.size()) + " send/recv", limit_s);
     for (const auto& p : ops) {
       cudaError_t err = cudaEventCreateWithFlags(&p.request->event, cudaEventDisableTiming);
       if (err == cudaSuccess) err = cudaEventRecord(p.request->event, c->pending_stream);
@@ -276,12 +300,14 @@ braid_comm_request_v2* collective(braid_comm_v2* c, cudaStream_t stream, const s
   require_live(c);
   if (!c->pending.empty() && c->pending_stream != stream)
     fail(1, where(c) + ": " + op + " on another stream than the sends and receives queued before it");
-  flush(c);
+  flush(c, call_limit());
   settle(c, call(), op, call_limit());
   return recorded(c, stream, op);
 }
 
 void release(braid_comm_request_v2* r) {
+  if (braid_comm_v2* c = r->comm)
+    c->requests.erase(std::remove(c->requests.begin(), c->requests.end(), r), c->requests.end());
   if (r->event) cudaEventDestroy(r->event);
   delete r;
 }
@@ -309,11 +335,14 @@ int init(const braid_comm_bootstrap_v2* bootstrap) {
       fail(1,
            "nccl plugin: bootstrap rank " + std::to_string(bootstrap->rank) + " of " + std::to_string(bootstrap->size));
     s.bootstrap = *bootstrap;
-    // A process without a usable GPU still takes part in the world's id broadcast, then fails.
-    std::string problem;
+    // A process with a bad timeout or without a usable GPU still takes part in the world's id
+    // broadcast, then fails.
+    std::string problem = seconds_from_env("BRAID_NCCL_INIT_TIMEOUT", 300.0, s.init_limit_s);
+    const std::string call_problem = seconds_from_env("BRAID_NCCL_CALL_TIMEOUT", 60.0, s.call_limit_s);
+    if (problem.empty()) problem = call_problem;
     int devices = 0;
     const cudaError_t err = cudaGetDeviceCount(&devices);
-    if (err != cudaSuccess || devices == 0)
+    if (problem.empty() && (err != cudaSuccess || devices == 0))
       problem =
           std::string("no CUDA device: ") + (err != cudaSuccess ? cudaGetErrorString(err) : "the driver sees none");
     if (problem.empty()) {
@@ -414,8 +443,10 @@ int p2p(bool send, braid_comm_v2* c, void* data, size_t bytes, int32_t peer, voi
     c->pending_stream = s;
     auto* r = new braid_comm_request_v2{c, nullptr,
                                         std::string(send ? "send of " : "receive of ") + std::to_string(bytes) +
-                                            " bytes " + (send ? "to" : "from") + " rank " + std::to_string(peer)};
+                                            " bytes " + (send ? "to" : "from") + " rank " + std::to_string(peer),
+                                        ""};
     c->pending.push_back({send, data, bytes, peer, r});
+    c->requests.push_back(r);
     *request = r;
   });
 }
@@ -475,10 +506,21 @@ int ireduce_scatter(braid_comm_v2* c, const void* send, void* recv, size_t recv_
 }
 
 // One look at a request: true when done (its event ran), false while in flight; throws
-// (releasing it) when its communicator failed.
-bool poll(braid_comm_request_v2* r) {
+// (releasing it) when its communicator failed. Sends and receives still queued are issued
+// first, settled within `limit_s` seconds.
+bool poll(braid_comm_request_v2* r, double limit_s) {
   braid_comm_v2* c = r->comm;
-  flush(c);  // sends and receives still queued: issue their group now
+  if (!c) {  // its communicator was freed: only its event is left
+    if (!r->event)
+      fail(10, r->freed + ": " + r->op +
+                   " was never issued: the communicator was freed before a wait, test, collective or barrier "
+                   "issued its sends and receives");
+    const cudaError_t q = cudaEventQuery(r->event);
+    if (q == cudaSuccess) return true;
+    if (q != cudaErrorNotReady) check_cuda(q, r->freed + ": " + r->op);
+    return false;
+  }
+  flush(c, limit_s);  // sends and receives still queued: issue their group now
   if (!r->event) fail(10, where(c) + ": " + r->op + " was never issued");
   const cudaError_t q = cudaEventQuery(r->event);
   if (q == cudaSuccess) return true;
@@ -494,8 +536,8 @@ bool poll(braid_comm_request_v2* r) {
 int test(braid_comm_request_v2* r, int32_t* done) {
   if (!r || !done) return guarded([] { fail(1, "nccl plugin: a null request or output"); });
   int rc = guarded([&] {
-    require_live(r->comm);
-    *done = poll(r) ? 1 : 0;
+    if (r->comm) require_live(r->comm);
+    *done = poll(r, call_limit()) ? 1 : 0;
   });
   if (rc != 0 || *done) release(r);
   return rc;
@@ -505,11 +547,18 @@ int wait(braid_comm_request_v2* r, double timeout_s) {
   if (!r) return guarded([] { fail(1, "nccl plugin: a null request"); });
   const int rc = guarded([&] {
     braid_comm_v2* c = r->comm;
-    require_live(c);
+    if (c) require_live(c);
     const auto start = Clock::now();
-    while (!poll(r)) {
-      const double waited = std::chrono::duration<double>(Clock::now() - start).count();
-      if (timeout_s > 0 && waited > timeout_s) {
+    const auto waited = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+    // A group still queued is issued within what is left of the deadline (and the call limit).
+    const auto limit = [&] {
+      return timeout_s > 0 ? std::min(call_limit(), std::max(0.0, timeout_s - waited())) : call_limit();
+    };
+    while (!poll(r, limit())) {
+      if (timeout_s > 0 && waited() > timeout_s) {
+        if (!c)
+          fail(8, r->freed + ": " + r->op + " did not complete within " + std::to_string(timeout_s) +
+                      " s (its communicator was freed before)");
         ncclCommAbort(c->comm);
         c->aborted = true;
         fail(8, where(c) + ": " + r->op + " did not complete within " + std::to_string(timeout_s) +
@@ -538,7 +587,7 @@ void abort_all(int32_t code) {
   for (braid_comm_v2* c : state().comms)
     if (c->comm && !c->aborted) ncclCommAbort(c->comm);
   std::fflush(nullptr);
-  std::_Exit(code);
+  std::_Exit(code ? code : 1);  // an abort never ends as a success
 }
 
 }  // namespace

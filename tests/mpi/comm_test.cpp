@@ -256,6 +256,18 @@ void errors_come_back(World& world, test::Checks& check) {
           "ireduce_scatter: send buffer is NULL");
   refused(api.iallgather(handle, a.data(), nullptr, 4, &request), "iallgather: receive buffer is NULL for 4");
   refused(api.ibroadcast(handle, nullptr, 4, 0, &request), "ibroadcast: data buffer is NULL for 4");
+  // Tags outside 0..32767 are refused, naming the tag: MPI took -1 on a receive as MPI_ANY_TAG,
+  // which matched (and stole) any message.
+  refused(api.irecv(handle, a.data(), 4, r, -1, &request), "irecv: tag -1 is outside 0..32767");
+  refused(api.isend(handle, a.data(), 4, r, 32768, &request), "isend: tag 32768 is outside 0..32767");
+  refused(api.irecv(handle, a.data(), 4, r, 40000, &request), "irecv: tag 40000 is outside 0..32767");
+  {
+    const std::string here = "rank " + std::to_string(r) + " (world rank " + std::to_string(r) + ")";
+    const std::string over = "over this " + std::to_string(n) + "-rank communicator (world ranks ";
+    check.error([&] { comm.irecv(bytes_of(b), r, -1); }, Status::plugin,
+                "irecv of 16 bytes from " + here + " with tag -1 " + over);
+    check.error([&] { comm.isend(bytes_of(b), r, 32768); }, Status::plugin, "isend: tag 32768 is outside 0..32767");
+  }
   if (n >= 2) {
     // Messages of the wrong length fail the receive with MPI's message; the job goes on.
     std::vector<std::int32_t> two(2, 1), four(4, 0);
@@ -267,8 +279,37 @@ void errors_come_back(World& world, test::Checks& check) {
       check.error([&] { shorter.wait(); }, Status::plugin, "received 8 bytes, expected 16");
       check(!shorter.pending(), "a failed request is released");
       Request longer = comm.irecv(bytes_of(two), 0, 12);
-      check.error([&] { longer.wait(); }, Status::plugin, "irecv of 8 bytes from rank 0 (tag 12) failed");
+      check.error([&] { longer.wait(); }, Status::plugin,
+                  "irecv of 8 bytes from rank 0 (world rank 0) with tag 12 over this " + std::to_string(n) +
+                      "-rank communicator (world ranks 0,1");
       check(!longer.pending(), "a failed request is released");
+    }
+    comm.barrier();
+    // A group whose ranks are not the world's: errors and descriptions give the peer's world
+    // rank and the communicator's world ranks.
+    if (r < 2) {
+      Communicator reversed = world.group({1, 0});
+      const int peer = 1 - reversed.rank();  // world rank r's peer is world rank 1 - r
+      const std::string over = " over this 2-rank communicator (world ranks 1,0)";
+      std::vector<std::int32_t> word = {r};
+      check.error([&] { reversed.isend(bytes_of(word), peer, 40000); }, Status::plugin,
+                  "isend of 4 bytes to rank " + std::to_string(peer) + " (world rank " + std::to_string(1 - r) +
+                      ") with tag 40000" + over + " failed");
+      std::vector<std::int32_t> longer(2, 0);
+      if (r == 1) {
+        reversed.send(bytes_of(longer), peer, 21);  // world rank 1 is the group's rank 0
+      } else {
+        Request shorter = reversed.irecv(bytes_of(word), peer, 21);
+        check(shorter.description() == "irecv of 4 bytes from rank 0 (world rank 1) with tag 21" + over,
+              "description: " + shorter.description());
+        check.error([&] { shorter.wait(); }, Status::plugin,
+                    "irecv of 4 bytes from rank 0 (world rank 1) with tag 21" + over + " failed");
+      }
+      Request broadcast = reversed.ibroadcast(bytes_of(word), 0);
+      check(broadcast.description() == "ibroadcast of 4 bytes from rank 0 (world rank 1)" + over,
+            "description: " + broadcast.description());
+      broadcast.wait();
+      check(word[0] == 1, "broadcast from world rank 1: " + std::to_string(word[0]));
     }
     comm.barrier();
   }
@@ -279,7 +320,8 @@ void errors_come_back(World& world, test::Checks& check) {
     Request longer = comm.irecv(bytes_of(two), r, 13);
     comm.send(bytes_of(four), r, 13);
     check.error([&] { longer.wait(); }, Status::plugin,
-                "irecv of 8 bytes from rank " + std::to_string(r) + " (tag 13) failed");
+                "irecv of 8 bytes from rank " + std::to_string(r) + " (world rank " + std::to_string(r) +
+                    ") with tag 13 over this " + std::to_string(n) + "-rank communicator");
     check(!longer.pending(), "a failed request is released");
     Request shorter = comm.irecv(bytes_of(four), r, 14);
     comm.send(bytes_of(two), r, 14);

@@ -3,12 +3,16 @@
 // expect. It is the interface NCCL implements on GPUs, on host memory: every collective,
 // point to point (a rank to itself included), communicators of some ranks, the trainer's
 // DeviceCommunicator (all-reduce, a ping-pong, all-gather, a posted all-reduce), and a deadline that aborts a
-// communicator with a message naming the operation and the ranks.
+// communicator with a message naming the operation and the ranks (and a message's peer); calls
+// refused for their arguments post and release nothing, and finalize refuses while an operation
+// abandoned at a deadline on the world is still in flight (MPI_Finalize crashed in it).
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/runtime/device_comm.hpp"
@@ -173,6 +177,152 @@ void a_deadline_aborts_the_communicator(const Plugin& p, runtime::World& world, 
   check.passed("deadline");
 }
 
+// Refused calls post nothing and release nothing: a NULL request output pointer (the call
+// posted its operation, then wrote through it), a NULL `done` (test released the request its
+// caller still held), tags outside 0..32767 (-1 was MPI_ANY_TAG on a receive).
+void refused_calls_post_and_release_nothing(const Plugin& p, int n, int r, test::Checks& check) {
+  braid_comm_v2* world = nullptr;
+  p.ok(p.api().comm_world(&world), "comm_world");
+  std::vector<float> x = {1.0f}, all(static_cast<std::size_t>(n)), blocks(static_cast<std::size_t>(n));
+  const auto refused = [&](int code, const std::string& message) {
+    check(code != 0 && std::string(p.api().last_error()).find(message) != std::string::npos,
+          message + " refused: code " + std::to_string(code) + ", " + p.api().last_error());
+  };
+  const int32_t f32 = BRAID_COMM_FLOAT32, sum = BRAID_COMM_SUM;
+  refused(p.api().isend(world, x.data(), 4, r, 0, nullptr, nullptr), "isend: request output pointer is NULL");
+  refused(p.api().irecv(world, x.data(), 4, r, 0, nullptr, nullptr), "irecv: request output pointer is NULL");
+  refused(p.api().iallreduce(world, x.data(), x.data(), 1, f32, sum, nullptr, nullptr),
+          "iallreduce: request output pointer is NULL");
+  refused(p.api().iallgather(world, x.data(), all.data(), 4, nullptr, nullptr),
+          "iallgather: request output pointer is NULL");
+  refused(p.api().ibroadcast(world, x.data(), 4, 0, nullptr, nullptr), "ibroadcast: request output pointer is NULL");
+  refused(p.api().ireduce_scatter(world, blocks.data(), x.data(), 1, f32, sum, nullptr, nullptr),
+          "ireduce_scatter: request output pointer is NULL");
+  braid_comm_request_v2* q = nullptr;
+  refused(p.api().irecv(world, x.data(), 4, r, -1, nullptr, &q), "irecv: tag -1 is outside 0..32767");
+  refused(p.api().isend(world, x.data(), 4, r, 32768, nullptr, &q), "isend: tag 32768 is outside 0..32767");
+  check(q == nullptr, "a refused call gives no request");
+
+  // test without `done`: refused, and the request is still the caller's to wait for.
+  p.ok(p.api().iallreduce(world, x.data(), x.data(), 1, f32, sum, nullptr, &q), "all-reduce");
+  refused(p.api().test(q, nullptr), "test: done pointer is NULL");
+  p.wait(q, "the all-reduce a refused test left");
+  check(x[0] == float(n), "all-reduce after a refused test: " + std::to_string(x[0]));
+  // Nothing above was posted: a message to this rank with tag 5 meets this receive alone.
+  std::vector<int32_t> sent = {r + 100}, got = {-1};
+  braid_comm_request_v2 *s = nullptr, *g = nullptr;
+  p.ok(p.api().irecv(world, got.data(), 4, r, 5, nullptr, &g), "irecv");
+  p.ok(p.api().isend(world, sent.data(), 4, r, 5, nullptr, &s), "isend");
+  p.wait(g, "irecv");
+  p.wait(s, "isend");
+  check(got[0] == r + 100, "a message to self after refused calls: " + std::to_string(got[0]));
+  p.ok(p.api().barrier(world, 60.0), "barrier");
+  check.passed("refused calls");
+}
+
+// A receive past its deadline names its peer's world rank, its bytes and its tag. World rank 0
+// is rank 1 of a communicator over world ranks {1,0}; world rank 1 sends after it gave up.
+void a_deadline_on_a_message_names_its_peer(const Plugin& p, runtime::World& world, int r, test::Checks& check) {
+  braid_comm_v2* c = nullptr;
+  const int32_t ranks[2] = {1, 0};
+  if (r < 2) p.ok(p.api().comm_create(ranks, 2, &c), "comm_create");
+  std::vector<float> x(4, float(r));
+  if (r == 0) {
+    braid_comm_request_v2* q = nullptr;
+    p.ok(p.api().irecv(c, x.data(), 16, 0, 3, nullptr, &q), "irecv");
+    check(p.api().wait(q, 0.2) != 0, "a receive past its deadline fails");
+    const std::string message = p.api().last_error();
+    check(message.find("irecv of 16 bytes from world rank 1 (tag 3) on the communicator of world ranks {1,0} did "
+                       "not complete within 0.2 s; it is aborted") != std::string::npos &&
+              message.find("MPI does not say") == std::string::npos,
+          "deadline message: " + message);
+  }
+  world.communicator().barrier();  // world rank 0 gave up
+  if (r == 1) {
+    braid_comm_request_v2* q = nullptr;
+    p.ok(p.api().isend(c, x.data(), 16, 1, 3, nullptr, &q), "late isend");
+    p.wait(q, "the late send");
+  }
+  if (r < 2) p.ok(p.api().comm_free(c), "comm_free (waits for the abandoned receive)");
+  if (r == 0) check(x[0] == 1.0f, "the abandoned receive completed before comm_free returned");
+  check.passed("a message's deadline");
+}
+
+// A request outlives its communicator: world rank 0 frees the communicator of its receive,
+// then waits for it past its deadline (which wrote into the freed communicator); world rank 1
+// sends after that, so the abandoned receive completes and finalize counts it no more.
+void a_request_outlives_its_communicator(const Plugin& p, runtime::World& world, int r, test::Checks& check) {
+  braid_comm_v2* c = nullptr;
+  const int32_t ranks[2] = {0, 1};
+  if (r < 2) p.ok(p.api().comm_create(ranks, 2, &c), "comm_create");
+  static std::vector<int32_t> y;  // written whenever the abandoned receive completes
+  y.assign(1, r);
+  if (r == 0) {
+    braid_comm_request_v2* q = nullptr;
+    p.ok(p.api().irecv(c, y.data(), 4, 1, 6, nullptr, &q), "irecv");
+    p.ok(p.api().comm_free(c), "comm_free with a receive in flight");
+    check(p.api().wait(q, 0.2) != 0, "a receive past its deadline fails after comm_free");
+    const std::string message = p.api().last_error();
+    check(
+        message.find("irecv of 4 bytes from world rank 1 (tag 6) on the communicator of world ranks {0,1} did not "
+                     "complete within 0.2 s; it is abandoned (the communicator was freed before)") != std::string::npos,
+        "deadline message after comm_free: " + message);
+  }
+  world.communicator().barrier();  // world rank 0 gave up
+  if (r == 1) {
+    braid_comm_request_v2* q = nullptr;
+    p.ok(p.api().isend(c, y.data(), 4, 0, 6, nullptr, &q), "late isend");
+    p.wait(q, "the late send");
+    p.ok(p.api().comm_free(c), "comm_free");
+  }
+  check.passed("a request outliving its communicator");
+}
+
+// An all-reduce on the world abandoned at its deadline is still in flight: finalize refuses,
+// saying so, and changes nothing (MPI_Finalize crashed inside it); once the other ranks join
+// the all-reduce, finalize succeeds. The other ranks join only when world rank 0 says so, by a
+// message (not a collective: its all-reduce is the next collective on the world). Last: it
+// finalizes the plugin.
+void finalize_refuses_while_an_abandoned_operation_is_in_flight(const Plugin& p, runtime::World& world, int n, int r,
+                                                                test::Checks& check) {
+  braid_comm_v2* c = nullptr;
+  p.ok(p.api().comm_world(&c), "comm_world");
+  static std::vector<float> x;  // written when the all-reduce completes, whenever that is
+  x.assign(1, 1.0f);
+  std::vector<std::byte> go(1);
+  braid_comm_request_v2* q = nullptr;
+  if (r == 0) {
+    p.ok(p.api().iallreduce(c, x.data(), x.data(), 1, BRAID_COMM_FLOAT32, BRAID_COMM_SUM, nullptr, &q), "posted");
+    check(p.api().wait(q, 0.2) != 0, "the all-reduce misses its deadline");
+    check(p.api().finalize() != 0, "finalize refuses while the abandoned all-reduce is in flight");
+    const std::string message = p.api().last_error();
+    // One, or two while world rank 1's late send has not yet reached the receive abandoned above.
+    check((message.find("finalize: 1 operation(s) abandoned after their deadline is still in flight") !=
+               std::string::npos ||
+           message.find("finalize: 2 operation(s) abandoned after their deadline are still in flight") !=
+               std::string::npos) &&
+              message.find("MPI cannot finalize cleanly") != std::string::npos &&
+              message.find("abort()") != std::string::npos,
+          "finalize's message: " + message);
+    int32_t rank = -1;
+    p.ok(p.api().world(&rank, nullptr, nullptr, nullptr), "world, after a refused finalize");
+    for (int k = 1; k < n; ++k) world.communicator().send(go, k, 9);
+    int code = 0;
+    const auto start = std::chrono::steady_clock::now();
+    while ((code = p.api().finalize()) != 0 && std::chrono::steady_clock::now() - start < std::chrono::seconds(60))
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    check(code == 0, std::string("finalize once the others completed the all-reduce: ") + p.api().last_error());
+    check(x[0] == float(n), "the abandoned all-reduce's sum: " + std::to_string(x[0]));
+  } else {
+    world.communicator().recv(go, 0, 9);
+    p.ok(p.api().iallreduce(c, x.data(), x.data(), 1, BRAID_COMM_FLOAT32, BRAID_COMM_SUM, nullptr, &q), "late");
+    p.wait(q, "the late all-reduce");
+    check(x[0] == float(n), "the late all-reduce's sum: " + std::to_string(x[0]));
+    p.ok(p.api().finalize(), "finalize");
+  }
+  check.passed("finalize with an abandoned operation");
+}
+
 }  // namespace
 }  // namespace braid
 
@@ -192,6 +342,11 @@ int main(int argc, char** argv) {
     braid::groups_and_the_trainers_communicator(p, n, r, check);
     braid::a_posted_all_reduce_completes_later(p, *world, n, r, check);
     braid::a_deadline_aborts_the_communicator(p, *world, r, check);
+    braid::refused_calls_post_and_release_nothing(p, n, r, check);
+    braid::a_deadline_on_a_message_names_its_peer(p, *world, r, check);
+    braid::a_request_outlives_its_communicator(p, *world, r, check);
+    world->communicator().barrier();
+    braid::finalize_refuses_while_an_abandoned_operation_is_in_flight(p, *world, n, r, check);
     world->communicator().barrier();
   } catch (const std::exception& e) {
     check(false, std::string("unexpected error: ") + e.what());
