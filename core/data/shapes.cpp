@@ -5,6 +5,7 @@
 
 #include "core/common/error.hpp"
 #include "core/data/dataset.hpp"
+#include "core/data/shapes_scene.hpp"
 
 namespace braid::data {
 namespace {
@@ -160,6 +161,35 @@ ShapesConfig shapes_config(const spec::DataSpec& data, int patch, int min_side, 
   return c;
 }
 
+namespace {
+
+// The captions' tokens fit the text tables of the modules that read them: every id below the
+// vocabulary, every sequence within the position table (the llm's after the largest image's
+// tokens, one per patch). Said when the run is set up, naming the module and the field, not
+// from inside an op of the first step that draws a long caption.
+void check_caption_tables(const spec::RunSpec& run, const spec::ModuleSpec& image_encoder) {
+  const int ids = CaptionTokenizer::vocab_size(), longest = CaptionTokenizer::kMaxTokens;
+  const long long grid = image_encoder.max_image_size / image_encoder.patch_size;
+  for (const auto& m : run.model.modules) {
+    const bool text = m.role == spec::Role::encoder && m.modality == spec::Modality::text;
+    if (!text && m.role != spec::Role::llm) continue;
+    const std::string field = "model " + run.model.name + " (" + run.model.source + "): module '" + m.name + "' ";
+    if (m.vocab < ids)
+      throw Error(Status::unsupported, field + "has vocab " + std::to_string(m.vocab) +
+                                           "; braid train's captions use " + std::to_string(ids) + " token ids");
+    const long long needed = text ? longest : grid * grid + longest;
+    if (m.max_positions < needed)
+      throw Error(Status::unsupported,
+                  field + "has max_positions " + std::to_string(m.max_positions) + "; braid train's " +
+                      (text ? "captions run to " + std::to_string(longest) + " tokens"
+                            : "sequences run to " + std::to_string(needed) + " (" + std::to_string(grid * grid) +
+                                  " tokens of a " + std::to_string(image_encoder.max_image_size) + " px image, " +
+                                  std::to_string(longest) + " of a caption)"));
+  }
+}
+
+}  // namespace
+
 ShapesConfig run_shapes_config(const spec::RunSpec& run, std::uint64_t seed) {
   const spec::ModuleSpec* encoder = nullptr;
   for (const auto& m : run.model.modules)
@@ -193,6 +223,7 @@ ShapesConfig run_shapes_config(const spec::RunSpec& run, std::uint64_t seed) {
   if (min_side > encoder->max_image_size)
     throw Error(Status::unsupported, field + "has max_image_size " + std::to_string(encoder->max_image_size) +
                                          ", below its patch size " + std::to_string(encoder->patch_size));
+  check_caption_tables(run, *encoder);
   return shapes_config(data, encoder->patch_size, std::max(8, min_side), encoder->max_image_size);
 }
 

@@ -284,9 +284,13 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   // The same on every rank: a plan this world or trainer cannot run is said once.
   runtime::Topology topology;
   std::vector<RankLayout> layouts;
+  std::optional<nn::Model> built;
+  std::optional<data::ShapesDataset> shapes;
   const auto lay_out = [&] {
     topology = runtime::build_groups(run.model, o.plan, size);
     for (int r = 0; r < size; ++r) layouts.push_back(layout_for(run.model, topology, r));
+    built.emplace(nn::build_model(run.model, seed));     // refuses modules the reference models do not run
+    shapes.emplace(data::run_shapes_config(run, seed));  // and data they cannot take
   };
   agreed(o.agree, lay_out);
 
@@ -297,7 +301,8 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   // can depend on the count, so --threads fixes both.
   nn::set_blas_threads(threads);
   nn::keep_freed_host_memory();  // activations are reallocated every step
-  TrainDevice device = open_train_device(o.device, threads, world.local_rank());
+  TrainDevice device;            // a device this host lacks, or a plugin that does not load: said once
+  agreed(o.agree, [&] { device = open_train_device(o.device, threads, world.local_rank()); });
   // --profile-ops: every op through a timer that records inside the timed steps alone (a
   // device's stream is synchronized after each op, so the time is the op's, not its launch's;
   // those waits are the profile's, not the step's, and are left out of its host waits).
@@ -324,8 +329,8 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
                         : "none (" + no_device_collectives + "): every collective through host memory and MPI")
         << "\n"
         << std::flush;
-  nn::Model model = nn::build_model(run.model, seed);
-  const data::ShapesDataset dataset(data::run_shapes_config(run, seed));
+  nn::Model& model = *built;
+  const data::ShapesDataset& dataset = *shapes;
   ExecutorOptions eo;
   eo.data.reorder = o.reorder;
   eo.data.prefetch.workers = o.data_workers;
@@ -345,13 +350,15 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   const RunRecord record = RunRecord::of(run, seed);
   Executor* executor_ptr = nullptr;
   if (!o.gradients_dir.empty()) {
-    // Dumps are files of a checkpoint's name and format: among checkpoints a resume would
-    // take the newest dump for one.
-    if (!o.checkpoint_dir.empty() && same_path(o.gradients_dir, o.checkpoint_dir))
-      throw Error(Status::invalid_argument, "--dump-gradients '" + o.gradients_dir +
-                                                "' is the checkpoint directory: its step files would read as "
-                                                "checkpoints; give it a directory of its own");
-    if (rank == 0) create_checkpoint_dir(o.gradients_dir);
+    agreed(o.agree, [&] {
+      // Dumps are files of a checkpoint's name and format: among checkpoints a resume would
+      // take the newest dump for one.
+      if (!o.checkpoint_dir.empty() && same_path(o.gradients_dir, o.checkpoint_dir))
+        throw Error(Status::invalid_argument, "--dump-gradients '" + o.gradients_dir +
+                                                  "' is the checkpoint directory: its step files would read as "
+                                                  "checkpoints; give it a directory of its own");
+      if (rank == 0) create_checkpoint_dir(o.gradients_dir);
+    });
     eo.after_reduce = [&](std::int64_t step) {
       world.communicator().barrier();
       save(o.gradients_dir, step, rank, size, meta, *executor_ptr, nullptr, nullptr, world.communicator(), 0);
