@@ -25,8 +25,17 @@ struct Retrieval {
 // Error(invalid_argument) for no rows or shapes that disagree.
 Retrieval retrieval_top1(const nn::Tensor& image_embeddings, const nn::Tensor& text_embeddings,
                          std::span<const std::int64_t> scene_ids);
+// For each row i of queries (Q, E), the row j of keys (K, E) with the largest dot product
+// sum_c double(q_ic) * double(k_jc) (summed in double, in column order), the lower index on
+// ties: the answer of an exhaustive double-precision scan, in O(256 K + (Q + K) E) memory.
+// Bitwise duplicate rows are ranked once; a float GEMM scores blocks of 256 queries and only
+// the keys within its rounding bound of a row's best float score are rescored in double. Rows
+// with non-finite values are scanned exhaustively. Throws Error(invalid_argument) unless both
+// are rank 2 of one width.
+std::vector<std::int64_t> best_matches(const nn::Tensor& queries, const nn::Tensor& keys);
 
-// CLIP embeddings of the samples, in sample order (the image tower per side group).
+// CLIP embeddings of the samples, in sample order (the image tower per side group), computed
+// 256 samples at a time.
 nn::Tensor image_embeddings(nn::Ops& ops, const nn::ClipModel& clip, std::span<const data::Sample> samples);
 nn::Tensor text_embeddings(nn::Ops& ops, const nn::ClipModel& clip, std::span<const data::Sample> samples);
 
@@ -35,7 +44,8 @@ struct CaptionMetrics {
   double token_accuracy = 0;  // share of those positions whose argmax logit is the target
   std::int64_t tokens = 0;    // counted positions
 };
-// The MLLM on the samples (per side group: image-token counts differ by side).
+// The MLLM on the samples (per side group: image-token counts differ by side), 256 samples at
+// a time.
 CaptionMetrics caption_metrics(nn::Ops& ops, const nn::ChainModel& chain, std::span<const data::Sample> samples);
 
 }  // namespace braid::train

@@ -1,5 +1,6 @@
 #include "core/train/prefetcher.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "core/common/error.hpp"
@@ -15,11 +16,16 @@ Prefetcher::Prefetcher(const Loader& loader, int replica, std::int64_t first, st
       options_(options),
       render_(std::move(render)),
       next_make_(first) {
-  if (!render_)
+  if (!render_) {
     render_ = [this](std::int64_t i) {
       return options_.pixels ? loader_.dataset().get(i) : loader_.dataset().describe(i);
     };
-  if (options_.depth < 1) options_.depth = 1;
+    // Describing a sample is a lookup, not a render: one worker keeps ahead of it.
+    if (!options_.pixels) options_.workers = std::min(options_.workers, 1);
+  }
+  // A worker renders a whole step: with fewer steps allowed ahead than workers, the others
+  // would only wait.
+  options_.depth = std::max({options_.depth, options_.workers, 1});
   try {
     for (int w = 0; w < options_.workers; ++w) workers_.emplace_back([this] { work(); });
   } catch (...) {  // no thread could be started: stop those that were

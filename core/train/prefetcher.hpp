@@ -24,8 +24,8 @@
 namespace braid::train {
 
 struct PrefetchOptions {
-  int workers = 1;     // 0: render in the caller's thread, at take()
-  int depth = 2;       // steps rendered ahead of the one taken last
+  int workers = 1;     // 0: render in the caller's thread, at take(); at most 1 describing samples
+  int depth = 2;       // steps rendered ahead of the one taken last (at least one per worker)
   bool pixels = true;  // false: the samples described, without images (ShapesDataset::describe)
 };
 

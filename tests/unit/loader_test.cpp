@@ -3,10 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <limits>
+#include <mutex>
 #include <numeric>
+#include <random>
 #include <set>
 
 #include "core/data/reorder.hpp"
@@ -295,6 +300,39 @@ TEST(Prefetcher, AWorkersFailureNamesTheSampleAndNoThreadIsLeftBehind) {
   }
 }
 
+TEST(Prefetcher, EveryWorkerHasAStepInFlightAndDescribingTakesOne) {
+  const data::ShapesDataset d = skewed_dataset(13);
+  const Loader loader(d, LoaderOptions{16, 2, false});
+  // Each render waits (once, a few seconds at most) for four renders at once: with the steps
+  // ahead capped at 2, two of four workers only waited.
+  std::mutex mutex;
+  std::condition_variable changed;
+  int active = 0, most = 0;
+  bool released = false;
+  auto render = [&](std::int64_t i) {
+    std::unique_lock lock(mutex);
+    most = std::max(most, ++active);
+    changed.notify_all();
+    if (!released) released = changed.wait_for(lock, std::chrono::seconds(5), [&] { return active == 4; });
+    released = true;
+    --active;
+    lock.unlock();
+    return d.get(i);
+  };
+  {
+    train::Prefetcher prefetch(loader, 0, 1, 6, train::PrefetchOptions{4, 2}, render);
+    for (std::int64_t step = 1; step <= 6; ++step) EXPECT_EQ(prefetch.take(step).size(), 8u);
+  }
+  EXPECT_EQ(most, 4);
+  // Describing is a lookup: one worker, however many are asked for.
+  const int before = threads_of_this_process();
+  train::PrefetchOptions described{4, 2};
+  described.pixels = false;
+  train::Prefetcher prefetch(loader, 0, 1, 6, described);
+  EXPECT_EQ(threads_of_this_process(), before + 1);
+  EXPECT_EQ(prefetch.take(1).size(), 8u);
+}
+
 TEST(Inputs, SideGroupsPutEachSamplesPixelsInItsRow) {
   const auto d = skewed_dataset();
   const auto samples = first_samples(d, 20);
@@ -435,6 +473,146 @@ TEST(Retrieval, MismatchedInputsAreRefused) {
   test::expect_error([&] { train::retrieval_top1(none, none, {}); }, Status::invalid_argument, {"no embeddings"});
 }
 
+// The exhaustive scan best_matches must equal: every key, scores summed in double in column
+// order, ties to the lower index.
+std::vector<std::int64_t> reference_matches(const nn::Tensor& queries, const nn::Tensor& keys) {
+  const std::int64_t nq = queries.dim(0), n = keys.dim(0), e = keys.dim(1);
+  std::vector<std::int64_t> out;
+  for (std::int64_t i = 0; i < nq; ++i) {
+    std::int64_t best = 0;
+    double best_score = -1e300;
+    for (std::int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (std::int64_t c = 0; c < e; ++c) s += static_cast<double>(queries.ptr()[i * e + c]) * keys.ptr()[j * e + c];
+      if (s > best_score) {
+        best_score = s;
+        best = j;
+      }
+    }
+    out.push_back(best);
+  }
+  return out;
+}
+
+// n unit-norm rows of width e from a normal; with `coarse`, entries in {-1, 0, 1} before
+// normalizing (many exactly equal scores).
+nn::Tensor random_rows(std::mt19937_64& rng, std::int64_t n, std::int64_t e, bool coarse = false) {
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> trit(-1, 1);
+  nn::Tensor t({n, e});
+  for (std::int64_t i = 0; i < n; ++i) {
+    float* r = t.ptr() + i * e;
+    double norm = 0;
+    for (std::int64_t c = 0; c < e; ++c) {
+      r[c] = coarse ? static_cast<float>(trit(rng)) : normal(rng);
+      norm += static_cast<double>(r[c]) * r[c];
+    }
+    if (norm == 0) r[0] = 1, norm = 1;
+    for (std::int64_t c = 0; c < e; ++c) r[c] = static_cast<float>(r[c] / std::sqrt(norm));
+  }
+  return t;
+}
+
+void copy_row(nn::Tensor& t, std::int64_t from, std::int64_t to) {
+  const std::int64_t e = t.dim(1);
+  std::memcpy(t.ptr() + to * e, t.ptr() + from * e, static_cast<std::size_t>(e) * sizeof(float));
+}
+
+void expect_matches_reference(const nn::Tensor& queries, const nn::Tensor& keys, const char* what) {
+  const auto got = train::best_matches(queries, keys), want = reference_matches(queries, keys);
+  ASSERT_EQ(got.size(), want.size()) << what;
+  std::int64_t differ = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+  EXPECT_EQ(differ, 0) << what << ": rows whose best match differs from the exhaustive double scan";
+}
+
+TEST(Retrieval, BestMatchesEqualAnExhaustiveDoubleScan) {
+  std::mt19937_64 rng(11);
+  // Over one block of 256 queries and not a multiple of it; widths below and above the
+  // GEMM kernels' unrolling.
+  for (const std::int64_t e : {1, 7, 32}) {
+    for (const std::int64_t n : {1, 5, 300, 600}) {
+      SCOPED_TRACE("n " + std::to_string(n) + ", e " + std::to_string(e));
+      nn::Tensor image = random_rows(rng, n, e), text = random_rows(rng, n, e);
+      expect_matches_reference(image, text, "random");
+      expect_matches_reference(text, image, "random, text to image");
+      if (n < 5) continue;
+      // Exact duplicate rows (one caption for two samples of a scene): equal scores, the lower
+      // index wins, wherever the duplicates sit in GEMM tiles.
+      std::uniform_int_distribution<std::int64_t> row(0, n - 1);
+      for (std::int64_t k = 0; k < n / 3; ++k) {
+        copy_row(text, row(rng), row(rng));
+        copy_row(image, row(rng), row(rng));
+      }
+      copy_row(text, 0, n - 1);
+      copy_row(image, n - 1, 0);
+      expect_matches_reference(image, text, "duplicates");
+      expect_matches_reference(text, image, "duplicates, text to image");
+      // Near ties: copies one float step apart in one entry, closer than float GEMM resolves.
+      for (std::int64_t k = 0; k < n / 4; ++k) {
+        const std::int64_t from = row(rng), to = row(rng);
+        copy_row(text, from, to);
+        float& x = text.ptr()[to * e + k % e];
+        x = std::nextafter(x, k % 2 ? 1.0f : -1.0f);
+      }
+      expect_matches_reference(image, text, "near ties");
+      expect_matches_reference(text, image, "near ties, text to image");
+      // Coarse rows: many exactly equal scores between different keys.
+      const nn::Tensor a = random_rows(rng, n, e, true), b = random_rows(rng, n, e, true);
+      expect_matches_reference(a, b, "coarse");
+      // Every key alike: all scores tie, so every query takes key 0.
+      nn::Tensor same({n, e});
+      for (std::int64_t j = 0; j < n; ++j) std::memcpy(same.ptr() + j * e, a.ptr(), static_cast<std::size_t>(e) * 4);
+      expect_matches_reference(b, same, "all tied");
+    }
+  }
+}
+
+TEST(Retrieval, BestMatchesOfUnnormalizedAndNonFiniteRows) {
+  std::mt19937_64 rng(12);
+  nn::Tensor q = random_rows(rng, 40, 6), k = random_rows(rng, 300, 6);
+  for (std::int64_t i = 0; i < 40 * 6; ++i) q.ptr()[i] *= 1e-30f;  // products below the float range
+  for (std::int64_t i = 0; i < 300 * 6; ++i) k.ptr()[i] *= 1e-12f;
+  expect_matches_reference(q, k, "tiny");
+  for (std::int64_t i = 0; i < 300 * 6; ++i) k.ptr()[i] *= 1e30f;  // scores near the float range
+  for (std::int64_t i = 0; i < 40 * 6; ++i) q.ptr()[i] *= 1e30f;
+  expect_matches_reference(q, k, "large");
+  for (std::int64_t i = 0; i < 40 * 6; ++i) q.ptr()[i] *= 1e19f;
+  expect_matches_reference(q, k, "huge");
+  nn::Tensor nan_rows = random_rows(rng, 300, 6);
+  nan_rows.ptr()[7 * 6 + 2] = std::numeric_limits<float>::quiet_NaN();
+  nan_rows.ptr()[9 * 6] = std::numeric_limits<float>::infinity();
+  const nn::Tensor p = random_rows(rng, 40, 6);
+  expect_matches_reference(p, nan_rows, "non-finite keys");
+  expect_matches_reference(nan_rows, p, "non-finite queries");
+  test::expect_error([&] { train::best_matches(p, nn::Tensor({3, 5})); }, Status::invalid_argument, {"(3, 5)"});
+}
+
+TEST(Retrieval, ScoresOverBlocksWithDuplicateCaptions) {
+  // retrieval_top1 on many rows with shared captions agrees with the reference's counts.
+  std::mt19937_64 rng(13);
+  const std::int64_t n = 700, e = 16;
+  nn::Tensor image = random_rows(rng, n, e), text = random_rows(rng, n, e);
+  std::vector<std::int64_t> scenes(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    scenes[static_cast<std::size_t>(i)] = i % 500;
+    if (i >= 500) copy_row(text, i % 500, i);  // one caption per scene
+    if (i % 3 == 0) {                          // an image close to its caption
+      for (std::int64_t c = 0; c < e; ++c) image.ptr()[i * e + c] += 2 * text.ptr()[i * e + c];
+    }
+  }
+  const auto r = train::retrieval_top1(image, text, scenes);
+  const auto to_text = reference_matches(image, text), to_image = reference_matches(text, image);
+  std::int64_t i2t = 0, t2i = 0;
+  for (std::size_t i = 0; i < scenes.size(); ++i) {
+    i2t += scenes[static_cast<std::size_t>(to_text[i])] == scenes[i];
+    t2i += scenes[static_cast<std::size_t>(to_image[i])] == scenes[i];
+  }
+  EXPECT_GT(i2t, n / 4);
+  EXPECT_EQ(r.image_to_text, static_cast<double>(i2t) / n);
+  EXPECT_EQ(r.text_to_image, static_cast<double>(t2i) / n);
+}
+
 // ---- embeddings and caption metrics on the shipped tiny models ------------------------
 
 void expect_rows_near(const nn::Tensor& batch, std::int64_t row, const nn::Tensor& alone, const char* what) {
@@ -481,6 +659,78 @@ TEST(Evaluate, ClipEmbeddingsOfABatchMatchEachSampleAlone) {
     const nn::Tensor txt = clip.text_head->forward(ops, clip.text_encoder->forward(ops, tokens, tc).pooled, th);
     expect_rows_near(texts, static_cast<std::int64_t>(i), txt, "text embedding");
   }
+}
+
+// The largest difference between two tensors of one shape.
+double max_abs_diff(const nn::Tensor& a, const nn::Tensor& b) {
+  EXPECT_EQ(a.shape, b.shape);
+  double d = 0;
+  for (std::size_t i = 0; i < std::min(a.data.size(), b.data.size()); ++i)
+    d = std::max(d, std::fabs(static_cast<double>(a.data[i]) - b.data[i]));
+  return d;
+}
+
+TEST(Evaluate, ChunkedForwardsEqualOneWholeBatchForward) {
+  // Over 256 samples, so the encoders run in several chunks (and the last one partial); a
+  // sample's embedding and logits depend on the other samples of its forward pass only in
+  // float rounding.
+  const spec::RunSpec run = test::load("tiny-clip.yaml");
+  const nn::Model model = nn::build_model(run.model, 3);
+  const nn::ClipModel& clip = *model.clip;
+  nn::HostOps ops(2);
+  const auto d = tiny_dataset(run);
+  const auto samples = train::heldout_samples(d, 300);
+  const nn::Tensor images = train::image_embeddings(ops, clip, samples);
+  const nn::Tensor texts = train::text_embeddings(ops, clip, samples);
+
+  // One forward per side group over every sample, and one for every caption.
+  nn::Tensor whole_images(images.shape);
+  const std::int64_t e = images.dim(1);
+  for (auto& g : train::side_groups(samples)) {
+    nn::ImageEncoderCache ic;
+    nn::ClipHeadCache ih;
+    const nn::Tensor emb = clip.image_head->forward(ops, clip.image_encoder->forward(ops, g.images, ic).pooled, ih);
+    for (std::size_t m = 0; m < g.members.size(); ++m)
+      std::memcpy(whole_images.ptr() + static_cast<std::int64_t>(g.members[m]) * e,
+                  emb.ptr() + static_cast<std::int64_t>(m) * e, static_cast<std::size_t>(e) * sizeof(float));
+  }
+  nn::TextEncoderCache tc;
+  nn::ClipHeadCache th;
+  const nn::Tensor whole_texts =
+      clip.text_head->forward(ops, clip.text_encoder->forward(ops, train::tokens_of(samples), tc).pooled, th);
+  // Not bitwise: BLAS kernels round a row's sums differently as the row count changes (about
+  // 2e-7 here, on unit-norm embeddings), as the whole batch does against each sample alone.
+  EXPECT_LE(max_abs_diff(images, whole_images), 1e-6);
+  EXPECT_LE(max_abs_diff(texts, whole_texts), 1e-6);
+
+  // Caption metrics: the same counts; the loss sums per-chunk float losses, so it may differ
+  // in float rounding only.
+  const spec::RunSpec mllm_run = test::load("tiny-mllm.yaml");
+  const nn::Model mllm = nn::build_model(mllm_run.model, 4);
+  const auto mllm_samples = train::heldout_samples(tiny_dataset(mllm_run), 300);
+  const train::CaptionMetrics m = train::caption_metrics(ops, *mllm.chain, mllm_samples);
+  double loss = 0;
+  std::int64_t correct = 0;
+  for (const auto& g : train::side_groups(mllm_samples)) {
+    const nn::Tokens text = train::tokens_of(mllm_samples, g.members);
+    nn::ImageEncoderCache vision;
+    nn::ProjectorCache projector;
+    nn::DecoderCache llm;
+    nn::Tensor prefix = mllm.chain->vision->forward(ops, g.images, vision).tokens;
+    if (mllm.chain->projector) prefix = mllm.chain->projector->forward(ops, prefix, projector);
+    const nn::Tensor logits = mllm.chain->llm->forward(ops, &prefix, text, llm);
+    loss += nn::lm_loss(ops, logits, text, 1, nullptr);
+    const auto targets = nn::next_token_targets(text);
+    const std::int64_t vocab = logits.dim(2);
+    for (std::size_t p = 0; p < targets.size(); ++p) {
+      if (targets[p] < 0) continue;
+      const float* row = logits.ptr() + static_cast<std::int64_t>(p) * vocab;
+      correct += std::max_element(row, row + vocab) - row == targets[p];
+    }
+  }
+  EXPECT_EQ(m.tokens, train::counted_tokens(mllm_samples));
+  EXPECT_EQ(m.token_accuracy, static_cast<double>(correct) / static_cast<double>(m.tokens));
+  EXPECT_NEAR(m.loss, loss / static_cast<double>(m.tokens), 1e-6 * m.loss);
 }
 
 TEST(Evaluate, HeldoutSamplesAreTheFirstOfTheHeldoutSplit) {
