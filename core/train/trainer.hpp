@@ -42,9 +42,10 @@ struct TrainOptions {
   // Called with an error thrown inside a step while its messages are still pending (the CLI
   // reports it and aborts the world); the error is rethrown when it returns.
   std::function<void(const std::exception_ptr&)> on_fatal;
-  // Runs checks every rank makes before training (the layout, each rank's program and stage,
-  // the checkpoint directory, the resume) so that a failure is said once and every rank stops
-  // alike (the CLI: agree_on_setup), throwing when one failed; null: the checks run as they are.
+  // Runs checks every rank makes before training (the layout, the model and data, the device,
+  // the gradient-dump directory, each rank's program and stage, the checkpoint directory, the
+  // resume) so that a failure is said once and every rank stops alike (the CLI:
+  // agree_on_setup), throwing when one failed; null: the checks run as they are.
   Agree agree;
   int threads = 0;                  // host threads; 0: the run file's, else cores / local processes
   std::string device = "auto";      // auto | host | cuda: what runs the ops (see train_device.hpp)

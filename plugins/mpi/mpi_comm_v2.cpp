@@ -17,6 +17,8 @@
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
+#include <exception>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -89,15 +91,28 @@ int usable(braid_comm_v2* c, const char* call) {
 // that version 1 refuses the call, with its status and message, before posting anything.
 braid_comm_request_v1** v1_out(braid_comm_request_v2** out, braid_comm_request_v1** r) { return out ? r : nullptr; }
 
-// Wraps the version-1 request a call just made (`code` its status; `out` is not NULL when
-// code is 0, as version 1 refused a NULL one).
-int posted(braid_comm_v2* c, std::string op, int code, braid_comm_request_v1* r, braid_comm_request_v2** out,
-           bool p2p = false) {
-  if (code) return from_v1(code);
-  *out = new braid_comm_request_v2{r, c, std::move(op), p2p, ""};
-  c->requests.push_back(*out);
-  return 0;
-}
+// The request record of an operation, made before version 1 posts it: once the operation is
+// in flight, handing the record over cannot fail (throw), so none is left without a handle.
+class Record {
+ public:
+  Record(braid_comm_v2* c, std::string op, bool p2p = false)
+      : q_(std::make_unique<braid_comm_request_v2>(braid_comm_request_v2{nullptr, c, std::move(op), p2p, ""})) {
+    c->requests.reserve(c->requests.size() + 1);
+  }
+  // `code` is version 1's status for the call, taken before (not in the same call's
+  // arguments as `r`, which it sets); `out` is not NULL when it is 0 (version 1 refused a
+  // NULL one).
+  int hand_over(int code, braid_comm_request_v1* r, braid_comm_request_v2** out) noexcept {
+    if (code) return from_v1(code);
+    q_->request = r;
+    q_->comm->requests.push_back(q_.get());  // reserved
+    *out = q_.release();
+    return 0;
+  }
+
+ private:
+  std::unique_ptr<braid_comm_request_v2> q_;
+};
 
 // Deletes a request whose version-1 request was released (or abandoned).
 void release(braid_comm_request_v2* q) {
@@ -218,51 +233,60 @@ std::string p2p_text(const char* call, size_t bytes, const char* direction, int3
          std::to_string(world_peer) + " (tag " + std::to_string(tag) + ")";
 }
 
+// The world rank of `peer` in c; a peer outside it as given (version 1 refuses it).
+int32_t world_peer(const braid_comm_v2* c, int32_t peer) {
+  return peer >= 0 && std::size_t(peer) < c->world_ranks.size() ? c->world_ranks[std::size_t(peer)] : peer;
+}
+
 int isend(braid_comm_v2* c, const void* data, size_t bytes, int32_t peer, int32_t tag, void*,
           braid_comm_request_v2** out) {
   if (int rc = usable(c, "isend")) return rc;
+  Record record(c, p2p_text("isend", bytes, "to", world_peer(c, peer), tag), true);
   braid_comm_request_v1* r = nullptr;
   const int code = v1.isend(c->comm, data, bytes, peer, tag, v1_out(out, &r));
-  if (code) return from_v1(code);  // refused (a bad peer among the reasons): nothing to name
-  return posted(c, p2p_text("isend", bytes, "to", c->world_ranks[std::size_t(peer)], tag), 0, r, out, true);
+  return record.hand_over(code, r, out);
 }
 
 int irecv(braid_comm_v2* c, void* data, size_t bytes, int32_t peer, int32_t tag, void*, braid_comm_request_v2** out) {
   if (int rc = usable(c, "irecv")) return rc;
+  Record record(c, p2p_text("irecv", bytes, "from", world_peer(c, peer), tag), true);
   braid_comm_request_v1* r = nullptr;
   const int code = v1.irecv(c->comm, data, bytes, peer, tag, v1_out(out, &r));
-  if (code) return from_v1(code);
-  return posted(c, p2p_text("irecv", bytes, "from", c->world_ranks[std::size_t(peer)], tag), 0, r, out, true);
+  return record.hand_over(code, r, out);
 }
 
 int iallreduce(braid_comm_v2* c, const void* send, void* recv, size_t count, int32_t dtype, int32_t op, void*,
                braid_comm_request_v2** out) {
   if (int rc = usable(c, "iallreduce")) return rc;
+  Record record(c, "all-reduce");
   braid_comm_request_v1* r = nullptr;
   const int code = v1.iallreduce(c->comm, send, recv, count, dtype, op, v1_out(out, &r));
-  return posted(c, "all-reduce", code, r, out);
+  return record.hand_over(code, r, out);
 }
 
 int iallgather(braid_comm_v2* c, const void* send, void* recv, size_t bytes, void*, braid_comm_request_v2** out) {
   if (int rc = usable(c, "iallgather")) return rc;
+  Record record(c, "all-gather");
   braid_comm_request_v1* r = nullptr;
   const int code = v1.iallgather(c->comm, send, recv, bytes, v1_out(out, &r));
-  return posted(c, "all-gather", code, r, out);
+  return record.hand_over(code, r, out);
 }
 
 int ibroadcast(braid_comm_v2* c, void* data, size_t bytes, int32_t root, void*, braid_comm_request_v2** out) {
   if (int rc = usable(c, "ibroadcast")) return rc;
+  Record record(c, "broadcast");
   braid_comm_request_v1* r = nullptr;
   const int code = v1.ibroadcast(c->comm, data, bytes, root, v1_out(out, &r));
-  return posted(c, "broadcast", code, r, out);
+  return record.hand_over(code, r, out);
 }
 
 int ireduce_scatter(braid_comm_v2* c, const void* send, void* recv, size_t recv_count, int32_t dtype, int32_t op, void*,
                     braid_comm_request_v2** out) {
   if (int rc = usable(c, "ireduce_scatter")) return rc;
+  Record record(c, "reduce-scatter");
   braid_comm_request_v1* r = nullptr;
   const int code = v1.ireduce_scatter(c->comm, send, recv, recv_count, dtype, op, v1_out(out, &r));
-  return posted(c, "reduce-scatter", code, r, out);
+  return record.hand_over(code, r, out);
 }
 
 int test(braid_comm_request_v2* request, int32_t* done) {
@@ -319,6 +343,23 @@ int barrier(braid_comm_v2* c, double timeout_s) {
 
 void abort_world(int32_t code) { v1.abort(code); }
 
+// Every entry that returns a status returns one, never a C++ exception across the C ABI (an
+// allocation that failed: nothing was posted, see Record).
+template <auto Fn>
+struct Guarded;
+template <typename... A, int (*Fn)(A...)>
+struct Guarded<Fn> {
+  static int call(A... a) noexcept {
+    try {
+      return Fn(a...);
+    } catch (const std::exception& e) {
+      return fail(kFailed, "%s", e.what());
+    } catch (...) {
+      return fail(kFailed, "an unknown C++ exception");
+    }
+  }
+};
+
 }  // namespace
 
 extern "C" BRAID_PLUGIN_EXPORT const braid_comm_plugin_v2 braidCommPlugin_v2 = {
@@ -326,22 +367,22 @@ extern "C" BRAID_PLUGIN_EXPORT const braid_comm_plugin_v2 braidCommPlugin_v2 = {
     .name = "mpi",
     .last_error = last_error,
     .backend_version = backend_version,
-    .init = init,
-    .finalize = finalize,
-    .world = world,
-    .comm_world = comm_world,
-    .comm_create = comm_create,
-    .comm_free = comm_free,
-    .comm_rank = comm_rank,
-    .comm_size = comm_size,
-    .isend = isend,
-    .irecv = irecv,
-    .iallreduce = iallreduce,
-    .iallgather = iallgather,
-    .ibroadcast = ibroadcast,
-    .ireduce_scatter = ireduce_scatter,
-    .test = test,
-    .wait = wait,
-    .barrier = barrier,
+    .init = Guarded<init>::call,
+    .finalize = Guarded<finalize>::call,
+    .world = Guarded<world>::call,
+    .comm_world = Guarded<comm_world>::call,
+    .comm_create = Guarded<comm_create>::call,
+    .comm_free = Guarded<comm_free>::call,
+    .comm_rank = Guarded<comm_rank>::call,
+    .comm_size = Guarded<comm_size>::call,
+    .isend = Guarded<isend>::call,
+    .irecv = Guarded<irecv>::call,
+    .iallreduce = Guarded<iallreduce>::call,
+    .iallgather = Guarded<iallgather>::call,
+    .ibroadcast = Guarded<ibroadcast>::call,
+    .ireduce_scatter = Guarded<ireduce_scatter>::call,
+    .test = Guarded<test>::call,
+    .wait = Guarded<wait>::call,
+    .barrier = Guarded<barrier>::call,
     .abort = abort_world,
 };

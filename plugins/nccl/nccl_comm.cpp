@@ -294,14 +294,16 @@ void flush(braid_comm_v2* c, double limit_s) {
   }
 }
 
-// A collective: the queued point to point first, then `call` on the stream, settled.
+// A collective: the queued point to point first, then `call` on the stream, each settled
+// within `limit_s` seconds.
 template <typename F>
-braid_comm_request_v2* collective(braid_comm_v2* c, cudaStream_t stream, const std::string& op, F&& call) {
+braid_comm_request_v2* collective(braid_comm_v2* c, cudaStream_t stream, const std::string& op, F&& call,
+                                  double limit_s = call_limit()) {
   require_live(c);
   if (!c->pending.empty() && c->pending_stream != stream)
     fail(1, where(c) + ": " + op + " on another stream than the sends and receives queued before it");
-  flush(c, call_limit());
-  settle(c, call(), op, call_limit());
+  flush(c, limit_s);
+  settle(c, call(), op, limit_s);
   return recorded(c, stream, op);
 }
 
@@ -574,13 +576,22 @@ int wait(braid_comm_request_v2* r, double timeout_s) {
 }
 
 int barrier(braid_comm_v2* c, double timeout_s) {
+  // The deadline covers issuing the all-reduce too: the wait gets what is left of it.
+  const auto start = std::chrono::steady_clock::now();
+  const double limit = timeout_s > 0 ? std::min(call_limit(), timeout_s) : call_limit();
   braid_comm_request_v2* r = nullptr;
   const int rc = guarded([&] {
-    r = collective(c, nullptr, "barrier", [&] {
-      return ncclAllReduce(c->barrier_scratch, c->barrier_scratch, 1, ncclFloat32, ncclSum, c->comm, nullptr);
-    });
+    r = collective(
+        c, nullptr, "barrier",
+        [&] {
+          return ncclAllReduce(c->barrier_scratch, c->barrier_scratch, 1, ncclFloat32, ncclSum, c->comm, nullptr);
+        },
+        limit);
   });
-  return rc != 0 ? rc : wait(r, timeout_s);
+  if (rc != 0) return rc;
+  if (timeout_s <= 0) return wait(r, 0);
+  const double taken = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return wait(r, std::max(timeout_s - taken, 1e-9));  // past it already: the wait fails at once, saying so
 }
 
 void abort_all(int32_t code) {

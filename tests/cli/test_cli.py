@@ -526,6 +526,20 @@ class DataTest(CliTestCase):
 
     TINY = "configs/runs/tiny-mllm.yaml"
 
+    def test_a_model_whose_tables_the_captions_overflow_is_refused_as_braid_train_refuses_it(self):
+        with open(os.path.join(SOURCE_DIR, "configs/models/tiny-mllm.yaml")) as f:
+            model = f.read()
+        assert model.count("    vocab: 32") == 1, "tiny-mllm's llm changed"
+        model_path = self.temp_file(model.replace("    vocab: 32", "    vocab: 24"), "model.yaml")
+        with open(os.path.join(SOURCE_DIR, self.TINY)) as f:
+            run = f.read()
+        run = re.sub(r"model: .*", f"model: {model_path}", run, count=1)
+        run = run.replace("cluster: ../", "cluster: " + os.path.join(SOURCE_DIR, "configs") + "/")
+        result = braid("data", "--config", self.temp_file(run, "run.yaml"))
+        self.assertExit(result, 2)
+        self.assertIn(f"({model_path}): module 'llm' has vocab 24; braid train's captions use 28 token ids",
+                      result.stderr)
+
     def test_json_samples_follow_the_run(self):
         result = braid("data", "--config", self.TINY, "--show", "6", "--first", "3", "--format", "json")
         self.assertExit(result, 0)
