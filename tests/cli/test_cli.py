@@ -527,15 +527,8 @@ class DataTest(CliTestCase):
     TINY = "configs/runs/tiny-mllm.yaml"
 
     def test_a_model_whose_tables_the_captions_overflow_is_refused_as_braid_train_refuses_it(self):
-        with open(os.path.join(SOURCE_DIR, "configs/models/tiny-mllm.yaml")) as f:
-            model = f.read()
-        assert model.count("    vocab: 32") == 1, "tiny-mllm's llm changed"
-        model_path = self.temp_file(model.replace("    vocab: 32", "    vocab: 24"), "model.yaml")
-        with open(os.path.join(SOURCE_DIR, self.TINY)) as f:
-            run = f.read()
-        run = re.sub(r"model: .*", f"model: {model_path}", run, count=1)
-        run = run.replace("cluster: ../", "cluster: " + os.path.join(SOURCE_DIR, "configs") + "/")
-        result = braid("data", "--config", self.temp_file(run, "run.yaml"))
+        run, model_path = self.run_with_model_edit("    vocab: 32", "    vocab: 24")
+        result = braid("data", "--config", run)
         self.assertExit(result, 2)
         self.assertIn(f"({model_path}): module 'llm' has vocab 24; braid train's captions use 28 token ids",
                       result.stderr)
@@ -560,17 +553,21 @@ class DataTest(CliTestCase):
                                  "json").stdout)
         self.assertEqual(again["samples"][0], doc["samples"][2])  # sample 5 whatever the range read
 
-    def oversized_run(self):
-        """tiny-mllm with its image encoder's max_image_size past what the dataset renders."""
+    def run_with_model_edit(self, line, replacement):
+        """tiny-mllm's run with one line of its model file replaced: (the run file, the model file)."""
         with open(os.path.join(SOURCE_DIR, "configs/models/tiny-mllm.yaml")) as f:
             model = f.read()
-        assert model.count("max_image_size: 32") == 1, "tiny-mllm's image encoder changed"
-        model_path = self.temp_file(model.replace("max_image_size: 32", "max_image_size: 2048"), "model.yaml")
+        assert model.count(line) == 1, f"tiny-mllm's model changed: {line!r}"
+        model_path = self.temp_file(model.replace(line, replacement), "model.yaml")
         with open(os.path.join(SOURCE_DIR, self.TINY)) as f:
             run = f.read()
         run = run.replace("model: ../models/tiny-mllm.yaml", "model: " + model_path)
         run = run.replace("cluster: ../", "cluster: " + os.path.join(SOURCE_DIR, "configs") + "/")
-        return self.temp_file(run, "run.yaml")
+        return self.temp_file(run, "run.yaml"), model_path
+
+    def oversized_run(self):
+        """tiny-mllm with its image encoder's max_image_size past what the dataset renders."""
+        return self.run_with_model_edit("max_image_size: 32", "max_image_size: 2048")[0]
 
     def test_a_distribution_in_other_units_is_scaled_whole(self):
         # 224-896 (the 72B run's unit) onto the encoder's 32 px: the min scales with the draws.
