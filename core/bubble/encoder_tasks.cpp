@@ -177,7 +177,7 @@ Colocated decompose(const cost::CostModel& cost, const plan::Plan& plan) {
       if (embed >= 0) task(embed, 0, true);
       if (shard >= 0) task(shard, 0, true);
 
-      st.reduce_grads_s += l.dp_sync_s;
+      st.reduce_grads_s += l.exposed_dp_sync(run.training);  // as plan::evaluate_colocated charges it
       st.optimizer_s += l.optimizer_s;
       st.static_memory_bytes += l.memory.weights + l.memory.gradients + l.memory.optimizer;
       c.hosts[static_cast<std::size_t>(s)].push_back(std::move(h));

@@ -73,7 +73,8 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
       const double b = l.work.backward_time() + l.p2p_s / 2 + l.shard_comm_s;
       f_max = std::max(f_max, f);
       b_max = std::max(b_max, b);
-      enc_tail = std::max(enc_tail, l.dp_sync_s + l.optimizer_s);
+      // Its DP collectives overlap as the llm's do: the reduction behind its own last backward.
+      enc_tail = std::max(enc_tail, l.exposed_dp_sync(train) + l.optimizer_s);
       hardware += K * l.work.hardware_flops() * p.tp * p.dp;
       busy += l.busy_seconds(K, p.tp * p.dp);
       // Encoder stage s covers llm stages [s*L/p, (s+1)*L/p); the coarse schedule keeps all K forwards.

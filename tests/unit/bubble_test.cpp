@@ -8,9 +8,12 @@
 
 #include "core/bubble/checker.hpp"
 #include "core/bubble/emit.hpp"
+#include "core/bubble/encoder_tasks.hpp"
 #include "core/bubble/scheduler.hpp"
 #include "core/orchestrate/planning.hpp"
 #include "core/orchestrate/program.hpp"
+#include "core/pipeline/from_plan.hpp"
+#include "core/plan/evaluate.hpp"
 #include "core/plan/plan_io.hpp"
 #include "core/plan/stage_load.hpp"
 #include "core/sim/simulator.hpp"
@@ -129,6 +132,50 @@ TEST(Bubble, AnEncoderFeedingItsOwnDevicesHandsNothingOver) {
   EXPECT_GT(plan::colocated_handover_seconds(cost, *encoder, 1, 2), 0);
   const sim::Result r = sim::simulate(orchestrate::build_program(cost, plan, spec::Schedule::optimus_fine));
   EXPECT_EQ(r.bubbles[static_cast<std::size_t>(sim::Cause::tp)], 0);
+}
+
+// A colocated encoder's DP collectives overlap as the llm's do (Megatron-Core's
+// overlap_grad_reduce and overlap_param_gather hook every module's buckets): the estimate
+// and the bubble scheduler's programs charge the part left exposed, and agree.
+TEST(Bubble, AColocatedEncodersDpCollectivesOverlapAsTheLlmsDo) {
+  Case off = optimus_case("vit22b-gpt175b-1536gpu.yaml");
+  spec::RunSpec on_run = *off.run;
+  on_run.training.overlap_grad_reduce = true;
+  const cost::CostModel on(on_run);
+  plan::Plan off_plan = off.plan, on_plan = off.plan;
+  std::string why;
+  ASSERT_TRUE(plan::evaluate(*off.cost, off_plan, &why)) << why;
+  ASSERT_TRUE(plan::evaluate(on, on_plan, &why)) << why;
+  const bubble::Colocated on_tasks = bubble::decompose(on, on_plan), off_tasks = bubble::decompose(*off.cost, off_plan);
+  double raw = 0, exposed = 0;  // the encoders' step tails: the largest over their stages
+  std::vector<double> hidden(on_tasks.llm.stages.size(), 0.0);  // of each llm stage's encoders' DP time
+  for (const auto& m : on_plan.modules) {
+    if (m.role != spec::Role::encoder) continue;
+    const auto loads = plan::grid_loads(on, m, m.microbatch_size);
+    for (const auto& l : loads) {
+      raw = std::max(raw, l.dp_sync_s + l.optimizer_s);
+      exposed = std::max(exposed, l.exposed_dp_sync(on_run.training) + l.optimizer_s);
+    }
+    for (std::size_t s = 0; s < hidden.size(); ++s) {
+      const auto& l = loads[s * static_cast<std::size_t>(m.pp) / hidden.size()];  // the encoder stage it hosts
+      hidden[s] += l.dp_sync_s - l.exposed_dp_sync(on_run.training);
+    }
+  }
+  ASSERT_LT(exposed, raw);
+  // The encoders' forwards and backwards are the same either way; only their tail shrinks.
+  EXPECT_NEAR(on_plan.estimate.encoder_exposed_s - off_plan.estimate.encoder_exposed_s, exposed - raw, 1e-9 * raw);
+  // Each stage's DP collective is its llm stage's, exposed as that stage's monolithic program
+  // has it, and its encoders' exposed part.
+  plan::Plan llm = on_plan;
+  std::erase_if(llm.modules, [](const plan::ModulePlacement& m) { return m.role == spec::Role::encoder; });
+  llm.layout = plan::Layout::monolithic;
+  const auto llm_on = pipeline::build_program(on, llm, spec::Schedule::one_f_one_b);
+  const auto llm_off = pipeline::build_program(*off.cost, llm, spec::Schedule::one_f_one_b);
+  for (std::size_t s = 0; s < hidden.size(); ++s) {
+    auto dp = [&](const pipeline::StageProgram& st) { return st.reduce_grads_s + st.gather_s; };
+    const double llm_hidden = dp(llm_off.stages[s]) - dp(llm_on.stages[s]);
+    EXPECT_NEAR(dp(off_tasks.llm.stages[s]) - dp(on_tasks.llm.stages[s]), llm_hidden + hidden[s], 1e-9 * raw) << s;
+  }
 }
 
 // The llm's DP collectives are bubbles (Optimus' DP all-gather and reduce-scatter): on the
