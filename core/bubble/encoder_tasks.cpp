@@ -151,6 +151,9 @@ Colocated decompose(const cost::CostModel& cost, const plan::Plan& plan) {
       // The layer's stored activations live with its first kernel: kept by that
       // kernel's forward task, freed by its backward task.
       st.units[static_cast<std::size_t>(base)].activation_bytes = mc.layer.activation_bytes;
+      // ... and what recomputation re-creates of it lives from its first backward task (the last
+      // kernel's) to its last.
+      st.units[static_cast<std::size_t>(base) + kernels.size() - 1].recompute_bytes = mc.layer.recompute_bytes;
       const int head_unit = add_unit(unit_from(prefix + "head", mc.last, false), pipeline::UnitKind::encoder_head);
       const double out_s = last ? handover : l.p2p_s / 2;
       const int send_unit = add_unit(transfer_unit(prefix + (last ? "hand-over" : "send"), out_s, out_s),

@@ -15,7 +15,11 @@ struct BlockCost {
   double comm_forward_s = 0;    // exposed tensor-parallel collectives in forward
   double comm_backward_s = 0;   // ... in backward, including the recomputed forward's
   double activation_bytes = 0;  // kept from forward to backward, per microbatch
-  double parameters = 0;        // held on this device (CostModel sets it from spec::module_parameter_split)
+  // Activations that recomputation re-creates for a backward, one layer at a time: held on top
+  // of what is kept while that layer's backward runs. Not a sum: a block's parts run one after
+  // another, so it is the largest of theirs (and n layers hold one layer's).
+  double recompute_bytes = 0;
+  double parameters = 0;  // held on this device (CostModel sets it from spec::module_parameter_split)
 
   BlockCost& operator+=(const BlockCost& o) {
     flops_forward += o.flops_forward;
@@ -27,6 +31,7 @@ struct BlockCost {
     comm_forward_s += o.comm_forward_s;
     comm_backward_s += o.comm_backward_s;
     activation_bytes += o.activation_bytes;
+    recompute_bytes = recompute_bytes > o.recompute_bytes ? recompute_bytes : o.recompute_bytes;
     parameters += o.parameters;
     return *this;
   }
@@ -41,6 +46,7 @@ struct BlockCost {
     c.comm_forward_s *= n;
     c.comm_backward_s *= n;
     c.activation_bytes *= n;
+    if (n == 0) c.recompute_bytes = 0;
     c.parameters *= n;
     return c;
   }

@@ -281,13 +281,18 @@ std::vector<LayerKernel> transformer_layer_kernels(const spec::ModuleSpec& m, do
       k.cost.recompute_s = k.cost.forward_s;
       k.cost.flops_recompute = k.cost.flops_forward;
       k.cost.comm_backward_s += k.cost.comm_forward_s;
-    } else if (train.recompute == spec::Recompute::selective && train.attention == spec::Attention::standard &&
-               &k == &ks[2]) {
+    } else if (recomputed(train) == spec::Recompute::selective && &k == &ks[2]) {
       k.cost.recompute_s = k.cost.forward_s;
       k.cost.flops_recompute = k.cost.flops_forward;
     }
   }
   return ks;
+}
+
+spec::Recompute recomputed(const spec::TrainingSpec& training) {
+  if (training.recompute == spec::Recompute::selective && training.attention != spec::Attention::standard)
+    return spec::Recompute::none;
+  return training.recompute;
 }
 
 BlockCost transformer_layer(const spec::ModuleSpec& m, double s, double b, const BlockContext& ctx) {
@@ -309,12 +314,20 @@ BlockCost transformer_layer(const spec::ModuleSpec& m, double s, double b, const
   // parallel), Q/K/V and MLP intermediates (split), attention probabilities.
   double replicated = (4 * sbh * E + (dropout ? 2 * sbh : 0)) / sp;
   double split = ((2 + 2 * kv / h) * sbh * E + (swiglu ? 3 : 2) * M * f * E) / t;
-  double scores = train.attention == spec::Attention::flash ? 4 * heads_local * s  // fp32 log-sum-exp per row
-                                                            : heads_local * s * s * (E + (dropout ? E + 1 : 0));
-  if (train.recompute == spec::Recompute::selective && train.attention == spec::Attention::standard) scores = 0;
-  c.activation_bytes = replicated + split + scores;
-  if (train.recompute == spec::Recompute::full) c.activation_bytes = sbh * E / sp;  // the layer's input only
-  if (!ctx.grads.any()) c.activation_bytes = 0;  // nothing runs backward: nothing to keep
+  const double scores = train.attention == spec::Attention::flash ? 4 * heads_local * s  // fp32 log-sum-exp per row
+                                                                  : heads_local * s * s * (E + (dropout ? E + 1 : 0));
+  const bool selective = recomputed(train) == spec::Recompute::selective;
+  c.activation_bytes = replicated + split + (selective ? 0 : scores);
+  // The recomputed forward re-creates what it did not keep, and the layer's backward holds it
+  // until it ends: Megatron's full recomputation checkpoints each layer's input and re-runs
+  // the layer (all of the above but that input), the selective one the attention core (its scores).
+  c.recompute_bytes = selective ? scores : 0;
+  if (train.recompute == spec::Recompute::full) {
+    const double input = sbh * E / sp;  // kept: the checkpoint the layer re-runs from
+    c.recompute_bytes = c.activation_bytes - input;
+    c.activation_bytes = input;
+  }
+  if (!ctx.grads.any()) c.activation_bytes = c.recompute_bytes = 0;  // nothing runs backward: nothing to keep
   return c;
 }
 

@@ -58,6 +58,10 @@ struct LayerKernel {
 // this order (its row-parallel kernels 3 and 7 include their all-reduce, so its kernels 4
 // and 8 add the residual, and it applies GELU with mlp up).
 inline constexpr int kLayerKernels = 9;
+// What a layer's backward re-runs of its forward under `training`: full recomputation the whole
+// layer, selective the attention core (its scores, which flash attention never keeps: none).
+// The cost model prices it, and nn::TransformerBlock runs it.
+spec::Recompute recomputed(const spec::TrainingSpec& training);
 std::vector<LayerKernel> transformer_layer_kernels(const spec::ModuleSpec& m, double tokens, double samples,
                                                    const BlockContext& ctx);
 // One transformer layer for a microbatch of `samples` sequences of `tokens`.

@@ -27,6 +27,7 @@ WorkUnit unit_of(const StageLoad& l, const std::string& label, double input_byte
   u.shard_comm_s = l.shard_comm_s * scale;
   u.activation_bytes = l.work.activation_bytes * scale;
   u.input_bytes = std::min(input_bytes, u.activation_bytes);
+  u.recompute_bytes = l.work.recompute_bytes;  // one layer's, whatever share of the stage a chunk is
   u.hardware_flops = l.work.hardware_flops() * scale;
   return u;
 }

@@ -88,6 +88,7 @@ struct WorkUnit {
   double shard_comm_s = 0;      // ZeRO-2/3 DP traffic per microbatch
   double activation_bytes = 0;  // kept from forward to backward
   double input_bytes = 0;       // kept by a kNoStore forward (its input, for the recompute)
+  double recompute_bytes = 0;   // re-created by recomputation and held during its backward
   double hardware_flops = 0;    // forward + backward (+ recompute) per device
   int tp_collectives = 0;       // TP collectives in one forward (and in one backward): the TP bubbles
   bool communication = false;   // encoder kernel that is itself a collective or transfer

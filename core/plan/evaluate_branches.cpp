@@ -100,7 +100,7 @@ void summarize_module(const cost::CostModel& cost, ModuleAnalysis& out, double m
     }
     out.hardware_flops += microbatches * l.work.hardware_flops() * p.tp * p.dp;
     out.busy_seconds += l.busy_seconds(microbatches, p.tp * p.dp);
-    out.peak_memory = std::max(out.peak_memory, l.memory.total() + l.work.activation_bytes * out.held[s]);
+    out.peak_memory = std::max(out.peak_memory, l.memory.total() + l.activations(out.held[s]));
   }
   out.fits = out.peak_memory <= cost.run().cluster.memory_bytes;
 }
@@ -188,7 +188,7 @@ bool evaluate_branches(const cost::CostModel& cost, Plan& plan, std::string* why
     if (a->tail > last_out->tail) last_out = a;
     for (std::size_t s = 0; s < a->loads.size(); ++s) {
       loads.push_back(a->loads[s]);
-      acts.push_back(a->loads[s].work.activation_bytes * a->held[s]);
+      acts.push_back(a->loads[s].activations(a->held[s]));
     }
   }
   const double R = double(run.training.contrastive_batch);

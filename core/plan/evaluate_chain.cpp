@@ -140,7 +140,7 @@ bool evaluate_chain(const cost::CostModel& cost, Plan& plan, std::string* why,
     if (a.tail > last_out->tail) last_out = &a;
     for (std::size_t s = 0; s < a.loads.size(); ++s) {
       loads.push_back(a.loads[s]);
-      acts.push_back(a.loads[s].work.activation_bytes * a.held[s]);
+      acts.push_back(a.loads[s].activations(a.held[s]));
     }
   }
   const auto worst = std::max_element(slowest->loads.begin(), slowest->loads.end(),

@@ -50,6 +50,7 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
   // Encoders, each a pipeline of its own over the same devices.
   double forward = 0, backward = 0, enc_tail = 0;
   std::vector<MemoryBreakdown> enc_mem(static_cast<std::size_t>(g.stages));
+  std::vector<double> enc_recompute(static_cast<std::size_t>(g.stages), 0.0);  // one layer's, at a time
   for (const auto& p : plan.modules) {
     if (p.role != spec::Role::encoder) continue;
     if (!check_tp(cost, p, why) || !check_stages(cost, p, why)) return false;
@@ -85,6 +86,8 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
         mem.gradients += l.memory.gradients;
         mem.optimizer += l.memory.optimizer;
         mem.activations += K * l.work.activation_bytes;
+        auto& recompute = enc_recompute[static_cast<std::size_t>(static_cast<int>(s) * span_stages + k)];
+        recompute = std::max(recompute, l.work.recompute_bytes);
       }
     }
     // The encoder's own pipeline fills before its last stage hands microbatches over.
@@ -106,7 +109,9 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
   std::vector<double> acts;
   for (std::size_t s = 0; s < loads.size(); ++s) {
     // Each llm stage's devices also hold their encoder stages' state and activations.
-    acts.push_back(loads[s].work.activation_bytes * g.held[s] + enc_mem[s].activations);
+    // One backward runs at a time: the larger of the llm's and the encoders' recomputation.
+    acts.push_back(loads[s].work.activation_bytes * g.held[s] + enc_mem[s].activations +
+                   std::max(loads[s].work.recompute_bytes, enc_recompute[s]));
     loads[s].memory.weights += enc_mem[s].weights;
     loads[s].memory.gradients += enc_mem[s].gradients;
     loads[s].memory.optimizer += enc_mem[s].optimizer;

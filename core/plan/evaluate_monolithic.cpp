@@ -152,7 +152,7 @@ bool evaluate_monolithic(const cost::CostModel& cost, Plan& plan, std::string* w
     }
     hardware += m * l.work.hardware_flops() * g.tp * g.dp;
     busy += l.busy_seconds(m, g.tp * g.dp);
-    acts.push_back(l.work.activation_bytes * g.held[s]);
+    acts.push_back(l.activations(g.held[s]));
   }
   if (g.contrastive) {
     // Each DP replica computes the loss on its rows against the gathered embeddings.

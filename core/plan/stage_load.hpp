@@ -28,6 +28,9 @@ struct StageLoad {
 
   double time() const { return work.forward_time() + work.backward_time() + p2p_s + shard_comm_s; }
   double compute() const { return work.compute_time(); }
+  // Activation bytes on each of its devices with `held` microbatches' kept: those, and during a
+  // backward what recomputation re-creates of one layer.
+  double activations(double held) const { return work.activation_bytes * held + work.recompute_bytes; }
   // Device-seconds a step keeps each of `devices` devices computing: `microbatches` of work and
   // the optimizer step (the simulator counts both busy, and the bubble fraction of the plan and
   // of its simulation are one figure).

@@ -184,6 +184,7 @@ class Simulation {
         busy = u.backward_s;
         tp = u.backward_tp_s;
         shard = u.shard_comm_s;
+        k.peak = std::max(k.peak, k.live + u.recompute_bytes);  // the recomputed layer, beside what is kept
         auto it = k.stored.find(key);
         if (it != k.stored.end()) {
           k.live -= it->second;

@@ -162,6 +162,30 @@ TEST(Cost, ActivationMemoryMatchesKorthikanti) {
   EXPECT_NEAR(per_layer("  recompute: full\n  attention: standard\n", 8), 2 * sbh, 1.0);
 }
 
+// What a recomputation re-creates is held while its layer's backward runs: a fully recomputed
+// layer all it would have kept but its input, a selective one its scores; one layer's whatever
+// a stage holds, and nothing on a stage with no layers.
+TEST(Cost, RecomputationHoldsOneLayerDuringItsBackward) {
+  const double sbh = s * h;
+  auto layer = [&](const std::string& training) {
+    auto run = test::parse(gpt_with_dropout(training));
+    cost::CostModel cost(run);
+    const cost::ModuleCost& m = cost.module(0, 8, 1);
+    EXPECT_EQ(m.stage(12, false, false).recompute_bytes, m.layer.recompute_bytes);
+    EXPECT_EQ(m.stage(0, true, false).recompute_bytes, 0);
+    return m.layer;
+  };
+  const double kept = sbh * (10 + 24.0 / 8 + 5 * a * s / (h * 8));  // Table 2, no recomputation, TP 8
+  const double scores = sbh * 5 * a * s / (h * 8);
+  EXPECT_EQ(layer("  recompute: none\n  attention: standard\n").recompute_bytes, 0);
+  EXPECT_NEAR(layer("  recompute: full\n  attention: standard\n").recompute_bytes, kept - 2 * sbh, 1.0);
+  EXPECT_NEAR(layer("  recompute: selective\n  attention: standard\n").recompute_bytes, scores, 1.0);
+  EXPECT_EQ(layer("  recompute: selective\n  attention: flash\n").recompute_bytes, 0);  // flash re-creates no scores
+  const cost::BlockCost full = layer("  recompute: full\n  attention: flash\n");
+  EXPECT_NEAR(full.activation_bytes + full.recompute_bytes,
+              layer("  recompute: none\n  attention: flash\n").activation_bytes, 1.0);
+}
+
 TEST(Cost, TrainingStateBytesPerParameter) {
   // ZeRO paper (Rajbhandari et al. 2020): 2 + 2 + 12 bytes per parameter in mixed precision.
   auto plain = test::parse(gpt_run("  zero_stage: 0\n"));

@@ -148,6 +148,18 @@ TEST(Pipeline, OneFOneBKeepsAtMostPMicrobatchesOnStageZero) {
   EXPECT_DOUBLE_EQ(sim::simulate(g).stages[3].peak_memory_bytes, 16 * 100.0);
 }
 
+// A backward holds what recomputation re-created of its layer beside every microbatch kept,
+// its own included (freed when it ends).
+TEST(Pipeline, ARecomputedBackwardHoldsItsLayerBesideWhatIsKept) {
+  Program prog = uniform(4);
+  for (auto& st : prog.stages) st.units[0].recompute_bytes = 30;
+  pipeline::one_f_one_b(prog, 16);
+  pipeline::finish_step(prog);
+  auto r = sim::simulate(prog);
+  EXPECT_DOUBLE_EQ(r.stages[0].peak_memory_bytes, 4 * 100.0 + 30);
+  EXPECT_DOUBLE_EQ(r.stages[3].peak_memory_bytes, 1 * 100.0 + 30);
+}
+
 // Two branches (an image and a text pipeline) joined by a contrastive loss.
 Program two_branches(int image_stages, int text_stages) {
   Program prog;

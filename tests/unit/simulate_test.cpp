@@ -213,6 +213,28 @@ TEST(Simulate, PlansTheSimulatorCannotRunAreRejectedByTheEvaluator) {
       Status::bad_config, {"the interleaved schedule needs at least two pipeline stages"});
 }
 
+// A recomputed layer's backward holds what its recomputation re-created beside every
+// microbatch kept: the planner's peak memory and the simulated one count it alike.
+TEST(Simulate, RecomputedLayersAreHeldInPlanAndSimulationAlike) {
+  for (const char* file : {"pipeline-demo.yaml", "llava-13b-256gpu.yaml", "vit22b-gpt175b-1536gpu.yaml"}) {
+    for (const char* recompute : {"full", "selective", "none"}) {
+      spec::RunSpec run = test::load(file);
+      run.training.recompute = std::string(recompute) == "full"        ? spec::Recompute::full
+                               : std::string(recompute) == "selective" ? spec::Recompute::selective
+                                                                       : spec::Recompute::none;
+      run.training.attention = spec::Attention::standard;  // whose selective recomputation re-creates the scores
+      cost::CostModel cost(run);
+      for (Strategy s : {Strategy::megatron, Strategy::disttrain, Strategy::optimus}) {
+        if (!plan::strategy_applies(run.model, s, nullptr)) continue;
+        SCOPED_TRACE(std::string(file) + " recompute " + recompute + " " + plan::strategy_name(s));
+        const auto result = orchestrate::make_plan(cost, plan::PlanRequest{s, {}, {}});
+        const auto r = sim::simulate(orchestrate::build_program(cost, result.best));
+        EXPECT_NEAR(r.peak_memory_gib, result.best.estimate.peak_memory_gib, 1e-9 * r.peak_memory_gib);
+      }
+    }
+  }
+}
+
 TEST(Simulate, OverlappedGradientReductionIsSimulatedAsEstimated) {
   auto run = test::parse(
       "model: ../models/llava-13b.yaml\ncluster: ../clusters/dgx-a100-80gb.yaml\nnodes: 4\n"
