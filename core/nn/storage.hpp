@@ -60,6 +60,10 @@ class Storage {
   static Storage borrow(float* data, std::size_t count, Device device, std::shared_ptr<void> keeper = nullptr,
                         std::shared_ptr<const DeviceCopier> copier = nullptr);
 
+  // The same elements, borrowed (copied as this storage's are): valid while this storage keeps
+  // them, and for reading only where this one is const.
+  Storage view() const { return borrow(const_cast<float*>(data()), size(), device_, nullptr, copier_); }
+
   Storage(const Storage& other);
   Storage& operator=(const Storage& other);
   Storage(Storage&& other) noexcept;

@@ -289,8 +289,9 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   const auto lay_out = [&] {
     topology = runtime::build_groups(run.model, o.plan, size);
     for (int r = 0; r < size; ++r) layouts.push_back(layout_for(run.model, topology, r));
-    built.emplace(nn::build_model(run.model, seed));     // refuses modules the reference models do not run
-    shapes.emplace(data::run_shapes_config(run, seed));  // and data they cannot take
+    built.emplace(nn::build_model(run.model, seed));       // refuses modules the reference models do not run
+    built->set_recompute(cost::recomputed(run.training));  // as the cost model prices it
+    shapes.emplace(data::run_shapes_config(run, seed));    // and data they cannot take
   };
   agreed(o.agree, lay_out);
 

@@ -26,6 +26,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -417,6 +418,35 @@ class LayoutEquivalence(unittest.TestCase):
             for rank, (_, events) in per_rank.items():
                 self.assertTrue(any(e["args"]["op"] == "EncoderTask" for e in events), f"{schedule} rank {rank}")
         self.assertEqual(losses(runs["optimus-online"][0] + "/m.jsonl"), losses(runs["optimus-fine"][0] + "/m.jsonl"))
+
+    def test_recomputation_changes_no_bit_and_keeps_less(self):
+        # Full recomputation keeps each block's input and runs its forward again before its
+        # backward; selective recomputes the attention probabilities (tiny-mllm's attention is
+        # standard). One process: the losses and gradients of no recomputation, bit for bit,
+        # with fewer activations kept, as the cost model predicts. Then a pipeline with TP, and
+        # the colocated encoder run kernel by kernel, against one process.
+        plain = self.single(MLLM)
+        kept = {}
+        for recompute in ("full", "selective"):
+            with self.subTest(recompute=recompute):
+                config = variant(self.tmp.name, MLLM, f"mllm-recompute-{recompute}.yaml",
+                                 training={"recompute": recompute})
+                mine = self.single(config)
+                self.assertEqual(losses(mine + "/m.jsonl"), losses(plain + "/m.jsonl"))
+                for step in range(1, self.steps + 1):
+                    self.assertEqual(gradients(mine + "/grads", step, 1), gradients(plain + "/grads", step, 1))
+                for name, d in (("none", plain), (recompute, mine)):
+                    memory = next(m for m in metrics(d + "/m.jsonl") if m.get("memory"))["ranks"][0]
+                    kept[name] = (memory["measured_bytes"]["activations"], memory["predicted_bytes"]["activations"])
+                self.assertLess(kept[recompute][0], kept["none"][0])
+                self.assertLess(kept[recompute][1], kept["none"][1])
+                self.assert_same(config, 4, "--strategy", "megatron", "--pp", "2", "--tp", "2")
+                self.assert_same(config, 2, "--strategy", "optimus", "--pp", "2", "--schedule", "optimus-fine")
+        print("activations kept (measured, predicted bytes):", kept, file=sys.stderr)
+        # CLIP's towers (the text encoder causal), under two-phase's own recomputing forward too.
+        config = variant(self.tmp.name, CLIP, "clip-recompute-full.yaml", training={"recompute": "full"})
+        self.assertEqual(losses(self.single(config) + "/m.jsonl"), losses(self.single(CLIP) + "/m.jsonl"))
+        self.assert_same(config, 2, "--schedule", "two-phase")
 
     def test_mllm_colocated_llm_tensor_parallel(self):
         # 4 ranks: the llm 2 stages x TP 2, the encoder on every rank with TP 1: each TP pair

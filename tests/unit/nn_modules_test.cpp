@@ -311,6 +311,56 @@ TEST(NnModules, ImageEncoderStepByStepEqualsTheWholeEncoder) {
   test::expect_error([&] { stepped.forward_kernel(ops, 2, 0, sa); }, Status::invalid_argument, {"no layer 2"});
 }
 
+// Recomputation keeps less from the forward and gives the same gradients bit for bit, whole
+// or kernel by kernel (the colocated executor's way): full keeps each block's input alone,
+// selective no attention probabilities.
+TEST(NnModules, RecomputedBlocksGiveTheGradientsOfNoRecomputation) {
+  const nn::ImageEncoderShape shape{{8, 2, 12, 2, false}, 4, 2, 16};
+  for (spec::Recompute recompute : {spec::Recompute::full, spec::Recompute::selective}) {
+    SCOPED_TRACE(spec::recompute_name(recompute));
+    std::mt19937 rng(16);
+    nn::HostOps ops(1);
+    nn::ParameterStore plain_store(4), whole_store(4), steps_store(4);
+    const nn::ImageEncoder plain(plain_store, "vision", shape, false);
+    nn::ImageEncoder whole(whole_store, "vision", shape, false), stepped(steps_store, "vision", shape, false);
+    whole.set_recompute(recompute);
+    stepped.set_recompute(recompute);
+    const Tensor images = random_tensor({2, 2, 8, 12}, rng), weights = random_tensor({2, 6, 8}, rng);
+
+    nn::ImageEncoderCache plain_cache, cache;
+    const nn::EncoderOutput want = plain.forward(ops, images, plain_cache);
+    EXPECT_EQ(whole.forward(ops, images, cache).tokens.data, want.tokens.data);
+    for (const nn::BlockCache& b : cache.transformer.blocks) {
+      EXPECT_GT(b.x.numel(), 0);
+      EXPECT_EQ(b.h1.numel() == 0, recompute == spec::Recompute::full);
+      EXPECT_EQ(b.attention.probs.numel(), 0);
+    }
+    plain.backward(ops, &weights, nullptr, plain_cache);
+    whole.backward(ops, &weights, nullptr, cache);
+
+    nn::ImageEncoderSteps s;
+    stepped.forward_embed(ops, images, s);
+    for (int layer = 0; layer < stepped.layers(); ++layer)
+      for (int k = 0; k < nn::TransformerBlock::kKernels; ++k) stepped.forward_kernel(ops, layer, k, s);
+    EXPECT_EQ(stepped.forward_finish(ops, s).tokens.data, want.tokens.data);
+    stepped.backward_start(ops, &weights, nullptr, s);
+    for (int layer = stepped.layers(); layer-- > 0;)
+      for (int k = nn::TransformerBlock::kKernels; k-- > 0;) stepped.backward_kernel(ops, layer, k, s);
+    stepped.backward_embed(ops, s);
+    for (const nn::BlockCache& b : s.cache.transformer.blocks)
+      EXPECT_EQ(b.h1.numel() == 0, recompute == spec::Recompute::full);  // what it recomputed, dropped again
+
+    double largest = 0;
+    for (std::size_t i = 0; i < plain.parameters().size(); ++i) {
+      const Tensor& expected = plain.parameters()[i]->grad;
+      largest = std::max(largest, max_abs(expected));
+      EXPECT_EQ(whole.parameters()[i]->grad.data, expected.data) << plain.parameters()[i]->name;
+      EXPECT_EQ(stepped.parameters()[i]->grad.data, expected.data) << plain.parameters()[i]->name;
+    }
+    EXPECT_GT(largest, 1e-3);
+  }
+}
+
 TEST(NnModules, TextEncoderGradientsAndPoolingAtTheLastToken) {
   std::mt19937 rng(14);
   nn::HostOps ops(1);

@@ -191,6 +191,7 @@ void ImageEncoder::forward_kernel(Ops& ops, int layer, int kernel, ImageEncoderS
   block.forward_kernel(ops, kernel, b, tp_.group());
   if (kernel + 1 == TransformerBlock::kKernels) {
     s.h = std::move(b.y);
+    block.drop_recomputed(b);
     if (hooks) hooks->after_block(block, false);
   }
 }
@@ -209,15 +210,18 @@ void ImageEncoder::backward_kernel(Ops& ops, int layer, int kernel, ImageEncoder
     throw Error(Status::invalid_argument, name() + ": no layer " + std::to_string(layer));
   const TransformerBlock& block = transformer_.block(layer);
   BlockHooks* hooks = transformer_.block_hooks();
+  BlockCache& b = s.cache.transformer.blocks[static_cast<std::size_t>(layer)];
   if (kernel + 1 == TransformerBlock::kKernels) {
     s.grad = BlockGrad();
     if (hooks) hooks->before_block(block, true);
+    block.recompute_forward(ops, b, tp_.group());  // the layer's first backward task recomputes it
   }
   s.grad.dy = &s.d;  // again each time: the steps may have moved since the last kernel
-  block.backward_kernel(ops, kernel, s.cache.transformer.blocks[static_cast<std::size_t>(layer)], s.grad, tp_.group());
+  block.backward_kernel(ops, kernel, b, s.grad, tp_.group());
   if (kernel == 0) {
     s.d = std::move(s.grad.dx);
     s.grad = BlockGrad();
+    block.drop_recomputed(b);
     if (hooks) hooks->after_block(block, true);
   }
 }

@@ -174,4 +174,15 @@ float ChainModel::step(Ops& ops, const Tensor* images, const Tokens& text, int64
   return value;
 }
 
+void Model::set_recompute(spec::Recompute recompute) {
+  if (clip) {
+    clip->image_encoder->set_recompute(recompute);
+    clip->text_encoder->set_recompute(recompute);
+  }
+  if (chain) {
+    if (chain->vision) chain->vision->set_recompute(recompute);
+    chain->llm->set_recompute(recompute);
+  }
+}
+
 }  // namespace braid::nn

@@ -51,6 +51,8 @@ struct Model {
   std::unique_ptr<ChainModel> chain;  // chain and llm_only topologies
 
   const std::vector<Parameter*>& parameters() const { return store.all(); }
+  // Every transformer block's recomputation (TransformerBlock::set_recompute).
+  void set_recompute(spec::Recompute recompute);
 };
 
 // Builds and initialises the model; the same (spec, seed) gives the same weights on every

@@ -76,6 +76,7 @@ class TextEncoder : public Module {
   // Block `layer`, and the hooks called around every block it runs (ZeRO; null: none).
   const TransformerBlock& block(int layer) const { return transformer_.block(layer); }
   void set_block_hooks(BlockHooks* hooks) { transformer_.set_block_hooks(hooks); }
+  void set_recompute(spec::Recompute recompute) { transformer_.set_recompute(recompute); }
   const TensorParallel& tensor_parallel() const { return tp_.group(); }
   // Forgets the group's callback (its owner is going away); the slices stay.
   void detach_tensor_parallel() { tp_.detach(); }

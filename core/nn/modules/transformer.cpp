@@ -89,7 +89,22 @@ Tensor TransformerBlock::forward(Ops& ops, Tensor x, BlockCache& c, const Tensor
   check_input(x, shape_.hidden, name());
   c.x = std::move(x);
   for (int k = 0; k < kKernels; ++k) forward_kernel(ops, k, c, tp);
-  return std::move(c.y);
+  Tensor y = std::move(c.y);
+  drop_recomputed(c);
+  return y;
+}
+
+void TransformerBlock::recompute_forward(Ops& ops, BlockCache& c, const TensorParallel& tp) const {
+  if (recompute_ != spec::Recompute::full) return;
+  for (int k = 0; k < kKernels; ++k) forward_kernel(ops, k, c, tp);
+  c.y = Tensor();  // the next block's input, which the backward does not read
+}
+
+void TransformerBlock::drop_recomputed(BlockCache& c) const {
+  if (recompute_ != spec::Recompute::full) return;
+  Tensor x = std::move(c.x);
+  c = BlockCache();
+  c.x = std::move(x);
 }
 
 void TransformerBlock::forward_kernel(Ops& ops, int kernel, BlockCache& c, const TensorParallel& tp) const {
@@ -108,6 +123,7 @@ void TransformerBlock::forward_kernel(Ops& ops, int kernel, BlockCache& c, const
     case 2:
       ops.attention_forward(c.q, c.k, c.v, AttentionOptions{shape_.heads / tp.size, shape_.causal}, c.attn,
                             c.attention);
+      if (recompute_ == spec::Recompute::selective) c.attention = AttentionSaved();  // the backward's to redo
       return;
     case 3:
       c.partial = tp.splits_sequence() ? row_parallel_forward_scatter(ops, out_, c.attn, tp)
@@ -143,9 +159,15 @@ void TransformerBlock::forward_kernel(Ops& ops, int kernel, BlockCache& c, const
 
 Tensor TransformerBlock::backward(Ops& ops, const Tensor& dy, const BlockCache& c, const TensorParallel& tp) const {
   expect_shape(dy, c.x.shape, "transformer block backward", "dy");
+  BlockCache again;  // full recomputation: the forward's state, from a view of the input kept
+  if (recompute_ == spec::Recompute::full) {
+    again.x = Tensor(c.x.shape, c.x.data.view());
+    recompute_forward(ops, again, tp);
+  }
   BlockGrad g;
   g.dy = &dy;
-  for (int k = kKernels; k-- > 0;) backward_kernel(ops, k, c, g, tp);
+  const BlockCache& saved = recompute_ == spec::Recompute::full ? again : c;
+  for (int k = kKernels; k-- > 0;) backward_kernel(ops, k, saved, g, tp);
   return std::move(g.dx);
 }
 
@@ -186,11 +208,18 @@ void TransformerBlock::backward_kernel(Ops& ops, int kernel, const BlockCache& c
       g.dattn = row_parallel_backward(ops, out_, c.attn, whole_sequence(g.dx2, tp, gathered), tp);
       return;
     }
-    case 2:
-      ops.attention_backward(c.q, c.k, c.v, AttentionOptions{shape_.heads / tp.size, shape_.causal}, c.attention,
+    case 2: {
+      const AttentionOptions options{shape_.heads / tp.size, shape_.causal};
+      AttentionSaved again;  // selective recomputation: the probabilities, by the forward's own op
+      if (recompute_ == spec::Recompute::selective) {
+        Tensor output;
+        ops.attention_forward(c.q, c.k, c.v, options, output, again);
+      }
+      ops.attention_backward(c.q, c.k, c.v, options, recompute_ == spec::Recompute::selective ? again : c.attention,
                              g.dattn, g.dq, g.dk, g.dv);
       g.dattn = Tensor();
       return;
+    }
     case 1: {
       Tensor gathered;
       const Tensor& input = whole_sequence(c.h1, tp, gathered);

@@ -62,6 +62,18 @@ class TransformerBlock : public Module {
   void backward_kernel(Ops& ops, int kernel, const BlockCache& cache, BlockGrad& grad,
                        const TensorParallel& tp = {}) const;
 
+  // What the backward re-runs of the forward (cost::recomputed of the run): full keeps only the
+  // block's input from its forward, and the backward runs the forward again from it first;
+  // selective keeps no attention probabilities, and the attention's backward recomputes them.
+  // Either gives the gradients of no recomputation, bit for bit.
+  void set_recompute(spec::Recompute recompute) { recompute_ = recompute; }
+  spec::Recompute recompute() const { return recompute_; }
+  // For a run kernel by kernel under full recomputation: the forward kernels again over c.x
+  // before the first backward kernel, and everything but c.x dropped after the forward's last
+  // kernel and the backward's. Both do nothing unless the block recomputes fully.
+  void recompute_forward(Ops& ops, BlockCache& c, const TensorParallel& tp = {}) const;
+  void drop_recomputed(BlockCache& c) const;
+
   // Throws Error(invalid_argument) naming this block unless tp is a valid group whose size
   // divides the heads and the ffn width.
   void check_tensor_parallel(const TensorParallel& tp) const;
@@ -75,6 +87,7 @@ class TransformerBlock : public Module {
   Linear q_, k_, v_, out_;
   LayerNorm ln2_;
   Linear fc1_, fc2_;
+  spec::Recompute recompute_ = spec::Recompute::none;
 };
 
 // Called around every transformer block a forward or backward runs: ZeRO-3 gathers a block's
@@ -114,6 +127,10 @@ class Transformer : public Module {
   // hooks outlive their use.
   void set_block_hooks(BlockHooks* hooks) { hooks_ = hooks; }
   BlockHooks* block_hooks() const { return hooks_; }
+  // Every block's recomputation (TransformerBlock::set_recompute).
+  void set_recompute(spec::Recompute recompute) {
+    for (auto& b : blocks_) b.set_recompute(recompute);
+  }
   // The tensor-parallel splits of blocks [first, last) (see TransformerBlock::add_tp_splits).
   void add_tp_splits(std::vector<TpSplit>& splits, int first, int last) const;
   // Throws Error(invalid_argument) naming the first block whose heads or ffn width tp.size
