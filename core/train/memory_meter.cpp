@@ -106,7 +106,8 @@ void MemoryMeter::sample() {
   ++samples_;
 }
 
-MemoryComparison compare_with_prediction(const MemoryMeter& mine, const spec::RunSpec& run, const plan::Plan& plan,
+MemoryComparison compare_with_prediction(const MemoryMeter& mine, const spec::RunSpec& run,
+                                         const spec::RunSpec& trained, const plan::Plan& plan,
                                          runtime::Communicator& world) {
   constexpr std::size_t width = kMemoryKinds + 1;
   std::array<double, width> local{};
@@ -117,7 +118,7 @@ MemoryComparison compare_with_prediction(const MemoryMeter& mine, const spec::Ru
 
   MemoryComparison c;
   c.run_precision = run.training.precision;
-  c.predicted_as = spec::Precision::fp32;  // the reference trainer's tensors are float
+  c.predicted_as = trained.training.precision;
   c.ranks.resize(static_cast<std::size_t>(world.size()));
   for (std::size_t r = 0; r < c.ranks.size(); ++r) {
     MemoryBytes& m = c.ranks[r].measured;
@@ -125,10 +126,8 @@ MemoryComparison compare_with_prediction(const MemoryMeter& mine, const spec::Ru
               all.begin() + static_cast<std::ptrdiff_t>(r * width + kMemoryKinds), m.bytes.begin());
     m.total = all[r * width + kMemoryKinds];
   }
-  spec::RunSpec as_trained = run;
-  as_trained.training.precision = c.predicted_as;
   try {
-    const cost::CostModel cost(as_trained);
+    const cost::CostModel cost(trained);
     const std::vector<plan::MemoryBreakdown> devices = plan::device_memory(cost, plan);
     for (std::size_t r = 0; r < c.ranks.size() && r < devices.size(); ++r) {
       const plan::MemoryBreakdown& d = devices[r];

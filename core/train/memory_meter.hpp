@@ -110,9 +110,10 @@ struct MemoryComparison {
 };
 
 // Collective over `world`: every rank's peaks from `mine`, and for each rank the memory the
-// cost model predicts for its device under `plan` (computed on every rank), with the run's
-// training precision replaced by the trainer's fp32.
-MemoryComparison compare_with_prediction(const MemoryMeter& mine, const spec::RunSpec& run, const plan::Plan& plan,
+// cost model predicts for its device under `plan` (computed on every rank) for `trained`, the
+// run file `run` as the trainer runs it (as_trained.hpp).
+MemoryComparison compare_with_prediction(const MemoryMeter& mine, const spec::RunSpec& run,
+                                         const spec::RunSpec& trained, const plan::Plan& plan,
                                          runtime::Communicator& world);
 // A header line, then per rank and kind: measured MiB, predicted MiB, measured/predicted.
 std::string format_memory_comparison(const MemoryComparison& c);

@@ -209,8 +209,10 @@ std::string format_comparison(const StepComparison& c) {
                                  : "not replayed on the trained images: " + c.replay_problem + "\n";
   return "measured step " + seconds(c.measured_step_s) + " (mean of " + std::to_string(c.steps) +
          " steps, slowest rank), simulated " + seconds(c.simulated_step_s) + " for the same program (" +
-         spec::schedule_name(c.schedule) + "): measured/simulated " + fixed(c.ratio(), 2) + "\n" + replay +
-         "idle per rank and step, measured   " + idle_list(c.measured_idle_s) + "\n" +
+         spec::schedule_name(c.schedule) + "): measured/simulated " + fixed(c.ratio(), 2) + "\n" +
+         (c.as_trained.empty() ? std::string()
+                               : "priced as the trainer runs: " + join_choices(c.as_trained, ", ") + "\n") +
+         replay + "idle per rank and step, measured   " + idle_list(c.measured_idle_s) + "\n" +
          "idle per rank and step, simulated  " + idle_list(c.simulated_idle_s) + "\n" +
          "compute per rank and step, measured   " + compute_list(c.measured_compute_s) + "\n" +
          "compute per rank and step, simulated  " + compute_list(c.simulated_compute_s) + "\n" +
@@ -246,6 +248,7 @@ std::string comparison_json(const StepComparison& c, std::int64_t step) {
                            {"simulated_idle_s", simulated},
                            {"measured_compute_s", compute_json(c.measured_compute_s)},
                            {"simulated_compute_s", compute_json(c.simulated_compute_s)}};
+  if (!c.as_trained.empty()) j["as_trained"] = c.as_trained;
   if (c.host_waits_per_step >= 0) j["host_waits_per_step"] = c.host_waits_per_step;
   if (c.probe_before > 0 && c.probe_after > 0) {
     j["probe_before"] = c.probe_before;

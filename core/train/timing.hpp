@@ -50,7 +50,8 @@ struct StepComparison {
   double simulated_step_s = 0;
   double priced_step_s = 0;  // the program as priced: every microbatch at the trained images' mean
   std::int64_t replayed_steps = 0;
-  std::string replay_problem;  // why there was no replay, when one was asked for and failed (rank 0)
+  std::vector<std::string> as_trained;  // the run file's settings the program is priced otherwise (AsTrained)
+  std::string replay_problem;           // why there was no replay, when one was asked for and failed (rank 0)
   // Taking the step's samples, per rank and step (mean over ranks): measured (StepResult::
   // data_seconds), and simulated as the replay prices the samples made in the step's time.
   double measured_data_s = 0, simulated_data_s = 0;

@@ -20,6 +20,7 @@
 #include "core/nn/timed_ops.hpp"
 #include "core/plan/evaluate.hpp"
 #include "core/runtime/groups.hpp"
+#include "core/train/as_trained.hpp"
 #include "core/train/checkpoint.hpp"
 #include "core/train/evaluate.hpp"
 #include "core/train/executor.hpp"
@@ -286,12 +287,13 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   std::vector<RankLayout> layouts;
   std::optional<nn::Model> built;
   std::optional<data::ShapesDataset> shapes;
+  const AsTrained as_run = as_trained(run);  // what prices the program and predicts the memory
   const auto lay_out = [&] {
     topology = runtime::build_groups(run.model, o.plan, size);
     for (int r = 0; r < size; ++r) layouts.push_back(layout_for(run.model, topology, r));
-    built.emplace(nn::build_model(run.model, seed));       // refuses modules the reference models do not run
-    built->set_recompute(cost::recomputed(run.training));  // as the cost model prices it
-    shapes.emplace(data::run_shapes_config(run, seed));    // and data they cannot take
+    built.emplace(nn::build_model(run.model, seed));              // refuses modules the reference models do not run
+    built->set_recompute(cost::recomputed(as_run.run.training));  // as the cost model prices it
+    shapes.emplace(data::run_shapes_config(run, seed));           // and data they cannot take
   };
   agreed(o.agree, lay_out);
 
@@ -365,7 +367,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
       save(o.gradients_dir, step, rank, size, meta, *executor_ptr, nullptr, nullptr, world.communicator(), 0);
     };
   }
-  const cost::CostModel cost(run, trained_samples(dataset), cost::Kernels::reference);
+  const cost::CostModel cost(as_run.run, trained_samples(dataset), cost::Kernels::reference);
   Executor executor(run, cost, o.plan, model, dataset, topology, layouts[static_cast<std::size_t>(rank)], world, ops,
                     eo);
   executor_ptr = &executor;
@@ -539,11 +541,12 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
   // every core of the node held by the ranks' threads.
   TrainedLoad load(cost, o.plan, executor.program(), o.data_workers == 0 || !run.cluster.spare_core_for_data());
   report.comparison = compare_with_simulation(measured, executor.program().program, comm, &load);
+  report.comparison.as_trained = as_run.changed;
   if (trained) {
     report.comparison.probe_before = probe_before;
     report.comparison.probe_after = probe_host(run.cluster, comm, world, threads, device.backend);
   }
-  if (trained) report.memory = compare_with_prediction(executor.memory(), run, o.plan, comm);
+  if (trained) report.memory = compare_with_prediction(executor.memory(), run, as_run.run, o.plan, comm);
   if (timed_ops && measured.steps > 0) report.ops = gather_op_profile(timed_ops->calls(), measured.steps, cost, comm);
   if (rank == 0) {
     end_live_line();

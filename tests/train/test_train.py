@@ -1599,18 +1599,30 @@ class Memory(unittest.TestCase):
                     self.assertEqual(x["measured_bytes"]["gradients"], x["predicted_bytes"]["gradients"],
                                      f"zero {zero} rank {x['rank']}")
 
-    def test_prediction_uses_the_precision_the_trainer_runs(self):
+    def test_prediction_and_price_are_of_the_run_as_the_trainer_runs_it(self):
+        # fp32, attention keeping its probabilities, no overlaps: a run file saying otherwise is
+        # trained as the first, and its program priced and memory predicted so, saying what differs.
         with tempfile.TemporaryDirectory() as d:
             fp32 = variant(d, MLLM, "fp32.yaml", training={"zero_stage": 0, "precision": "fp32"})
-            bf16 = variant(d, MLLM, "bf16.yaml", training={"zero_stage": 0, "precision": "bf16"})
+            bf16 = variant(d, MLLM, "bf16.yaml", training={"zero_stage": 0, "precision": "bf16", "attention": "flash",
+                                                           "overlap_grad_reduce": "true"})
             for name in ("fp32", "bf16"):
                 r = train(1, "--config", f"{d}/{name}.yaml", "--steps", "1", "--metrics", f"{d}/{name}.jsonl")
                 check(self, r)
             self.assertIn("(predicted in fp32, as the trainer runs; the run says bf16)", r.stdout)
+            changed = ["precision fp32 (the run says bf16)", "attention standard (the run says flash)",
+                       "overlap_grad_reduce false (the run says true)"]
+            self.assertIn("priced as the trainer runs: " + ", ".join(changed) + "\n", r.stdout)
             a, b = self.memory_line(f"{d}/fp32.jsonl"), self.memory_line(f"{d}/bf16.jsonl")
             self.assertEqual((b["run_precision"], b["predicted_as"]), ("bf16", "fp32"))
             self.assertEqual(a["ranks"][0]["predicted_bytes"], b["ranks"][0]["predicted_bytes"])
             self.assertEqual(a["ranks"][0]["measured_bytes"]["weights"], b["ranks"][0]["measured_bytes"]["weights"])
+            summary = {n: next(m for m in metrics(f"{d}/{n}.jsonl") if m.get("summary") and "priced_step_s" in m)
+                       for n in ("fp32", "bf16")}
+            self.assertEqual(summary["bf16"]["as_trained"], changed)
+            self.assertNotIn("as_trained", summary["fp32"])
+            self.assertEqual(summary["bf16"]["priced_step_s"], summary["fp32"]["priced_step_s"])
+            self.assertEqual(losses(f"{d}/bf16.jsonl"), losses(f"{d}/fp32.jsonl"))
 
 
 class ZeroResharding(Resharding):
