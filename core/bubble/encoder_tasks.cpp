@@ -151,9 +151,23 @@ Colocated decompose(const cost::CostModel& cost, const plan::Plan& plan) {
       // The layer's stored activations live with its first kernel: kept by that
       // kernel's forward task, freed by its backward task.
       st.units[static_cast<std::size_t>(base)].activation_bytes = mc.layer.activation_bytes;
-      // ... and what recomputation re-creates of it lives from its first backward task (the last
-      // kernel's) to its last.
-      st.units[static_cast<std::size_t>(base) + kernels.size() - 1].recompute_bytes = mc.layer.recompute_bytes;
+      // Full recomputation re-runs the layer's forward, collectives included, in its first
+      // backward task (the last kernel's; nn::ImageEncoder::backward_kernel), every pass of the
+      // microbatch at once, and holds it to the layer's last.
+      WorkUnit& first_backward = st.units[static_cast<std::size_t>(base + kinds - 1)];
+      first_backward.recompute_bytes = mc.recompute_bytes_all_passes;
+      if (cost::recomputed(run.training) == spec::Recompute::full) {
+        for (int k = 0; k < kinds; ++k) {
+          const cost::BlockCost& c = kernels[static_cast<std::size_t>(k)].cost;
+          WorkUnit& u = st.units[static_cast<std::size_t>(base + k)];
+          u.backward_s -= c.recompute_s;
+          u.backward_tp_s -= c.comm_forward_s;
+          u.hardware_flops -= c.flops_recompute;
+          first_backward.backward_s += c.recompute_s;
+          first_backward.backward_tp_s += c.comm_forward_s;
+          first_backward.hardware_flops += c.flops_recompute;
+        }
+      }
       const int head_unit = add_unit(unit_from(prefix + "head", mc.last, false), pipeline::UnitKind::encoder_head);
       const double out_s = last ? handover : l.p2p_s / 2;
       const int send_unit = add_unit(transfer_unit(prefix + (last ? "hand-over" : "send"), out_s, out_s),

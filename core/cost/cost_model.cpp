@@ -148,10 +148,11 @@ ModuleCost CostModel::build_by_sample(int mi, int tp, int samples, const GroupSh
   // sum of its passes'; the most of any.
   std::size_t current = 0;
   double layer = 0, first = 0, last = 0, most_layer = 0, most_first = 0, most_last = 0;
+  double recomputed = 0, most_recomputed = 0;  // ... and of what one layer's recomputation holds
   const std::size_t count = for_each_pass(mi, samples, [&](const CostModel& at_side, int n, std::size_t microbatch) {
     if (microbatch != current) {
       current = microbatch;
-      layer = first = last = 0;
+      layer = first = last = recomputed = 0;
     }
     const ModuleCost& pass = at_side.module(mi, tp, n, tp_group);
     mean.layers = pass.layers;
@@ -162,6 +163,7 @@ ModuleCost CostModel::build_by_sample(int mi, int tp, int samples, const GroupSh
     most_layer = std::max(most_layer, layer += pass.layer.activation_bytes);
     most_first = std::max(most_first, first += pass.first.activation_bytes);
     most_last = std::max(most_last, last += pass.last.activation_bytes);
+    most_recomputed = std::max(most_recomputed, recomputed += pass.layer.recompute_bytes);
   });
   if (count == 0) return build(mi, tp, samples, tp_group);  // fewer trained sides than one microbatch
   const double w = 1.0 / static_cast<double>(count);
@@ -172,6 +174,7 @@ ModuleCost CostModel::build_by_sample(int mi, int tp, int samples, const GroupSh
   mean.layer.activation_bytes = most_layer;
   mean.first.activation_bytes = most_first;
   mean.last.activation_bytes = most_last;
+  mean.recompute_bytes_all_passes = most_recomputed;
   // What a device holds does not depend on the images: the nominal build's parameters.
   const ModuleCost held = build(mi, tp, samples, tp_group);
   mean.layer.parameters = held.layer.parameters;
@@ -235,6 +238,7 @@ ModuleCost CostModel::build(int mi, int tp, int samples, const GroupShape& tp_gr
   c.layer.parameters = held.block.per_rank(tp);
   c.first.parameters = held.first.per_rank(tp);
   c.last.parameters = held.last.per_rank(tp);
+  c.recompute_bytes_all_passes = c.layer.recompute_bytes;
   return c;
 }
 

@@ -25,6 +25,10 @@ struct ModuleCost {
   BlockCost last;           // work on its last stage: LM head + loss, pooled projection, unpatchify
   int layers = 0;           // repeated layers that pipeline stages split
   double output_bytes = 0;  // activations handed to the next module per microbatch
+  // What one layer's recomputation holds when all of a microbatch's passes (its image sides)
+  // recompute that layer before any runs its backward, as a colocated encoder run kernel by
+  // kernel does: their sum. layer.recompute_bytes is one pass's at a time (the largest).
+  double recompute_bytes_all_passes = 0;
 
   // Work of a stage holding `n` layers, and the first/last extras if it holds them.
   BlockCost stage(int n, bool has_first, bool has_last) const {

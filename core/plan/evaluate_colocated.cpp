@@ -87,7 +87,9 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
         mem.optimizer += l.memory.optimizer;
         mem.activations += K * l.work.activation_bytes;
         auto& recompute = enc_recompute[static_cast<std::size_t>(static_cast<int>(s) * span_stages + k)];
-        recompute = std::max(recompute, l.work.recompute_bytes);
+        // Every pass of a microbatch recomputes its layer at once (bubble::decompose's tasks).
+        if (l.work.recompute_bytes > 0)
+          recompute = std::max(recompute, cost.module(p.module, p.tp, p.microbatch_size).recompute_bytes_all_passes);
       }
     }
     // The encoder's own pipeline fills before its last stage hands microbatches over.

@@ -134,6 +134,40 @@ TEST(Bubble, AnEncoderFeedingItsOwnDevicesHandsNothingOver) {
   EXPECT_EQ(r.bubbles[static_cast<std::size_t>(sim::Cause::tp)], 0);
 }
 
+// Under full recomputation a colocated encoder's layer is recomputed, collectives included, in
+// its first backward task (the last kernel's), as nn::ImageEncoder::backward_kernel runs it,
+// and held from there: the kernels' backward tasks add up to the layer's backward as before.
+TEST(Bubble, AColocatedEncoderRecomputesItsLayerInItsFirstBackwardTask) {
+  spec::RunSpec run = test::load("tiny-mllm.yaml");
+  run.training.recompute = spec::Recompute::full;
+  const cost::CostModel cost(run);
+  const plan::Plan plan = orchestrate::make_plan(cost, plan::PlanRequest{plan::Strategy::optimus, {1, 2, 0}, {}}).best;
+  ASSERT_EQ(plan.layout, plan::Layout::colocated);
+  const plan::ModulePlacement* encoder = nullptr;
+  for (const auto& m : plan.modules)
+    if (m.role == spec::Role::encoder) encoder = &m;
+  ASSERT_NE(encoder, nullptr);
+  const auto kernels = cost.layer_kernels(encoder->module, encoder->tp, encoder->microbatch_size);
+  const cost::ModuleCost& mc = cost.module(encoder->module, encoder->tp, encoder->microbatch_size);
+  const bubble::Colocated c = bubble::decompose(cost, plan);
+  const auto& units = c.llm.stages[0].units;
+  const std::size_t base = static_cast<std::size_t>(bubble::encoder_unit(0, 1));  // after its embedding
+  const std::size_t last = base + kernels.size() - 1;
+  double backward = 0, recompute = 0;
+  for (std::size_t k = 0; k < kernels.size(); ++k) {
+    const auto& u = units[base + k];
+    backward += u.backward_s + u.backward_tp_s;
+    recompute += kernels[k].cost.recompute_s;
+    if (base + k != last) {
+      EXPECT_DOUBLE_EQ(u.backward_s, kernels[k].cost.backward_s) << kernels[k].name;
+    }
+    EXPECT_EQ(u.recompute_bytes, base + k == last ? mc.recompute_bytes_all_passes : 0) << kernels[k].name;
+  }
+  EXPECT_GT(recompute, 0);
+  EXPECT_NEAR(units[last].backward_s, kernels.back().cost.backward_s + recompute, 1e-15);
+  EXPECT_NEAR(backward, mc.layer.backward_time(), 1e-12 * backward);
+}
+
 // A colocated encoder's DP collectives overlap as the llm's do (Megatron-Core's
 // overlap_grad_reduce and overlap_param_gather hook every module's buckets): the estimate
 // and the bubble scheduler's programs charge the part left exposed, and agree.

@@ -347,6 +347,28 @@ TEST(Cost, TrainedImagesArePricedAsTheirPassesBySide) {
   EXPECT_NEAR(kernels, got.forward_s, 1e-12);
 }
 
+// A recomputed layer holds one pass's recomputation at a time where each pass runs its own
+// backward, and every pass's where all of a microbatch's passes recompute the layer at once
+// (a colocated encoder run kernel by kernel).
+TEST(Cost, ARecomputedLayerHoldsOnePassAtATimeOrEveryPassAtOnce) {
+  auto run = test::load("tiny-clip.yaml");  // 32 px nominal, microbatches of 16
+  run.training.recompute = spec::Recompute::full;
+  const int image = run.model.index_of("image_encoder");
+  std::vector<int> halves(8, 16);  // one microbatch of two passes: 8 images of 16 px, 8 of 32 px
+  halves.insert(halves.end(), 8, 32);
+  const cost::CostModel split(run, cost::TrainedSamples{cost::at_sides(halves)});
+  auto small_run = run;
+  small_run.data.image_resolution = 16;
+  const cost::CostModel nominal(run), small(small_run);
+  const double big_pass = nominal.module(image, 1, 8).layer.recompute_bytes;
+  const double small_pass = small.module(image, 1, 8).layer.recompute_bytes;
+  ASSERT_GT(small_pass, 0);
+  EXPECT_DOUBLE_EQ(split.module(image, 1, 16).layer.recompute_bytes, std::max(big_pass, small_pass));
+  EXPECT_DOUBLE_EQ(split.module(image, 1, 16).recompute_bytes_all_passes, big_pass + small_pass);
+  EXPECT_DOUBLE_EQ(nominal.module(image, 1, 16).recompute_bytes_all_passes,
+                   nominal.module(image, 1, 16).layer.recompute_bytes);  // one pass: the same
+}
+
 // The trainer's captions: a text runs padded to the longest caption of its batch, the whole
 // microbatch for a text tower, each image side's pass for an llm (tokens_of per side group).
 TEST(Cost, TrainedCaptionsArePricedAtTheirBatchesLongest) {
