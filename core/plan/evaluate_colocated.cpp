@@ -67,6 +67,8 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
     const double K = microbatches_per_step(train, p);
     auto loads = grid_loads(cost, p, p.microbatch_size);
     const double handover = colocated_handover_seconds(cost, p, g.tp, g.stages);
+    // Every pass of a microbatch recomputes a layer at once (bubble::decompose's tasks).
+    const double recomputed = cost.module(p.module, p.tp, p.microbatch_size).recompute_bytes_all_passes;
     double f_max = 0, b_max = 0;
     for (std::size_t s = 0; s < loads.size(); ++s) {
       const auto& l = loads[s];
@@ -81,15 +83,13 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
       // Encoder stage s covers llm stages [s*L/p, (s+1)*L/p); the coarse schedule keeps all K forwards.
       const int span_stages = g.stages / p.pp;
       for (int k = 0; k < span_stages; ++k) {
-        auto& mem = enc_mem[static_cast<std::size_t>(static_cast<int>(s) * span_stages + k)];
+        const auto at = static_cast<std::size_t>(static_cast<int>(s) * span_stages + k);
+        auto& mem = enc_mem[at];
         mem.weights += l.memory.weights;
         mem.gradients += l.memory.gradients;
         mem.optimizer += l.memory.optimizer;
         mem.activations += K * l.work.activation_bytes;
-        auto& recompute = enc_recompute[static_cast<std::size_t>(static_cast<int>(s) * span_stages + k)];
-        // Every pass of a microbatch recomputes its layer at once (bubble::decompose's tasks).
-        if (l.work.recompute_bytes > 0)
-          recompute = std::max(recompute, cost.module(p.module, p.tp, p.microbatch_size).recompute_bytes_all_passes);
+        if (l.work.recompute_bytes > 0) enc_recompute[at] = std::max(enc_recompute[at], recomputed);
       }
     }
     // The encoder's own pipeline fills before its last stage hands microbatches over.

@@ -211,12 +211,13 @@ void TransformerBlock::backward_kernel(Ops& ops, int kernel, const BlockCache& c
     case 2: {
       const AttentionOptions options{shape_.heads / tp.size, shape_.causal};
       AttentionSaved again;  // selective recomputation: the probabilities, by the forward's own op
+      const AttentionSaved* saved = &c.attention;
       if (recompute_ == spec::Recompute::selective) {
         Tensor output;
         ops.attention_forward(c.q, c.k, c.v, options, output, again);
+        saved = &again;
       }
-      ops.attention_backward(c.q, c.k, c.v, options, recompute_ == spec::Recompute::selective ? again : c.attention,
-                             g.dattn, g.dq, g.dk, g.dv);
+      ops.attention_backward(c.q, c.k, c.v, options, *saved, g.dattn, g.dq, g.dk, g.dv);
       g.dattn = Tensor();
       return;
     }
