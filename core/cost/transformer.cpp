@@ -77,6 +77,34 @@ double tp_all_reduce(double bytes, const BlockContext& ctx) {
   return ctx.tp > 1 ? ctx.comm->all_reduce(bytes, ctx.tp_group) : 0.0;
 }
 
+// The backward collectives of one half of a layer under sequence parallelism (`reduce` has
+// them; `norm`, `column` and `row` are the half's norm and its two parallel linears). The
+// column-parallel layer kept only its sequence shard of its input, so its backward
+// all-gathers it again for the weight gradient before it reduce-scatters its input gradient;
+// before that the row-parallel layer all-gathers its output gradient (the reduce-scatter's
+// backward). braid's nn::TransformerBlock runs the three one after another, and all-reduces
+// the norm's weight gradients (its shards saw a part of the sequence each). Megatron-LM's
+// column-parallel linear (LinearWithGradAccumulationAndAsyncCommunication, and
+// TransformerEngine's bulk overlaps alike) runs the gather under the input-gradient GEMM and
+// the reduce-scatter under the weight-gradient GEMM, each about half of that layer's
+// backward; with userbuffers (--tp-comm-overlap) the output gradient's gather runs under the
+// row-parallel layer's input-gradient GEMM. Megatron all-reduces the norms' gradients once a
+// step, over every layer (not priced).
+void add_sequence_parallel_backward(LayerKernel& norm, const LayerKernel& column, const LayerKernel& row,
+                                    LayerKernel& reduce, const spec::ModuleSpec& m, double M, const BlockContext& ctx) {
+  const double E = ctx.device->element_bytes(), t = ctx.tp, sbh = M * m.hidden;
+  const double ag = ctx.comm->all_gather(sbh * E, ctx.tp_group);
+  const double rs = ctx.comm->reduce_scatter(sbh * E, ctx.tp_group);
+  if (ctx.kernels == Kernels::reference) {
+    reduce.cost.comm_backward_s = 2 * ag + rs;
+    norm.cost.comm_backward_s += tp_all_reduce(2.0 * m.hidden * sizeof(float), ctx);  // gamma and beta, float
+    return;
+  }
+  const double dgrad = column.cost.backward_s / 2, wgrad = column.cost.backward_s / 2;
+  const double gather_dy = ctx.training->tp_comm_overlap ? overlapped(ag, row.cost.backward_s / 2, t) : ag;
+  reduce.cost.comm_backward_s = gather_dy + overlapped(ag, dgrad, t) + overlapped(rs, wgrad, t);
+}
+
 }  // namespace
 
 BlockCost elementwise_op(double bytes, const BlockContext& ctx) {
@@ -253,20 +281,18 @@ std::vector<LayerKernel> transformer_layer_kernels(const spec::ModuleSpec& m, do
     k->cost.comm_forward_s = ar;
     if (ctx.grads.any()) k->cost.comm_backward_s = ar;
   }
+  if (sp > 1 && ctx.grads.any()) {
+    add_sequence_parallel_backward(norm_attention, qkv, out, reduce_attention, m, M, ctx);
+    add_sequence_parallel_backward(norm_mlp, up, down, reduce_mlp, m, M, ctx);
+  }
   // Userbuffers (Megatron-Core --tp-comm-overlap, TransformerEngine): the all-gather runs
   // under the column-parallel GEMM that consumes it, the reduce-scatter under the
-  // row-parallel GEMM that produces it; in backward the gradient's all-gather under the
-  // row-parallel layer's dgrad and the reduce-scatter under the column-parallel layer's
-  // wgrad (TE's bulk overlap), each about half of that layer's backward.
+  // row-parallel GEMM that produces it (backward: add_sequence_parallel_backward).
   if (train.tp_comm_overlap && sp > 1) {
     const double ag = ctx.comm->all_gather(sbh * E, ctx.tp_group);
     const double rs = ctx.comm->reduce_scatter(sbh * E, ctx.tp_group);
     auto hide = [&](LayerKernel& k, const LayerKernel& column, const LayerKernel& row) {
       k.cost.comm_forward_s = overlapped(ag, column.cost.forward_s, t) + overlapped(rs, row.cost.forward_s, t);
-      if (ctx.grads.any()) {
-        k.cost.comm_backward_s =
-            overlapped(ag, row.cost.backward_s / 2, t) + overlapped(rs, column.cost.backward_s / 2, t);
-      }
     };
     hide(reduce_attention, qkv, out);
     hide(reduce_mlp, up, down);

@@ -1,6 +1,8 @@
 // The cost model against hand-computed values: FLOPs, parameters, activation and
 // state memory, collectives, GEMM efficiency.
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "core/cost/cost_model.hpp"
 #include "core/orchestrate/planning.hpp"
@@ -308,6 +310,60 @@ TEST(Cost, MegatronCoreSettingsEachPriceTheirMechanism) {
   run = base;
   run.training.overlap_param_gather = false;
   EXPECT_GT(estimate(run).dp_comm_s, all.dp_comm_s);
+}
+
+// Sequence parallelism's backward, per half of a layer: the output gradient's all-gather (the
+// reduce-scatter's backward), the column-parallel layer's input gathered again (it kept its
+// shard) and its input gradient reduce-scattered. braid's trainer runs them one after another
+// and all-reduces the norm's weight gradients (NnParallel.ASequenceParallelLayerRunsThe...);
+// Megatron-LM hides the gather under the input-gradient GEMM and the reduce-scatter under the
+// weight-gradient GEMM, and with userbuffers the output gradient's gather under the
+// row-parallel layer's input-gradient GEMM.
+TEST(Cost, ASequenceParallelBackwardGathersTheColumnLayersInputAgain) {
+  auto run = test::load("tiny-mllm.yaml");
+  run.training.sequence_parallel = true;
+  const int llm = run.model.index_of("llm"), tp = 4,
+            b = 4;  // at TP 2 the hidden collectives cost what one all-reduce did
+  const auto& m = run.model.modules[static_cast<std::size_t>(llm)];
+  auto sums = [&](const spec::RunSpec& r, cost::Kernels kernels, double* ag, double* rs, double* norm_ar) {
+    const cost::CostModel cost(r, {}, kernels);
+    const double E = cost.device().element_bytes(), sbh = cost.tokens(llm) * b * m.hidden;
+    const cost::GroupShape group = cost::group_shape(0, 1, tp, r.cluster.devices_per_node);
+    *ag = cost.comm().all_gather(sbh * E, group);
+    *rs = cost.comm().reduce_scatter(sbh * E, group);
+    *norm_ar = cost.comm().all_reduce(2.0 * m.hidden * 4, group);
+    return cost.layer_kernels(llm, tp, b);
+  };
+  auto comm = [](const std::vector<cost::LayerKernel>& ks, bool backward) {
+    double s = 0;
+    for (const auto& k : ks) s += backward ? k.cost.comm_backward_s : k.cost.comm_forward_s;
+    return s;
+  };
+  double ag = 0, rs = 0, norm_ar = 0;
+  const auto trainer = sums(run, cost::Kernels::reference, &ag, &rs, &norm_ar);
+  ASSERT_GT(ag, 0);
+  EXPECT_NEAR(comm(trainer, true), 2 * (2 * ag + rs + norm_ar), 1e-15);
+  EXPECT_GT(comm(trainer, true), comm(trainer, false) + 2 * ag);  // the forward gathers once a half
+
+  // Megatron: kernels [1] qkv and [6] mlp up are column-parallel, [3] and [7] row-parallel.
+  auto hidden = [&](double c, double gemm) { return std::max(c / tp, c - gemm); };
+  const auto megatron = sums(run, cost::Kernels::megatron, &ag, &rs, &norm_ar);
+  double want = 0;
+  for (int column : {1, 6}) {
+    const double half = megatron[static_cast<std::size_t>(column)].cost.backward_s / 2;
+    want += ag + hidden(ag, half) + hidden(rs, half);
+  }
+  EXPECT_NEAR(comm(megatron, true), want, 1e-15);
+  auto overlap = run;
+  overlap.training.tp_comm_overlap = true;
+  const auto userbuffers = sums(overlap, cost::Kernels::megatron, &ag, &rs, &norm_ar);
+  want = 0;
+  for (const auto& [column, row] : {std::pair{1, 3}, std::pair{6, 7}}) {
+    const double half = userbuffers[static_cast<std::size_t>(column)].cost.backward_s / 2;
+    const double row_half = userbuffers[static_cast<std::size_t>(row)].cost.backward_s / 2;
+    want += hidden(ag, row_half) + hidden(ag, half) + hidden(rs, half);
+  }
+  EXPECT_NEAR(comm(userbuffers, true), want, 1e-15);
 }
 
 // The trainer's images: a microbatch runs one pass per image side. Priced as those passes,

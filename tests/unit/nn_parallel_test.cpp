@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <condition_variable>
 #include <exception>
@@ -986,6 +987,68 @@ TEST(NnParallel, SequenceParallelEncodersMatchOneProcess) {
   }
   expect_tensor_parallel_encoder<ImageTower>(2, true);
   expect_tensor_parallel_encoder<ImageTower>(4, true);
+}
+
+// The collectives one layer runs under sequence parallelism, as the cost model prices braid's
+// own (cost::transformer_layer_kernels with Kernels::reference): forward, each half an
+// all-gather of the whole sequence before its column-parallel layer and a reduce-scatter after
+// its row-parallel one; backward, each half the output gradient's all-gather, the input's
+// all-gather again (the column-parallel layer kept its shard), the input gradient's
+// reduce-scatter and the norm's two weight gradients all-reduced. One layer's are those of the
+// text tower's first two layers less those of its first.
+TEST(NnParallel, ASequenceParallelLayerRunsTheCollectivesTheCostModelPrices) {
+  using Calls = std::map<std::string, std::vector<std::size_t>>;  // floats of each call, rank 0's
+  auto collectives = [](int layers) {
+    std::array<Calls, 2> seen;  // forward, backward
+    TextTower towers[2];
+    run_ranks(2, [&](int r, std::function<void(Tensor&)> allreduce) {
+      int pass = 0;
+      auto note = [&, r](const char* kind, std::size_t floats) {
+        if (r == 0) seen[static_cast<std::size_t>(pass)][kind].push_back(floats);
+      };
+      nn::TensorParallel tp = group_of(r, 2, allreduce, true);
+      tp.allreduce_sum = [note, sum = tp.allreduce_sum](Tensor& t) {
+        note("all-reduce", static_cast<std::size_t>(t.numel()));
+        sum(t);
+      };
+      tp.allgather = [note, gather = tp.allgather](std::span<const float> mine, std::span<float> all) {
+        note("all-gather", all.size());
+        gather(mine, all);
+      };
+      tp.reduce_scatter = [note, scatter = tp.reduce_scatter](std::span<const float> all, std::span<float> mine) {
+        note("reduce-scatter", all.size());
+        scatter(all, mine);
+      };
+      TextTower& tower = towers[r];
+      tower.encoder->set_tensor_parallel(tp);
+      nn::HostOps ops(1);
+      const nn::EncoderPart part{0, layers};
+      nn::TextEncoderCache cache;
+      const nn::EncoderOutput out = tower.forward_part(ops, part, nullptr, cache);
+      pass = 1;
+      const Tensor dy(out.tokens.shape, 0.5f);
+      tower.backward_part(ops, part, &dy, nullptr, cache);
+    });
+    return seen;
+  };
+  const auto one = collectives(1), two = collectives(2);
+  auto layer = [&](int pass) {  // the second layer's calls: those of two layers past the first's
+    Calls out;
+    for (const auto& [kind, calls] : two[static_cast<std::size_t>(pass)]) {
+      std::multiset<std::size_t> left(calls.begin(), calls.end());
+      const auto it = one[static_cast<std::size_t>(pass)].find(kind);
+      if (it != one[static_cast<std::size_t>(pass)].end())
+        for (std::size_t f : it->second) left.erase(left.find(f));
+      if (!left.empty()) out[kind] = {left.begin(), left.end()};
+    }
+    return out;
+  };
+  // 2 sequences padded to 8 positions (a multiple of the group) x hidden 16: the whole sequence.
+  const std::size_t sbh = 2 * 8 * 16, norm = 2 * 16;
+  EXPECT_EQ(layer(0), (Calls{{"all-gather", {sbh, sbh}}, {"reduce-scatter", {sbh, sbh}}}));
+  EXPECT_EQ(
+      layer(1),
+      (Calls{{"all-gather", {sbh, sbh, sbh, sbh}}, {"all-reduce", {norm, norm}}, {"reduce-scatter", {sbh, sbh}}}));
 }
 
 TEST(NnParallel, TensorParallelProjectorMatchesOneProcess) {
