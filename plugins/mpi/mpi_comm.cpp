@@ -3,8 +3,10 @@
 // messages in last_error() instead of aborting the job.
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdarg>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -273,6 +275,44 @@ int comm_world(braid_comm_v1** out) {
   return 0;
 }
 
+// The communicator over `ranks` (checked: distinct world ranks, this process among them), its
+// rank i world rank ranks[i]. It is made over the listed set in world order first, which every
+// member agrees on whatever order it listed them in; the members then compare their lists, so
+// that one listing them in another order fails on every member instead of leaving them all
+// waiting in MPI_Comm_create_group for groups that differ.
+int create_in_listed_order(const std::vector<int>& ranks, MPI_Comm* out) {
+  const int count = static_cast<int>(ranks.size());
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+  int rc = check(MPI_Comm_group(state.world.comm, &world_group), "comm_create: MPI_Comm_group");
+  if (!rc) rc = check(MPI_Group_incl(world_group, count, sorted.data(), &group), "comm_create: MPI_Group_incl");
+  MPI_Comm set = MPI_COMM_NULL;
+  // Collective over the group only, so overlapping groups need no world-wide call.
+  if (!rc) rc = check(MPI_Comm_create_group(state.world.comm, group, 0, &set), "comm_create: MPI_Comm_create_group");
+  if (group != MPI_GROUP_NULL) MPI_Group_free(&group);
+  if (world_group != MPI_GROUP_NULL) MPI_Group_free(&world_group);
+  if (rc) return rc;
+  std::vector<int> lists(static_cast<std::size_t>(count) * static_cast<std::size_t>(count));
+  rc = check(MPI_Allgather(ranks.data(), count, MPI_INT, lists.data(), count, MPI_INT, set),
+             "comm_create: MPI_Allgather of the members' lists");
+  for (int member = 0; !rc && member < count; ++member) {
+    const int* theirs = lists.data() + static_cast<std::ptrdiff_t>(member) * count;
+    const auto at = std::mismatch(ranks.begin(), ranks.end(), theirs).first - ranks.begin();
+    if (at == count) continue;
+    rc =
+        fail(MPI_ERR_ARG,
+             "comm_create: world rank %d lists the same %d ranks in another order (at position %d it has world "
+             "rank %d, this process %d); every member must pass one list",
+             sorted[static_cast<std::size_t>(member)], count, int(at), theirs[at], ranks[static_cast<std::size_t>(at)]);
+  }
+  // Ranks in the listed order: this process's key is its place in the list.
+  const int mine = static_cast<int>(std::find(ranks.begin(), ranks.end(), state.world.rank) - ranks.begin());
+  if (!rc) rc = check(MPI_Comm_split(set, 0, mine, out), "comm_create: MPI_Comm_split");
+  MPI_Comm_free(&set);
+  return rc;
+}
+
 int comm_create(const int32_t* world_ranks, int32_t count, braid_comm_v1** out) {
   if (!state.inits) return not_initialised("comm_create");
   if (!out) return fail(MPI_ERR_ARG, "comm_create: output pointer is NULL");
@@ -295,16 +335,8 @@ int comm_create(const int32_t* world_ranks, int32_t count, braid_comm_v1** out) 
     return fail(MPI_ERR_RANK, "comm_create: world rank %d is not among the %d listed ranks; only they may call it",
                 state.world.rank, int(count));
   }
-  std::vector<int> ranks(world_ranks, world_ranks + count);
-  MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
-  int rc = check(MPI_Comm_group(state.world.comm, &world_group), "comm_create: MPI_Comm_group");
-  if (!rc) rc = check(MPI_Group_incl(world_group, count, ranks.data(), &group), "comm_create: MPI_Group_incl");
   MPI_Comm comm = MPI_COMM_NULL;
-  // Collective over the group only, so overlapping groups need no world-wide call.
-  if (!rc) rc = check(MPI_Comm_create_group(state.world.comm, group, 0, &comm), "comm_create: MPI_Comm_create_group");
-  if (group != MPI_GROUP_NULL) MPI_Group_free(&group);
-  if (world_group != MPI_GROUP_NULL) MPI_Group_free(&world_group);
-  if (rc) return rc;
+  if (int rc = create_in_listed_order(std::vector<int>(world_ranks, world_ranks + count), &comm)) return rc;
   auto* c = new (std::nothrow) braid_comm_v1();
   if (!c) {
     MPI_Comm_free(&comm);

@@ -183,6 +183,19 @@ void groups(World& world, test::Checks& check) {
   if (n >= 2) {
     check.error([&] { world.group({(r + 1) % n}); }, Status::plugin, "is not among the 1 listed ranks");
   }
+  // Members that list one set in different orders fail alike, naming the difference, where MPI
+  // alone would leave them waiting for each other; then the same list works.
+  if (n >= 2 && r < 2) {
+    check.error(
+        [&] {
+          world.group(r == 0 ? std::vector<int>{0, 1} : std::vector<int>{1, 0});
+        },
+        Status::plugin,
+        "lists the same 2 ranks in another order (at position 0 it has world rank " + std::to_string(1 - r) +
+            ", this process " + std::to_string(r) + ")");
+    Communicator again = world.group({1, 0});
+    check(again.rank() == 1 - r, "the listed order after a refused one: rank " + std::to_string(again.rank()));
+  }
   check.error([&] { world.group({r, r}); }, Status::plugin, "listed twice");
   check.error([&] { world.group({r, n}); }, Status::plugin, "is not a rank of the " + std::to_string(n));
   check.passed("groups from rank lists (even/odd, overlapping pairs)");
