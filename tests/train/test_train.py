@@ -1306,6 +1306,15 @@ class Device(unittest.TestCase):
                 config = variant(d, MLLM, f"zero{stage}.yaml", training={"zero_stage": stage})
                 self.assert_same_bits(config, 2, "--strategy", "megatron", "--dp", "2")
 
+    def test_recomputation_on_the_device(self):
+        # Full recomputation through the device interface: a block's forward run again from a
+        # view of its kept input, and a colocated encoder's layer recomputed in its first
+        # backward task, on the device's memory: the default's losses, bit for bit.
+        with tempfile.TemporaryDirectory() as d:
+            config = variant(d, MLLM, "mllm-recompute-full.yaml", training={"recompute": "full"})
+            self.assert_same_bits(config, 1)
+            self.assert_same_bits(config, 2, "--strategy", "optimus", "--schedule", "optimus-fine")
+
     def test_emulated_resumes_to_the_same_bits(self):
         with tempfile.TemporaryDirectory() as d:
             args = ["--config", MLLM, "--strategy", "disttrain", "--quiet"]
