@@ -277,34 +277,38 @@ int comm_world(braid_comm_v1** out) {
 
 // The communicator over `ranks` (checked: distinct world ranks, this process among them), its
 // rank i world rank ranks[i]. It is made over the listed set in world order first, which every
-// member agrees on whatever order it listed them in; the members then compare their lists, so
-// that one listing them in another order fails on every member instead of leaving them all
-// waiting in MPI_Comm_create_group for groups that differ.
+// member agrees on whatever order it listed them in; the members then check their lists against
+// that of the set's first, so that one listing them in another order fails on every member
+// instead of leaving them all waiting in MPI_Comm_create_group for groups that differ.
 int create_in_listed_order(const std::vector<int>& ranks, MPI_Comm* out) {
   const int count = static_cast<int>(ranks.size());
-  std::vector<int> sorted = ranks;
-  std::sort(sorted.begin(), sorted.end());
+  std::vector<int> first = ranks;
+  std::sort(first.begin(), first.end());
+  const int lowest = first[0];
   MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
   int rc = check(MPI_Comm_group(state.world.comm, &world_group), "comm_create: MPI_Comm_group");
-  if (!rc) rc = check(MPI_Group_incl(world_group, count, sorted.data(), &group), "comm_create: MPI_Group_incl");
+  if (!rc) rc = check(MPI_Group_incl(world_group, count, first.data(), &group), "comm_create: MPI_Group_incl");
   MPI_Comm set = MPI_COMM_NULL;
   // Collective over the group only, so overlapping groups need no world-wide call.
   if (!rc) rc = check(MPI_Comm_create_group(state.world.comm, group, 0, &set), "comm_create: MPI_Comm_create_group");
   if (group != MPI_GROUP_NULL) MPI_Group_free(&group);
   if (world_group != MPI_GROUP_NULL) MPI_Group_free(&world_group);
   if (rc) return rc;
-  std::vector<int> lists(static_cast<std::size_t>(count) * static_cast<std::size_t>(count));
-  rc = check(MPI_Allgather(ranks.data(), count, MPI_INT, lists.data(), count, MPI_INT, set),
-             "comm_create: MPI_Allgather of the members' lists");
-  for (int member = 0; !rc && member < count; ++member) {
-    const int* theirs = lists.data() + static_cast<std::ptrdiff_t>(member) * count;
-    const auto at = std::mismatch(ranks.begin(), ranks.end(), theirs).first - ranks.begin();
-    if (at == count) continue;
-    rc =
-        fail(MPI_ERR_ARG,
-             "comm_create: world rank %d lists the same %d ranks in another order (at position %d it has world "
-             "rank %d, this process %d); every member must pass one list",
-             sorted[static_cast<std::size_t>(member)], count, int(at), theirs[at], ranks[static_cast<std::size_t>(at)]);
+  first = ranks;  // becomes the list of the lowest world rank, the set's rank 0
+  rc = check(MPI_Bcast(first.data(), count, MPI_INT, 0, set), "comm_create: MPI_Bcast of the first member's list");
+  const auto at = std::mismatch(ranks.begin(), ranks.end(), first.begin()).first - ranks.begin();
+  int same = at == count ? 1 : 0;
+  if (!rc) rc = check(MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, set), "comm_create: MPI_Allreduce");
+  if (!rc && at < count) {
+    rc = fail(MPI_ERR_ARG,
+              "comm_create: this process lists the %d ranks in another order than world rank %d (at position %d: world "
+              "rank %d, where it has %d); every member must pass one list",
+              count, lowest, int(at), ranks[static_cast<std::size_t>(at)], first[static_cast<std::size_t>(at)]);
+  } else if (!rc && !same) {
+    rc = fail(MPI_ERR_ARG,
+              "comm_create: another member lists the %d ranks in another order than this process; every member must "
+              "pass one list",
+              count);
   }
   // Ranks in the listed order: this process's key is its place in the list.
   const int mine = static_cast<int>(std::find(ranks.begin(), ranks.end(), state.world.rank) - ranks.begin());
