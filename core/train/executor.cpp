@@ -59,6 +59,13 @@ Executor::Executor(const spec::RunSpec& run, const cost::CostModel& cost, const 
   if (options_.idle_heap) memory_.add_idle_heap(options_.idle_heap);
   if (options_.device_in_use) memory_.measure_activations_on_device(options_.device_in_use);
   interpreter_.after_instruction([this] { memory_.sample(); });
+  // What the work books as idle itself, from inside a handler, is not that instruction's compute.
+  interpreter_.count_waits_inside([this] {
+    double booked = 0;
+    if (result_)
+      for (double s : result_->idle) booked += s;
+    return booked;
+  });
   const auto& list = program_.instructions();
   first_forward_ = static_cast<int>(list.size());
   for (int k = 0; k < static_cast<int>(list.size()); ++k) {
@@ -109,7 +116,7 @@ StepResult Executor::step(std::int64_t step, double lr) {
     r.idle[static_cast<std::size_t>(cause_of(e.index))] += e.waited;
     const pipeline::WorkKind kind = pipeline::work_kind(program_.instructions()[static_cast<std::size_t>(e.index)]);
     if (kind != pipeline::WorkKind::communication)
-      r.compute[static_cast<std::size_t>(kind)] += e.end - e.start - e.waited;
+      r.compute[static_cast<std::size_t>(kind)] += e.end - e.start - e.waited - e.waited_inside;
   }
   for (double s : r.idle) r.wait_seconds += s;
   r.seconds = now_seconds() - start;

@@ -24,16 +24,20 @@ std::vector<Executed> Interpreter::run(const std::vector<pipeline::Instruction>&
   ran.reserve(list.size());
   int next_movable = 0;  // no movable instruction before it is pending
 
+  std::vector<double> inside(static_cast<std::size_t>(n), 0.0);  // Executed::waited_inside
   auto start = [&](int i) {
     const auto& ins = list[static_cast<std::size_t>(i)];
     const Handler& h = table_[static_cast<std::size_t>(ins.op)];
     if (!h) throw Error(Status::internal, std::string("the executor has no handler for ") + pipeline::op_name(ins.op));
-    return h(ins);
+    const double booked = booked_ ? booked_() : 0;
+    Pending p = h(ins);
+    if (booked_) inside[static_cast<std::size_t>(i)] = booked_() - booked;
+    return p;
   };
   auto complete = [&](int i, Pending& p, double t0) {
     const double waited = p.empty() ? 0 : p.finish();
     done[static_cast<std::size_t>(i)] = 1;
-    ran.push_back({i, t0, now_seconds(), waited});
+    ran.push_back({i, t0, now_seconds(), waited, inside[static_cast<std::size_t>(i)]});
     if (after_) after_();
   };
   // Runs the first pending movable instruction after `pc` if its inputs are there and it

@@ -40,6 +40,9 @@ struct Executed {
   int index = 0;
   double start = 0, end = 0;
   double waited = 0;  // blocked waiting for its receive or collective
+  // Blocked in collectives its handler ran and waited for itself (tensor parallelism's inside a
+  // forward or backward, ZeRO's after the optimizer step), which the work books as idle itself.
+  double waited_inside = 0;
 };
 
 // Online filling: which instructions may run ahead of one that waits, and when they may.
@@ -58,6 +61,9 @@ class Interpreter {
   // Called after each instruction completes, once its end time is taken (the executor's
   // memory meter samples there); empty: nothing.
   void after_instruction(std::function<void()> f) { after_ = std::move(f); }
+  // The seconds the handlers have booked so far as blocked in collectives they ran themselves:
+  // each Executed's waited_inside is what its handler's call added. Empty: none.
+  void count_waits_inside(std::function<double()> booked) { booked_ = std::move(booked); }
   // Runs every instruction of `list` once: in order, or with `fill`, movable ones early
   // while the next instruction waits. Throws Error(Status::internal) naming the opcode when
   // one has no handler. Returns what ran, in the order it ran. A handler's exception goes to
@@ -70,6 +76,7 @@ class Interpreter {
  private:
   std::array<Handler, pipeline::kOpCount> table_;
   std::function<void()> after_;
+  std::function<double()> booked_;
 };
 
 }  // namespace braid::train

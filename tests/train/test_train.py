@@ -1085,6 +1085,19 @@ class Cli(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("--schedule: a monolithic plan of this model runs 1f1b or gpipe, not 'two-phase'", r.stderr)
 
+    def test_waits_inside_an_instruction_are_not_its_compute(self):
+        # Tensor parallelism's collectives run and wait inside forwards and backwards (as ZeRO's
+        # do after the optimizer step); those waits are idle time, not the instructions' compute,
+        # so a rank's compute and idle add up to no more than its step.
+        with tempfile.TemporaryDirectory() as d:
+            r = train(2, "--config", MLLM, "--steps", "8", "--strategy", "megatron", "--tp", "2", "--metrics",
+                      d + "/m.jsonl")
+            check(self, r)
+            s = [m for m in metrics(d + "/m.jsonl") if m.get("summary")][-1]
+            self.assertGreater(s["measured_idle_s"]["tp"], 0)
+            self.assertLessEqual(sum(s["measured_compute_s"].values()) + sum(s["measured_idle_s"].values()),
+                                 s["measured_step_s"])
+
     def test_measured_step_next_to_the_simulated_one_and_a_trace_like_simulate(self):
         with tempfile.TemporaryDirectory() as d:
             r = train(2, "--config", MLLM, "--steps", "3", "--strategy", "optimus", "--pp", "2", "--schedule",

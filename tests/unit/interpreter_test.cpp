@@ -122,5 +122,38 @@ TEST(Interpreter, OnlineFillingRunsReadyMovableWorkWhileWaiting) {
   EXPECT_EQ(indices(in.run(list)), (std::vector<int>{0, 1, 2, 3, 4}));
 }
 
+// A handler that waits in collectives it runs itself (tensor parallelism's) books the seconds
+// as idle itself; each record gets what its own call booked, a receive posted early included,
+// so that the executor counts them as waiting, not as the instruction's compute.
+TEST(Interpreter, WaitsAHandlerBooksItselfAreItsInstructionsOwn) {
+  const std::vector<Instruction> list = {make(Op::recv_activation, 0), make(Op::forward, 0), make(Op::encoder_task, 0),
+                                         make(Op::backward, 0)};
+  Interpreter in;
+  double booked = 0;  // the work's own idle seconds, as StepResult::idle holds them
+  std::vector<int> finished;
+  in.set(Op::recv_activation, [&](const Instruction&) {
+    booked += 0.25;  // posting it waited too
+    return arriving(3, finished, 0);
+  });
+  in.set(Op::forward, [&](const Instruction&) {
+    booked += 1.5;
+    return Pending{};
+  });
+  in.set(Op::encoder_task, [&](const Instruction&) {
+    booked += 0.125;
+    return Pending{};
+  });
+  in.set(Op::backward, [](const Instruction&) { return Pending{}; });
+  in.count_waits_inside([&] { return booked; });
+  train::FillRules rules;
+  rules.movable = [&](int index) { return list[static_cast<std::size_t>(index)].op == Op::encoder_task; };
+  rules.ready = [](int) { return true; };
+  const auto ran = in.run(list, &rules);
+  EXPECT_EQ(indices(ran), (std::vector<int>{2, 0, 1, 3}));  // the encoder task while 0 waited
+  std::vector<double> inside(4);
+  for (const auto& e : ran) inside[static_cast<std::size_t>(e.index)] = e.waited_inside;
+  EXPECT_EQ(inside, (std::vector<double>{0.25, 1.5, 0.125, 0.0}));
+}
+
 }  // namespace
 }  // namespace braid
