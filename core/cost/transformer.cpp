@@ -97,12 +97,16 @@ void add_sequence_parallel_backward(LayerKernel& norm, const LayerKernel& column
   const double rs = ctx.comm->reduce_scatter(sbh * E, ctx.tp_group);
   if (ctx.kernels == Kernels::reference) {
     reduce.cost.comm_backward_s = 2 * ag + rs;
-    norm.cost.comm_backward_s += tp_all_reduce(2.0 * m.hidden * sizeof(float), ctx);  // gamma and beta, float
+    if (ctx.grads.weights)  // a frozen norm's gradients are not summed
+      norm.cost.comm_backward_s += tp_all_reduce(2.0 * m.hidden * sizeof(float), ctx);  // gamma and beta, float
     return;
   }
   const double dgrad = column.cost.backward_s / 2, wgrad = column.cost.backward_s / 2;
   const double gather_dy = ctx.training->tp_comm_overlap ? overlapped(ag, row.cost.backward_s / 2, t) : ag;
-  reduce.cost.comm_backward_s = gather_dy + overlapped(ag, dgrad, t) + overlapped(rs, wgrad, t);
+  // A frozen layer (Megatron's linear_with_frozen_weight) computes no weight gradient: it
+  // gathers nothing again, and has no GEMM left to hide its input gradient's reduce-scatter.
+  reduce.cost.comm_backward_s =
+      gather_dy + (ctx.grads.weights ? overlapped(ag, dgrad, t) + overlapped(rs, wgrad, t) : rs);
 }
 
 }  // namespace

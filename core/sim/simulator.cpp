@@ -158,11 +158,11 @@ class Simulation {
     return a > b ? a / b : 1;
   }
 
-  void record(int r, int lane, double start, double duration) {
+  void record(int r, int lane, double start, double duration, double waited = 0) {
     const Rank& k = ranks_[static_cast<std::size_t>(r)];
     if (!o_.trace || duration <= 0) return;
     if (o_.trace_replicas >= 0 && k.replica >= o_.trace_replicas) return;
-    trace_.push_back({r, lane, k.stage, static_cast<int>(k.pc), start, duration});
+    trace_.push_back({r, lane, k.stage, static_cast<int>(k.pc), start, duration, waited});
   }
 
   void compute(int r, const Instruction& i) {
@@ -226,7 +226,7 @@ class Simulation {
       return;
     }
     if (i.op == Op::backward) k.last_backward = k.compute + busy + tp + shard;
-    record(r, 0, k.compute, busy + tp + shard);
+    record(r, 0, k.compute, busy + tp + shard, tp + shard);
     span(r, k.compute, busy);
     k.busy += busy;
     k.direct[static_cast<int>(Cause::tp)] += tp;
@@ -241,7 +241,7 @@ class Simulation {
   double fill_wait(int r, double& slack, double busy, double tp) {
     Rank& k = ranks_[static_cast<std::size_t>(r)];
     const double absorbed = std::min(busy + tp, slack);
-    record(r, 0, k.compute - slack, busy + tp);
+    record(r, 0, k.compute - slack, busy + tp, tp);
     span(r, k.compute - slack, busy);
     slack -= absorbed;
     k.busy += busy;

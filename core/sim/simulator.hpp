@@ -47,6 +47,9 @@ struct TraceEvent {
   int stage = 0;
   int instruction = 0;
   double start = 0, duration = 0;
+  // Of the duration, the collectives the instruction runs and waits for itself (tensor
+  // parallelism's, ZeRO-2/3's per microbatch): idle, not compute, as braid train counts them.
+  double waited = 0;
 };
 
 struct Result {

@@ -91,7 +91,7 @@ std::array<double, pipeline::kComputeKinds> compute_per_device(const pipeline::P
     const auto& st = program.stages[static_cast<std::size_t>(e.stage)];
     const pipeline::WorkKind kind = pipeline::work_kind(st.instructions[static_cast<std::size_t>(e.instruction)]);
     if (e.lane == 0 && kind != pipeline::WorkKind::communication)
-      out[static_cast<std::size_t>(kind)] += e.duration * st.devices_per_replica / std::max(r.devices, 1);
+      out[static_cast<std::size_t>(kind)] += (e.duration - e.waited) * st.devices_per_replica / std::max(r.devices, 1);
   }
   return out;
 }

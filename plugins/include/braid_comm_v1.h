@@ -92,8 +92,8 @@ typedef struct braid_comm_plugin_v1 {
   /* A communicator over `count` distinct world ranks; its rank i is world_ranks[i].
    * Collective over the listed processes only: each of them calls it with the same
    * list, and processes not listed do not call it (MPI plugin: members that list the
-   * same ranks in different orders all fail, naming the difference; lists of different
-   * ranks are not detected and wait). Processes that create several
+   * same ranks in different orders all fail, those whose order differs told where;
+   * lists of different ranks are not detected and wait). Processes that create several
    * overlapping communicators must create them in one order that all agree on (as
    * built from one plan). The caller must be listed; it frees *out with comm_free. */
   int (*comm_create)(const int32_t* world_ranks, int32_t count, braid_comm_v1** out);

@@ -1097,6 +1097,10 @@ class Cli(unittest.TestCase):
             self.assertGreater(s["measured_idle_s"]["tp"], 0)
             self.assertLessEqual(sum(s["measured_compute_s"].values()) + sum(s["measured_idle_s"].values()),
                                  s["measured_step_s"])
+            # The simulator counts them alike: its compute and idle add up to its step.
+            self.assertGreater(s["simulated_idle_s"]["tp"], 0)
+            self.assertLessEqual(sum(s["simulated_compute_s"].values()) + sum(s["simulated_idle_s"].values()),
+                                 s["simulated_step_s"] * (1 + 1e-9))
 
     def test_measured_step_next_to_the_simulated_one_and_a_trace_like_simulate(self):
         with tempfile.TemporaryDirectory() as d:

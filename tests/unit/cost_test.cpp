@@ -364,6 +364,16 @@ TEST(Cost, ASequenceParallelBackwardGathersTheColumnLayersInputAgain) {
     want += hidden(ag, row_half) + hidden(ag, half) + hidden(rs, half);
   }
   EXPECT_NEAR(comm(userbuffers, true), want, 1e-15);
+
+  // A frozen llm (its input gradients still wanted, for the modules before it): no norm
+  // gradients to sum; Megatron gathers nothing again and has no weight-gradient GEMM to hide
+  // the reduce-scatter under.
+  auto frozen = run;
+  frozen.model.modules[static_cast<std::size_t>(llm)].frozen = true;
+  const auto frozen_trainer = sums(frozen, cost::Kernels::reference, &ag, &rs, &norm_ar);
+  EXPECT_NEAR(comm(frozen_trainer, true), 2 * (2 * ag + rs), 1e-15);
+  const auto frozen_megatron = sums(frozen, cost::Kernels::megatron, &ag, &rs, &norm_ar);
+  EXPECT_NEAR(comm(frozen_megatron, true), 2 * (ag + rs), 1e-15);
 }
 
 // The trainer's images: a microbatch runs one pass per image side. Priced as those passes,
