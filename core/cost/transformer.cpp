@@ -89,16 +89,15 @@ double tp_all_reduce(double bytes, const BlockContext& ctx) {
 // the reduce-scatter under the weight-gradient GEMM, each about half of that layer's
 // backward; with userbuffers (--tp-comm-overlap) the output gradient's gather runs under the
 // row-parallel layer's input-gradient GEMM. Megatron all-reduces the norms' gradients once a
-// step, over every layer (not priced).
+// step, over every layer (not priced). `ag` and `rs` price the whole sequence's all-gather
+// and reduce-scatter, `hidden` is the layer's width.
 void add_sequence_parallel_backward(LayerKernel& norm, const LayerKernel& column, const LayerKernel& row,
-                                    LayerKernel& reduce, const spec::ModuleSpec& m, double M, const BlockContext& ctx) {
-  const double E = ctx.device->element_bytes(), t = ctx.tp, sbh = M * m.hidden;
-  const double ag = ctx.comm->all_gather(sbh * E, ctx.tp_group);
-  const double rs = ctx.comm->reduce_scatter(sbh * E, ctx.tp_group);
+                                    LayerKernel& reduce, double ag, double rs, double hidden, const BlockContext& ctx) {
+  const double t = ctx.tp;
   if (ctx.kernels == Kernels::reference) {
     reduce.cost.comm_backward_s = 2 * ag + rs;
     if (ctx.grads.weights)  // a frozen norm's gradients are not summed
-      norm.cost.comm_backward_s += tp_all_reduce(2.0 * m.hidden * sizeof(float), ctx);  // gamma and beta, float
+      norm.cost.comm_backward_s += tp_all_reduce(2.0 * hidden * sizeof(float), ctx);  // gamma and beta, float
     return;
   }
   const double dgrad = column.cost.backward_s / 2, wgrad = column.cost.backward_s / 2;
@@ -285,21 +284,23 @@ std::vector<LayerKernel> transformer_layer_kernels(const spec::ModuleSpec& m, do
     k->cost.comm_forward_s = ar;
     if (ctx.grads.any()) k->cost.comm_backward_s = ar;
   }
-  if (sp > 1 && ctx.grads.any()) {
-    add_sequence_parallel_backward(norm_attention, qkv, out, reduce_attention, m, M, ctx);
-    add_sequence_parallel_backward(norm_mlp, up, down, reduce_mlp, m, M, ctx);
-  }
-  // Userbuffers (Megatron-Core --tp-comm-overlap, TransformerEngine): the all-gather runs
-  // under the column-parallel GEMM that consumes it, the reduce-scatter under the
-  // row-parallel GEMM that produces it (backward: add_sequence_parallel_backward).
-  if (train.tp_comm_overlap && sp > 1) {
+  if (sp > 1) {
     const double ag = ctx.comm->all_gather(sbh * E, ctx.tp_group);
     const double rs = ctx.comm->reduce_scatter(sbh * E, ctx.tp_group);
-    auto hide = [&](LayerKernel& k, const LayerKernel& column, const LayerKernel& row) {
-      k.cost.comm_forward_s = overlapped(ag, column.cost.forward_s, t) + overlapped(rs, row.cost.forward_s, t);
-    };
-    hide(reduce_attention, qkv, out);
-    hide(reduce_mlp, up, down);
+    if (ctx.grads.any()) {
+      add_sequence_parallel_backward(norm_attention, qkv, out, reduce_attention, ag, rs, h, ctx);
+      add_sequence_parallel_backward(norm_mlp, up, down, reduce_mlp, ag, rs, h, ctx);
+    }
+    // Userbuffers (Megatron-Core --tp-comm-overlap, TransformerEngine): the all-gather runs
+    // under the column-parallel GEMM that consumes it, the reduce-scatter under the
+    // row-parallel GEMM that produces it.
+    if (train.tp_comm_overlap) {
+      auto hide = [&](LayerKernel& k, const LayerKernel& column, const LayerKernel& row) {
+        k.cost.comm_forward_s = overlapped(ag, column.cost.forward_s, t) + overlapped(rs, row.cost.forward_s, t);
+      };
+      hide(reduce_attention, qkv, out);
+      hide(reduce_mlp, up, down);
+    }
   }
   std::vector<LayerKernel> ks = {norm_attention, qkv, core, out, reduce_attention, norm_mlp, up, down, reduce_mlp};
   static_assert(kLayerKernels == 9, "the kernels of a layer, as nn::TransformerBlock runs them");

@@ -282,19 +282,18 @@ int comm_world(braid_comm_v1** out) {
 // instead of leaving them all waiting in MPI_Comm_create_group for groups that differ.
 int create_in_listed_order(const std::vector<int>& ranks, MPI_Comm* out) {
   const int count = static_cast<int>(ranks.size());
-  std::vector<int> first = ranks;
-  std::sort(first.begin(), first.end());
-  const int lowest = first[0];
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
   MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
   int rc = check(MPI_Comm_group(state.world.comm, &world_group), "comm_create: MPI_Comm_group");
-  if (!rc) rc = check(MPI_Group_incl(world_group, count, first.data(), &group), "comm_create: MPI_Group_incl");
+  if (!rc) rc = check(MPI_Group_incl(world_group, count, sorted.data(), &group), "comm_create: MPI_Group_incl");
   MPI_Comm set = MPI_COMM_NULL;
   // Collective over the group only, so overlapping groups need no world-wide call.
   if (!rc) rc = check(MPI_Comm_create_group(state.world.comm, group, 0, &set), "comm_create: MPI_Comm_create_group");
   if (group != MPI_GROUP_NULL) MPI_Group_free(&group);
   if (world_group != MPI_GROUP_NULL) MPI_Group_free(&world_group);
   if (rc) return rc;
-  first = ranks;  // becomes the list of the lowest world rank, the set's rank 0
+  std::vector<int> first = ranks;  // becomes the list of the lowest world rank, the set's rank 0
   rc = check(MPI_Bcast(first.data(), count, MPI_INT, 0, set), "comm_create: MPI_Bcast of the first member's list");
   const auto at = std::mismatch(ranks.begin(), ranks.end(), first.begin()).first - ranks.begin();
   int same = at == count ? 1 : 0;
@@ -303,7 +302,7 @@ int create_in_listed_order(const std::vector<int>& ranks, MPI_Comm* out) {
     rc = fail(MPI_ERR_ARG,
               "comm_create: this process lists the %d ranks in another order than world rank %d (at position %d: world "
               "rank %d, where it has %d); every member must pass one list",
-              count, lowest, int(at), ranks[static_cast<std::size_t>(at)], first[static_cast<std::size_t>(at)]);
+              count, sorted[0], int(at), ranks[static_cast<std::size_t>(at)], first[static_cast<std::size_t>(at)]);
   } else if (!rc && !same) {
     rc = fail(MPI_ERR_ARG,
               "comm_create: another member lists the %d ranks in another order than this process; every member must "

@@ -322,8 +322,8 @@ TEST(Cost, MegatronCoreSettingsEachPriceTheirMechanism) {
 TEST(Cost, ASequenceParallelBackwardGathersTheColumnLayersInputAgain) {
   auto run = test::load("tiny-mllm.yaml");
   run.training.sequence_parallel = true;
-  const int llm = run.model.index_of("llm"), tp = 4,
-            b = 4;  // at TP 2 the hidden collectives cost what one all-reduce did
+  // At TP 2 Megatron's hidden collectives happen to cost what one all-reduce did: TP 4.
+  const int llm = run.model.index_of("llm"), tp = 4, b = 4;
   const auto& m = run.model.modules[static_cast<std::size_t>(llm)];
   auto sums = [&](const spec::RunSpec& r, cost::Kernels kernels, double* ag, double* rs, double* norm_ar) {
     const cost::CostModel cost(r, {}, kernels);

@@ -1038,7 +1038,14 @@ TEST(NnParallel, ASequenceParallelLayerRunsTheCollectivesTheCostModelPrices) {
       std::multiset<std::size_t> left(calls.begin(), calls.end());
       const auto it = one[static_cast<std::size_t>(pass)].find(kind);
       if (it != one[static_cast<std::size_t>(pass)].end())
-        for (std::size_t f : it->second) left.erase(left.find(f));
+        for (std::size_t f : it->second) {
+          const auto found = left.find(f);
+          if (found == left.end()) {
+            ADD_FAILURE() << "two layers lack a " << kind << " of " << f << " floats that one layer runs";
+            continue;
+          }
+          left.erase(found);
+        }
       if (!left.empty()) out[kind] = {left.begin(), left.end()};
     }
     return out;
