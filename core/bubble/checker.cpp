@@ -57,7 +57,7 @@ void check(const Colocated& c, const pipeline::Program& program) {
       if (i.op == Op::forward || i.op == Op::backward) {
         host = &i;
         const auto& u = st.units[static_cast<std::size_t>(i.unit)];
-        tp_left = i.op == Op::forward ? u.forward_tp_s : u.backward_tp_s;
+        tp_left = u.tp_seconds(i.op);
       }
       if (i.op != Op::encoder_task) continue;
       const bool backward = i.flags & pipeline::kBackwardTask;
@@ -77,12 +77,12 @@ void check(const Colocated& c, const pipeline::Program& program) {
         const auto& hu = st.units[static_cast<std::size_t>(host ? host->unit : 0)];
         const double seconds =
             backward ? u.backward_s + u.backward_tp_s + u.shard_comm_s : u.forward_s + u.forward_tp_s;
-        const double bubble = hu.tp_collectives > 0 ? tp_left / hu.tp_collectives : 0;
+        const int collectives = host ? hu.tp_collectives(host->op) : 0;
+        const double bubble = collectives > 0 ? tp_left / collectives : 0;
         if (u.communication)
           violated("'" + u.label + "' of " + chunk_name(c, s, e, i.microbatch) +
                    " is communication placed inside a TP collective's wait");
-        if (!host || hu.tp_collectives <= 0 ||
-            seconds > (host->op == Op::forward ? hu.forward_tp_s : hu.backward_tp_s) / hu.tp_collectives + kSlack) {
+        if (collectives <= 0 || seconds > hu.tp_seconds(host->op) / collectives + kSlack) {
           violated("'" + u.label + "' of " + chunk_name(c, s, e, i.microbatch) + " (" + std::to_string(seconds) +
                    " s) does not fit one TP collective's wait (" + std::to_string(bubble) + " s)");
         }

@@ -62,7 +62,7 @@ std::vector<StageTimeline> timeline_of(const Colocated& c, const Emitted& e, con
       t.compute.push_back(static_cast<int>(n));
       t.start.push_back(a);
       t.end.push_back(b);
-      t.tp_s.push_back(i.op == Op::forward ? u.forward_tp_s : u.backward_tp_s);
+      t.tp_s.push_back(u.tp_seconds(i.op));
     }
   }
   return out;
@@ -79,15 +79,16 @@ std::vector<Gap> gaps_of(const Colocated& c, int s, const StageTimeline& t, Pass
   g.push_back(first);
   for (std::size_t q = 0; q < t.compute.size(); ++q) {
     const int n = t.compute[q];
-    const auto& u = st.units[static_cast<std::size_t>(ins[static_cast<std::size_t>(n)].unit)];
-    if (pass == Pass::fine && u.tp_collectives > 0 && t.tp_s[q] > 0) {
+    const auto& i = ins[static_cast<std::size_t>(n)];
+    const int collectives = st.units[static_cast<std::size_t>(i.unit)].tp_collectives(i.op);
+    if (pass == Pass::fine && collectives > 0 && t.tp_s[q] > 0) {
       Gap tp;
       tp.slot = n;
       tp.in_tp = true;
       tp.a = t.end[q] - t.tp_s[q];
       tp.b = t.end[q];
-      tp.bins = u.tp_collectives;
-      tp.bubble = t.tp_s[q] / u.tp_collectives;
+      tp.bins = collectives;
+      tp.bubble = t.tp_s[q] / collectives;
       g.push_back(tp);
     }
     // After the instruction's sends (so they leave on time), before the next one.

@@ -6,14 +6,18 @@
 namespace braid::cost {
 
 struct BlockCost {
-  double flops_forward = 0;     // model FLOPs
-  double flops_backward = 0;    // model FLOPs (2x forward for trainable GEMMs)
-  double flops_recompute = 0;   // extra forward FLOPs spent by activation recomputation
-  double forward_s = 0;         // compute time
-  double backward_s = 0;        // compute time, without recomputation
-  double recompute_s = 0;       // compute time of the recomputed forward
-  double comm_forward_s = 0;    // exposed tensor-parallel collectives in forward
-  double comm_backward_s = 0;   // ... in backward, including the recomputed forward's
+  double flops_forward = 0;    // model FLOPs
+  double flops_backward = 0;   // model FLOPs (2x forward for trainable GEMMs)
+  double flops_recompute = 0;  // extra forward FLOPs spent by activation recomputation
+  double forward_s = 0;        // compute time
+  double backward_s = 0;       // compute time, without recomputation
+  double recompute_s = 0;      // compute time of the recomputed forward
+  double comm_forward_s = 0;   // exposed tensor-parallel collectives in forward
+  double comm_backward_s = 0;  // ... in backward, including the recomputed forward's
+  // How many collectives those are, counted where they are priced: each is a wait on the
+  // device, and Optimus' fine pass fills each with encoder work (its TP bubbles).
+  double collectives_forward = 0;
+  double collectives_backward = 0;
   double activation_bytes = 0;  // kept from forward to backward, per microbatch
   // Activations that recomputation re-creates for a backward, one layer at a time: held on top
   // of what is kept while that layer's backward runs. Not a sum: a block's parts run one after
@@ -30,6 +34,8 @@ struct BlockCost {
     recompute_s += o.recompute_s;
     comm_forward_s += o.comm_forward_s;
     comm_backward_s += o.comm_backward_s;
+    collectives_forward += o.collectives_forward;
+    collectives_backward += o.collectives_backward;
     activation_bytes += o.activation_bytes;
     recompute_bytes = recompute_bytes > o.recompute_bytes ? recompute_bytes : o.recompute_bytes;
     parameters += o.parameters;
@@ -45,6 +51,8 @@ struct BlockCost {
     c.recompute_s *= n;
     c.comm_forward_s *= n;
     c.comm_backward_s *= n;
+    c.collectives_forward *= n;
+    c.collectives_backward *= n;
     c.activation_bytes *= n;
     if (n == 0) c.recompute_bytes = 0;
     c.parameters *= n;

@@ -96,8 +96,11 @@ void add_sequence_parallel_backward(LayerKernel& norm, const LayerKernel& column
   const double t = ctx.tp;
   if (ctx.kernels == Kernels::reference) {
     reduce.cost.comm_backward_s = 2 * ag + rs;
-    if (ctx.grads.weights)  // a frozen norm's gradients are not summed
+    reduce.cost.collectives_backward = 3;
+    if (ctx.grads.weights) {  // a frozen norm's gradients are not summed
       norm.cost.comm_backward_s += tp_all_reduce(2.0 * hidden * sizeof(float), ctx);  // gamma and beta, float
+      norm.cost.collectives_backward += 1;
+    }
     return;
   }
   const double dgrad = column.cost.backward_s / 2, wgrad = column.cost.backward_s / 2;
@@ -106,6 +109,7 @@ void add_sequence_parallel_backward(LayerKernel& norm, const LayerKernel& column
   // gathers nothing again, and has no GEMM left to hide its input gradient's reduce-scatter.
   reduce.cost.comm_backward_s =
       gather_dy + (ctx.grads.weights ? overlapped(ag, dgrad, t) + overlapped(rs, wgrad, t) : rs);
+  reduce.cost.collectives_backward = ctx.grads.weights ? 3 : 2;  // each leaves a part exposed
 }
 
 }  // namespace
@@ -282,7 +286,11 @@ std::vector<LayerKernel> transformer_layer_kernels(const spec::ModuleSpec& m, do
   const double ar = tp_all_reduce(sbh * E, ctx);
   for (LayerKernel* k : {&reduce_attention, &reduce_mlp}) {
     k->cost.comm_forward_s = ar;
-    if (ctx.grads.any()) k->cost.comm_backward_s = ar;
+    k->cost.collectives_forward = t > 1 ? (sp > 1 ? 2 : 1) : 0;  // an all-reduce, or an all-gather and a reduce-scatter
+    if (ctx.grads.any()) {
+      k->cost.comm_backward_s = ar;
+      k->cost.collectives_backward = t > 1 ? 1 : 0;  // under sequence parallelism: below
+    }
   }
   if (sp > 1) {
     const double ag = ctx.comm->all_gather(sbh * E, ctx.tp_group);
@@ -312,6 +320,7 @@ std::vector<LayerKernel> transformer_layer_kernels(const spec::ModuleSpec& m, do
       k.cost.recompute_s = k.cost.forward_s;
       k.cost.flops_recompute = k.cost.flops_forward;
       k.cost.comm_backward_s += k.cost.comm_forward_s;
+      k.cost.collectives_backward += k.cost.collectives_forward;
     } else if (recomputed(train) == spec::Recompute::selective && &k == &ks[2]) {
       k.cost.recompute_s = k.cost.forward_s;
       k.cost.flops_recompute = k.cost.flops_forward;
@@ -367,6 +376,7 @@ BlockCost token_embedding(const spec::ModuleSpec& m, double s, double b, const B
   // Gather rows, then all-reduce the vocab-parallel partial results.
   BlockCost c = embedding_op(M, h, ctx);
   c.comm_forward_s = tp_all_reduce(M * h * E, ctx);
+  c.collectives_forward = ctx.tp > 1 ? 1 : 0;
   return c;
 }
 
@@ -391,8 +401,10 @@ BlockCost lm_head(const spec::ModuleSpec& m, double s, double text, double b, co
   add_gemm(c, R, v, h, 1, true, ctx);
   add_elementwise(c, cross_entropy_bytes(R, v, E), ctx);
   c.comm_forward_s = 2 * tp_all_reduce(R * 4, ctx);  // row max and row sum across vocab shards
+  c.collectives_forward = ctx.tp > 1 ? 2 : 0;
   if (ctx.grads.any()) {
     c.comm_backward_s = tp_all_reduce(R * h * E, ctx);  // gradient of the head's input
+    c.collectives_backward = ctx.tp > 1 ? 1 : 0;
     c.activation_bytes = R * v * 4 + M * h * E;
   }
   return c;

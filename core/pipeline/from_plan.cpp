@@ -1,6 +1,7 @@
 #include "core/pipeline/from_plan.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/common/error.hpp"
 #include "core/common/text.hpp"
@@ -23,6 +24,8 @@ WorkUnit unit_of(const StageLoad& l, const std::string& label, double input_byte
   u.forward_tp_s = l.work.comm_forward_s * scale;
   u.backward_s = (l.work.backward_s + l.work.recompute_s) * scale;
   u.backward_tp_s = l.work.comm_backward_s * scale;
+  u.forward_tp_collectives = static_cast<int>(std::lround(l.work.collectives_forward * scale));
+  u.backward_tp_collectives = static_cast<int>(std::lround(l.work.collectives_backward * scale));
   u.recompute_s = l.work.forward_s * scale;
   u.shard_comm_s = l.shard_comm_s * scale;
   u.activation_bytes = l.work.activation_bytes * scale;
@@ -116,7 +119,7 @@ Program monolithic(const cost::CostModel& cost, const plan::Plan& plan, spec::Sc
     const auto& l = g.loads[static_cast<std::size_t>(s)];
     std::string names;
     double input = 0;
-    int module = -1, count = 0, collectives = 0;
+    int module = -1, count = 0;
     std::vector<StagePart> parts;
     for (const auto& m : plan.modules) {
       if (m.first_stage <= s && s < m.first_stage + m.pp) {
@@ -125,9 +128,6 @@ Program monolithic(const cost::CostModel& cost, const plan::Plan& plan, spec::Sc
         module = m.module;
         parts.push_back(stage_part(m, s - m.first_stage));
         ++count;
-        // Megatron TP: two collectives per transformer layer each way (attention, MLP).
-        const auto at = static_cast<std::size_t>(s - m.first_stage);
-        if (g.tp > 1 && at < m.layers_per_stage.size()) collectives += 2 * m.layers_per_stage[at];
       }
     }
     StageProgram st =
@@ -138,10 +138,7 @@ Program monolithic(const cost::CostModel& cost, const plan::Plan& plan, spec::Sc
     st.send_activation_s = s + 1 < g.stages ? g.send_s[static_cast<std::size_t>(s)] : g.wrap_send_s;
     st.send_grad_s = s > 0 ? g.send_s[static_cast<std::size_t>(s - 1)] : g.wrap_send_s;
     st.reduce_grads_s = g.tail(static_cast<std::size_t>(s), cost.run().training) - l.optimizer_s;
-    for (int c = 0; c < v; ++c) {
-      st.units.push_back(unit_of(l, st.name, input / v, 1.0 / v));
-      st.units.back().tp_collectives = collectives / v;
-    }
+    for (int c = 0; c < v; ++c) st.units.push_back(unit_of(l, st.name, input / v, 1.0 / v));
     p.stages.push_back(std::move(st));
   }
   for (int s = 0; s + 1 < g.stages; ++s) link(p, s, s + 1);

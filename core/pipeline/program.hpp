@@ -84,14 +84,19 @@ struct WorkUnit {
   double forward_tp_s = 0;  // exposed tensor-parallel collectives
   double backward_s = 0;    // compute, recomputation included
   double backward_tp_s = 0;
-  double recompute_s = 0;       // the forward a kRecompute forward re-runs (two-phase)
-  double shard_comm_s = 0;      // ZeRO-2/3 DP traffic per microbatch
-  double activation_bytes = 0;  // kept from forward to backward
-  double input_bytes = 0;       // kept by a kNoStore forward (its input, for the recompute)
-  double recompute_bytes = 0;   // re-created by recomputation and held during its backward
-  double hardware_flops = 0;    // forward + backward (+ recompute) per device
-  int tp_collectives = 0;       // TP collectives in one forward (and in one backward): the TP bubbles
-  bool communication = false;   // encoder kernel that is itself a collective or transfer
+  double recompute_s = 0;           // the forward a kRecompute forward re-runs (two-phase)
+  double shard_comm_s = 0;          // ZeRO-2/3 DP traffic per microbatch
+  double activation_bytes = 0;      // kept from forward to backward
+  double input_bytes = 0;           // kept by a kNoStore forward (its input, for the recompute)
+  double recompute_bytes = 0;       // re-created by recomputation and held during its backward
+  double hardware_flops = 0;        // forward + backward (+ recompute) per device
+  int forward_tp_collectives = 0;   // TP collectives in one forward: its TP bubbles
+  int backward_tp_collectives = 0;  // ... in one backward
+  bool communication = false;       // encoder kernel that is itself a collective or transfer
+
+  // Of a forward or a backward instruction (`op`) running this unit.
+  double tp_seconds(Op op) const { return op == Op::forward ? forward_tp_s : backward_tp_s; }
+  int tp_collectives(Op op) const { return op == Op::forward ? forward_tp_collectives : backward_tp_collectives; }
 };
 
 // What a stage runs of one module: one of the module's own pipeline stages, as a range of

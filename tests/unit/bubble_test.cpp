@@ -101,6 +101,39 @@ TEST(Bubble, EveryScheduleOfTheBundledRunsPassesTheChecker) {
   }
 }
 
+// The fine pass cuts an llm instruction's exposed TP time into one wait per collective it
+// runs, as the cost model counts them: under sequence parallelism a layer's forward
+// all-gathers and reduce-scatters twice, its backward gathers again (Megatron: 6 waits).
+TEST(Bubble, AnLlmInstructionWaitsOnceForEachCollectiveOfItsLayers) {
+  auto c = optimus_case("vit22b-gpt175b-1536gpu.yaml");
+  ASSERT_TRUE(c.run->training.sequence_parallel);
+  const auto s = bubble::schedule(*c.cost, c.plan);
+  const plan::ModulePlacement* llm = nullptr;
+  for (const auto& m : c.plan.modules)
+    if (m.role == spec::Role::llm) llm = &m;
+  ASSERT_NE(llm, nullptr);
+  ASSERT_EQ(llm->tp, 8);
+  double forward = 0, backward = 0;
+  for (const auto& k : c.cost->layer_kernels(llm->module, llm->tp, llm->microbatch_size)) {
+    forward += k.cost.collectives_forward;
+    backward += k.cost.collectives_backward;
+  }
+  EXPECT_EQ(forward, 4);
+  EXPECT_EQ(backward, 6);
+  int checked = 0;
+  for (const auto& st : s.fine.stages) {
+    if (st.depth == 0 || st.depth + 1 == llm->pp) continue;  // the embedding's and the head's own
+    const int layers = llm->layers_per_stage[static_cast<std::size_t>(st.depth)];
+    for (const auto& u : st.units) {
+      if (u.kind != pipeline::UnitKind::model) continue;
+      EXPECT_EQ(u.forward_tp_collectives, layers * forward) << st.name;
+      EXPECT_EQ(u.backward_tp_collectives, layers * backward) << st.name;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, llm->pp - 2);
+}
+
 // Enough encoder work in short microbatches (ViT-22B on 2 stages at TP 8), and no
 // parameter all-gather to hide the forwards behind (ZeRO 0): both passes find real bubble
 // time, the fine one more, partly inside TP waits.

@@ -339,6 +339,11 @@ TEST(Cost, ASequenceParallelBackwardGathersTheColumnLayersInputAgain) {
     for (const auto& k : ks) s += backward ? k.cost.comm_backward_s : k.cost.comm_forward_s;
     return s;
   };
+  auto collectives = [](const std::vector<cost::LayerKernel>& ks, bool backward) {
+    double n = 0;
+    for (const auto& k : ks) n += backward ? k.cost.collectives_backward : k.cost.collectives_forward;
+    return n;
+  };
   double ag = 0, rs = 0, norm_ar = 0;
   const auto trainer = sums(run, cost::Kernels::reference, &ag, &rs, &norm_ar);
   ASSERT_GT(ag, 0);
@@ -354,6 +359,9 @@ TEST(Cost, ASequenceParallelBackwardGathersTheColumnLayersInputAgain) {
     want += ag + hidden(ag, half) + hidden(rs, half);
   }
   EXPECT_NEAR(comm(megatron, true), want, 1e-15);
+  // Each of the three leaves a part exposed; the norms' gradients are summed once a step.
+  EXPECT_EQ(collectives(megatron, false), 4);
+  EXPECT_EQ(collectives(megatron, true), 6);
   auto overlap = run;
   overlap.training.tp_comm_overlap = true;
   const auto userbuffers = sums(overlap, cost::Kernels::megatron, &ag, &rs, &norm_ar);
@@ -374,6 +382,8 @@ TEST(Cost, ASequenceParallelBackwardGathersTheColumnLayersInputAgain) {
   EXPECT_NEAR(comm(frozen_trainer, true), 2 * (2 * ag + rs), 1e-15);
   const auto frozen_megatron = sums(frozen, cost::Kernels::megatron, &ag, &rs, &norm_ar);
   EXPECT_NEAR(comm(frozen_megatron, true), 2 * (ag + rs), 1e-15);
+  EXPECT_EQ(collectives(frozen_trainer, true), 6);
+  EXPECT_EQ(collectives(frozen_megatron, true), 4);
 }
 
 // The trainer's images: a microbatch runs one pass per image side. Priced as those passes,

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/cost/cost_model.hpp"
 #include "core/nn/host_ops.hpp"
 #include "core/nn/modules/decoder.hpp"
 #include "core/nn/modules/image_encoder.hpp"
@@ -1056,6 +1057,21 @@ TEST(NnParallel, ASequenceParallelLayerRunsTheCollectivesTheCostModelPrices) {
   EXPECT_EQ(
       layer(1),
       (Calls{{"all-gather", {sbh, sbh, sbh, sbh}}, {"all-reduce", {norm, norm}}, {"reduce-scatter", {sbh, sbh}}}));
+
+  // The cost model counts as many each way: the waits Optimus' fine pass fills.
+  auto run = test::load("tiny-mllm.yaml");
+  run.training.sequence_parallel = true;
+  const cost::CostModel cost(run, {}, cost::Kernels::reference);
+  std::array<double, 2> priced{};
+  for (const auto& k : cost.layer_kernels(run.model.index_of("llm"), 2, 1)) {
+    priced[0] += k.cost.collectives_forward;
+    priced[1] += k.cost.collectives_backward;
+  }
+  for (int pass : {0, 1}) {
+    std::size_t calls = 0;
+    for (const auto& [kind, sizes] : layer(pass)) calls += sizes.size();
+    EXPECT_EQ(priced[static_cast<std::size_t>(pass)], static_cast<double>(calls)) << (pass ? "backward" : "forward");
+  }
 }
 
 TEST(NnParallel, TensorParallelProjectorMatchesOneProcess) {
