@@ -106,9 +106,10 @@ Colocated decompose(const cost::CostModel& cost, const plan::Plan& plan) {
       }
     }
     c.encoders.push_back(enc);
-    const auto loads = plan::grid_loads(cost, m, m.microbatch_size);
-    const cost::ModuleCost& mc = cost.module(m.module, m.tp, m.microbatch_size);
-    const auto kernels = cost.layer_kernels(m.module, m.tp, m.microbatch_size);
+    const cost::CostModel& priced = cost.colocated_encoder_model();
+    const auto loads = plan::grid_loads(priced, m, m.microbatch_size);
+    const cost::ModuleCost& mc = priced.module(m.module, m.tp, m.microbatch_size);
+    const auto kernels = priced.layer_kernels(m.module, m.tp, m.microbatch_size);
     const double handover = plan::colocated_handover_seconds(cost, m, c.llm.stages[0].devices_per_replica, P);
     for (int s = 0; s < P; ++s) {
       auto& st = c.llm.stages[static_cast<std::size_t>(s)];

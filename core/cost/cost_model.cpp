@@ -242,6 +242,18 @@ ModuleCost CostModel::build(int mi, int tp, int samples, const GroupShape& tp_gr
   return c;
 }
 
+const CostModel& CostModel::colocated_encoder_model() const {
+  if (kernels_ != Kernels::reference || !run_->training.sequence_parallel) return *this;
+  std::lock_guard<std::mutex> lock(whole_sequences_mutex_);
+  auto& [run, model] = whole_sequences_;
+  if (!model) {
+    run = std::make_unique<spec::RunSpec>(*run_);
+    run->training.sequence_parallel = false;
+    model = std::make_unique<CostModel>(*run, trained_, kernels_);
+  }
+  return *model;
+}
+
 std::vector<LayerKernel> CostModel::layer_kernels(int mi, int tp, int samples) const {
   const auto& m = run_->model.modules[static_cast<std::size_t>(mi)];
   if (m.role == Role::projector || m.role == Role::loss || tp < 1)

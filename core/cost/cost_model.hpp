@@ -107,6 +107,11 @@ class CostModel {
   // module() prices that layer: for schedulers that place kernels one by one.
   std::vector<LayerKernel> layer_kernels(int m, int tp, int samples) const;
 
+  // The model an Optimus colocated encoder is priced on. braid's trainer (Kernels::reference)
+  // runs one kernel by kernel on whole sequences (train::ChainStage), so there it is this run
+  // without sequence parallelism; Megatron splits its sequences as the llm's (this model).
+  const CostModel& colocated_encoder_model() const;
+
   // Training state per parameter of module `m`, with ZeRO sharding over `dp` replicas.
   StateBytes state_bytes(int m, int dp) const;
   // Optimizer step time for `params` local parameters (memory bound); reference, with the
@@ -160,6 +165,9 @@ class CostModel {
   // The run at each trained (side, caption), and its cost model (nominal pricing), built on demand.
   mutable std::map<std::pair<int, int>, std::pair<std::unique_ptr<spec::RunSpec>, std::unique_ptr<CostModel>>> at_size_;
   mutable std::mutex size_mutex_;  // guards at_size_ (node-stable: models stay valid)
+  // This run without sequence parallelism and its model, built on demand (colocated_encoder_model).
+  mutable std::pair<std::unique_ptr<spec::RunSpec>, std::unique_ptr<CostModel>> whole_sequences_;
+  mutable std::mutex whole_sequences_mutex_;
   double model_flops_per_sample_ = 0;
   mutable std::mutex cache_mutex_;
   mutable std::map<std::tuple<int, int, int, int, int>, ModuleCost> cache_;  // node-stable: references stay valid

@@ -65,10 +65,11 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
       return reject(why, p.name + ": global batch does not split into encoder dp x microbatch");
     }
     const double K = microbatches_per_step(train, p);
-    auto loads = grid_loads(cost, p, p.microbatch_size);
+    const cost::CostModel& priced = cost.colocated_encoder_model();
+    auto loads = grid_loads(priced, p, p.microbatch_size);
     const double handover = colocated_handover_seconds(cost, p, g.tp, g.stages);
     // Every pass of a microbatch recomputes a layer at once (bubble::decompose's tasks).
-    const double recomputed = cost.module(p.module, p.tp, p.microbatch_size).recompute_bytes_all_passes;
+    const double recomputed = priced.module(p.module, p.tp, p.microbatch_size).recompute_bytes_all_passes;
     double f_max = 0, b_max = 0;
     for (std::size_t s = 0; s < loads.size(); ++s) {
       const auto& l = loads[s];

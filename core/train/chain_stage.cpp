@@ -155,7 +155,8 @@ ChainStage::ChainStage(const spec::RunSpec& run, const cost::CostModel& cost, co
   }
   // Each module holds only its slices of what tensor parallelism splits.
   // Sequence parallelism where the run asks for it, but in a colocated encoder run kernel by
-  // kernel (its tasks take the whole sequences; ImageEncoder::forward_kernel).
+  // kernel (its tasks take the whole sequences; ImageEncoder::forward_kernel): priced so too
+  // (cost::CostModel::colocated_encoder_model).
   const bool sequence_parallel = run.training.sequence_parallel;
   if (vision_tp_)
     vision_group_ =

@@ -134,6 +134,54 @@ TEST(Bubble, AnLlmInstructionWaitsOnceForEachCollectiveOfItsLayers) {
   EXPECT_EQ(checked, llm->pp - 2);
 }
 
+// braid's trainer runs a colocated encoder kernel by kernel on whole sequences, with or
+// without sequence_parallel: priced for it (Kernels::reference), its tasks do not change
+// with the setting, while the llm's collectives do. Megatron splits the encoder's too.
+TEST(Bubble, AColocatedEncoderIsPricedOnWholeSequencesAsBraidsTrainerRunsIt) {
+  auto units = [](bool sequence_parallel, cost::Kernels kernels) {
+    spec::RunSpec run = test::load("tiny-mllm.yaml");
+    run.training.sequence_parallel = sequence_parallel;
+    const cost::CostModel cost(run, {}, kernels);
+    EXPECT_EQ(&cost.colocated_encoder_model() == &cost, !sequence_parallel || kernels == cost::Kernels::megatron);
+    plan::Plan plan = orchestrate::make_plan(cost, plan::PlanRequest{plan::Strategy::optimus, {2, 2, 0}, {}}).best;
+    for (auto& m : plan.modules) {
+      if (m.role != spec::Role::encoder) continue;
+      m.tp = 2;
+      m.pp = 1;
+      m.dp = m.devices / 2;
+      m.layers_per_stage.assign(1, run.model.modules[static_cast<std::size_t>(m.module)].layers);
+    }
+    std::vector<pipeline::WorkUnit> out;
+    for (const auto& st : bubble::schedule(cost, plan).fine.stages)
+      out.insert(out.end(), st.units.begin(), st.units.end());
+    return out;
+  };
+  auto same = [](const pipeline::WorkUnit& a, const pipeline::WorkUnit& b) {
+    return a.forward_s == b.forward_s && a.backward_s == b.backward_s && a.forward_tp_s == b.forward_tp_s &&
+           a.backward_tp_s == b.backward_tp_s && a.activation_bytes == b.activation_bytes;
+  };
+  for (auto kernels : {cost::Kernels::reference, cost::Kernels::megatron}) {
+    SCOPED_TRACE(kernels == cost::Kernels::reference ? "braid's trainer" : "megatron");
+    const auto split = units(true, kernels), whole = units(false, kernels);
+    ASSERT_EQ(split.size(), whole.size());
+    int encoder_differ = 0, encoder_units = 0, llm_gained = 0;
+    for (std::size_t u = 0; u < split.size(); ++u) {
+      if (split[u].kind == pipeline::UnitKind::model) {
+        llm_gained += split[u].forward_tp_collectives > whole[u].forward_tp_collectives;
+        continue;
+      }
+      ++encoder_units;
+      encoder_differ += !same(split[u], whole[u]);
+    }
+    EXPECT_GT(encoder_units, 0);
+    EXPECT_GT(llm_gained, 0);  // the llm's layers all-gather and reduce-scatter
+    if (kernels == cost::Kernels::reference)
+      EXPECT_EQ(encoder_differ, 0);
+    else
+      EXPECT_GT(encoder_differ, 0);
+  }
+}
+
 // Enough encoder work in short microbatches (ViT-22B on 2 stages at TP 8), and no
 // parameter all-gather to hide the forwards behind (ZeRO 0): both passes find real bubble
 // time, the fine one more, partly inside TP waits.
