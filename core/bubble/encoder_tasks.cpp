@@ -107,7 +107,7 @@ Colocated decompose(const cost::CostModel& cost, const plan::Plan& plan) {
     }
     c.encoders.push_back(enc);
     const cost::CostModel& priced = cost.colocated_encoder_model();
-    const auto loads = plan::grid_loads(priced, m, m.microbatch_size);
+    const auto loads = plan::colocated_encoder_loads(cost, m);
     const cost::ModuleCost& mc = priced.module(m.module, m.tp, m.microbatch_size);
     const auto kernels = priced.layer_kernels(m.module, m.tp, m.microbatch_size);
     const double handover = plan::colocated_handover_seconds(cost, m, c.llm.stages[0].devices_per_replica, P);

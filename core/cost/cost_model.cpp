@@ -249,6 +249,7 @@ const CostModel& CostModel::colocated_encoder_model() const {
   if (!model) {
     run = std::make_unique<spec::RunSpec>(*run_);
     run->training.sequence_parallel = false;
+    run->training.tp_comm_overlap = false;  // userbuffers need sequence parallelism
     model = std::make_unique<CostModel>(*run, trained_, kernels_);
   }
   return *model;

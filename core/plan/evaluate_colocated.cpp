@@ -66,7 +66,7 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
     }
     const double K = microbatches_per_step(train, p);
     const cost::CostModel& priced = cost.colocated_encoder_model();
-    auto loads = grid_loads(priced, p, p.microbatch_size);
+    auto loads = colocated_encoder_loads(cost, p);
     const double handover = colocated_handover_seconds(cost, p, g.tp, g.stages);
     // Every pass of a microbatch recomputes a layer at once (bubble::decompose's tasks).
     const double recomputed = priced.module(p.module, p.tp, p.microbatch_size).recompute_bytes_all_passes;

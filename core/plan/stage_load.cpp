@@ -159,6 +159,10 @@ std::vector<StageLoad> grid_loads(const cost::CostModel& cost, const ModulePlace
   return loads;
 }
 
+std::vector<StageLoad> colocated_encoder_loads(const cost::CostModel& cost, const ModulePlacement& p) {
+  return grid_loads(cost.colocated_encoder_model(), p, p.microbatch_size);
+}
+
 double colocated_handover_seconds(const cost::CostModel& cost, const ModulePlacement& encoder, int llm_tp,
                                   int llm_stages) {
   if (llm_stages == 1 && encoder.tp == llm_tp) return 0;

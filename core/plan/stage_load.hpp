@@ -93,6 +93,10 @@ void record_peak_memory(Estimate& e, const std::vector<StageLoad>& loads, const 
 // Stage loads of one module grid (ranks tp-dp-pp from its first device) for
 // microbatches of `samples`, with the pipeline sends between its own stages.
 std::vector<StageLoad> grid_loads(const cost::CostModel& cost, const ModulePlacement& p, int samples);
+// The grid loads of an Optimus colocated encoder, for its microbatches, priced as the run's
+// kernels run it (cost::CostModel::colocated_encoder_model): the plan's and the bubble
+// scheduler's alike.
+std::vector<StageLoad> colocated_encoder_loads(const cost::CostModel& cost, const ModulePlacement& p);
 
 // One microbatch's hand-over from a colocated encoder to the llm's first stage (its gradient
 // comes back the same way): a point-to-point send, across nodes whenever the grid spans

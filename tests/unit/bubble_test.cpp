@@ -113,6 +113,7 @@ TEST(Bubble, AnLlmInstructionWaitsOnceForEachCollectiveOfItsLayers) {
     if (m.role == spec::Role::llm) llm = &m;
   ASSERT_NE(llm, nullptr);
   ASSERT_EQ(llm->tp, 8);
+  ASSERT_GE(llm->pp, 3);  // stages with neither the embedding nor the head
   double forward = 0, backward = 0;
   for (const auto& k : c.cost->layer_kernels(llm->module, llm->tp, llm->microbatch_size)) {
     forward += k.cost.collectives_forward;
@@ -196,6 +197,27 @@ TEST(Bubble, FinePassRecoversAtLeastAsMuchAsCoarseAndBothBeatEncoderFirst) {
   EXPECT_GT(r.tp_bubble_tasks, 0);
   for (auto schedule : bubble::colocated_schedules())
     EXPECT_NO_THROW(bubble::check(s.layout, bubble::program_named(s, schedule)));
+  // Each task inside a TP wait fits one collective's share of its host's direction (under
+  // sequence parallelism a forward waits 4 times a layer, a backward 6).
+  int fitted[2] = {0, 0};
+  for (const auto& st : s.fine.stages) {
+    const Instruction* host = nullptr;
+    for (const auto& i : st.instructions) {
+      if (i.op == Op::forward || i.op == Op::backward) host = &i;
+      if (i.op != Op::encoder_task || !(i.flags & pipeline::kInTpBubble)) continue;
+      ASSERT_NE(host, nullptr);
+      const auto& h = st.units[static_cast<std::size_t>(host->unit)];
+      const auto& u = st.units[static_cast<std::size_t>(i.unit)];
+      const bool backward = host->op == Op::backward;
+      const double wait =
+          backward ? h.backward_tp_s / h.backward_tp_collectives : h.forward_tp_s / h.forward_tp_collectives;
+      const double task = (i.flags & pipeline::kBackwardTask) ? u.backward_s + u.backward_tp_s + u.shard_comm_s
+                                                              : u.forward_s + u.forward_tp_s;
+      EXPECT_LE(task, wait * (1 + 1e-9)) << st.name;
+      ++fitted[backward];
+    }
+  }
+  EXPECT_GT(fitted[0] + fitted[1], 0);
 }
 
 // An encoder of the llm's tp over a one-stage llm feeds the llm replica on its own devices:

@@ -1,6 +1,7 @@
 // The cost model against hand-computed values: FLOPs, parameters, activation and
 // state memory, collectives, GEMM efficiency.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <utility>
 
@@ -384,6 +385,30 @@ TEST(Cost, ASequenceParallelBackwardGathersTheColumnLayersInputAgain) {
   EXPECT_NEAR(comm(frozen_megatron, true), 2 * (ag + rs), 1e-15);
   EXPECT_EQ(collectives(frozen_trainer, true), 6);
   EXPECT_EQ(collectives(frozen_megatron, true), 4);
+}
+
+// Every TP collective the cost model prices is counted where it is priced (the waits the
+// bubble scheduler's fine pass fills): a layer's two all-reduces each way, the vocab-parallel
+// embedding's one, the head's row max and sum forward and its input gradient backward;
+// full recomputation runs the forward's again; nothing without tensor parallelism.
+TEST(Cost, EveryTpCollectiveIsCountedWhereItIsPriced) {
+  auto count = [](spec::RunSpec run, int tp) {
+    const cost::CostModel cost(run, {}, cost::Kernels::megatron);
+    const auto& m = cost.module(run.model.index_of("llm"), tp, 2);
+    return std::array<double, 6>{m.layer.collectives_forward, m.layer.collectives_backward,
+                                 m.first.collectives_forward, m.first.collectives_backward,
+                                 m.last.collectives_forward,  m.last.collectives_backward};
+  };
+  const auto run = test::load("tiny-mllm.yaml");
+  EXPECT_EQ(count(run, 2), (std::array<double, 6>{2, 2, 1, 0, 2, 1}));
+  EXPECT_EQ(count(run, 1), (std::array<double, 6>{}));
+  auto full = run;
+  full.training.recompute = spec::Recompute::full;
+  EXPECT_EQ(count(full, 2), (std::array<double, 6>{2, 4, 1, 0, 2, 1}));
+  auto userbuffers = run;
+  userbuffers.training.sequence_parallel = true;
+  userbuffers.training.tp_comm_overlap = true;
+  EXPECT_EQ(count(userbuffers, 2), (std::array<double, 6>{4, 6, 1, 0, 2, 1}));
 }
 
 // The trainer's images: a microbatch runs one pass per image side. Priced as those passes,
