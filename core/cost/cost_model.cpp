@@ -295,6 +295,17 @@ StateBytes CostModel::state_bytes(int m, int dp) const {
   return s;
 }
 
+StateBytes CostModel::in_instruction_bytes(int m, double part_params, double unit_params, int dp) const {
+  const int zero = run_->training.zero_stage;
+  StateBytes whole = state_bytes(m, 1);
+  StateBytes s;
+  if (zero < 2 || dp <= 1 || whole.gradients == 0) return s;  // frozen: neither sharded nor gathered
+  const double params = kernels_ == Kernels::reference ? part_params : std::min(part_params, unit_params);
+  s.gradients = params * whole.gradients;
+  if (zero >= 3) s.weights = params * whole.weights;
+  return s;
+}
+
 double adamw_bytes_per_parameter(spec::Precision precision) {
   // AdamW reads master weight, moments and gradient, writes them back (+ the bf16 copy).
   return precision == spec::Precision::fp32 ? 32 : 28;

@@ -114,6 +114,14 @@ class CostModel {
 
   // Training state per parameter of module `m`, with ZeRO sharding over `dp` replicas.
   StateBytes state_bytes(int m, int dp) const;
+  // What ZeRO-2/3 hold inside a forward or backward of module `m` beyond state_bytes' shards,
+  // for a stage's part of `part_params` parameters whose largest ZeRO unit (a layer, or the
+  // rest: embeddings, heads) has `unit_params`: whole gradients before their reduce-scatter
+  // (2, 3) and gathered weights (3). braid's trainer (Kernels::reference) holds the whole part
+  // of each (train/zero.hpp: a stage-3 backward gathers every unit as it starts, and a unit is
+  // reduced only after its last call of the instruction, one per image side); elsewhere
+  // (DeepSpeed's per-module gather and reduction) one unit at a time. No optimizer state.
+  StateBytes in_instruction_bytes(int m, double part_params, double unit_params, int dp) const;
   // Optimizer step time for `params` local parameters (memory bound); reference, with the
   // gradients' squared norm (for clipping) and their zeroing for the next step.
   double optimizer_seconds(int m, double params, int dp) const;

@@ -20,6 +20,18 @@ void StageLoad::add(const cost::CostModel& cost, int m, int layers, bool first, 
   dp_gather_s += cost.param_gather_seconds(m, params, dp_group);
   shard_comm_s += cost.sharded_traffic_seconds(m, params, dp_group);
   optimizer_s += cost.optimizer_seconds(m, params, dp_group.size);
+  const double layer = layers > 0 ? mc.layer.parameters : 0;
+  const cost::StateBytes held =
+      cost.in_instruction_bytes(m, params, std::max(layer, params - layers * layer), dp_group.size);
+  in_instruction.weights = std::max(in_instruction.weights, held.weights);
+  in_instruction.gradients = std::max(in_instruction.gradients, held.gradients);
+}
+
+MemoryBreakdown StageLoad::held() const {
+  MemoryBreakdown m = memory;
+  m.weights += in_instruction.weights;
+  m.gradients += in_instruction.gradients;
+  return m;
 }
 
 double StageLoad::exposed_dp_reduce(const spec::TrainingSpec& training) const {
@@ -97,7 +109,7 @@ void record_peak_memory(Estimate& e, const std::vector<StageLoad>& loads, const 
                         std::vector<MemoryBreakdown>* per_device) {
   double peak = -1;
   for (std::size_t i = 0; i < loads.size(); ++i) {
-    MemoryBreakdown m = loads[i].memory;
+    MemoryBreakdown m = loads[i].held();
     m.activations = acts[i];
     if (m.total() > peak) {
       peak = m.total();

@@ -19,7 +19,10 @@ struct StageLoad {
   double dp_sync_s = 0;     // DP collectives once per step
   double dp_gather_s = 0;   // ... of which the parameter all-gather (ZeRO-1/2)
   double optimizer_s = 0;
-  MemoryBreakdown memory;               // static part: weights, gradients, optimizer, reserved
+  MemoryBreakdown memory;  // static part: weights, gradients, optimizer, reserved
+  // What ZeRO-2/3 hold beyond it inside a forward or backward (whole gradients, gathered
+  // weights): the most of any one module of the stage, since their instructions run one at a time.
+  MemoryBreakdown in_instruction;
   const std::string* module = nullptr;  // for messages: "llm stage 3"; null in monolithic grids
   int stage = 0;
   StageDevices devices;  // the devices holding this stage, one per TP rank of each DP replica
@@ -28,6 +31,8 @@ struct StageLoad {
 
   double time() const { return work.forward_time() + work.backward_time() + p2p_s + shard_comm_s; }
   double compute() const { return work.compute_time(); }
+  // The state at its peak: memory with in_instruction's weights and gradients.
+  MemoryBreakdown held() const;
   // Activation bytes on each of its devices with `held` microbatches' kept: those, and during a
   // backward what recomputation re-creates of one layer.
   double activations(double held) const { return work.activation_bytes * held + work.recompute_bytes; }

@@ -76,6 +76,8 @@ class ChainStage : public StageWork {
   void single_process(bool on) override;
   void add_memory_sources(MemoryMeter& meter) override {
     meter.add_source(MemoryKind::communication, [this] { return sends_.bytes(); });
+    for (ZeroModule* z : {llm_zero_.get(), vision_zero_.get(), projector_zero_.get()})
+      if (z) z->measure_with(meter);
   }
   std::map<const nn::Parameter*, nn::Tensor> gather_sharded(const std::string& kind) override;
   void after_optimizer_step() override;

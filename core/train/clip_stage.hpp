@@ -55,6 +55,8 @@ class ClipStage : public StageWork {
   void single_process(bool on) override;
   void add_memory_sources(MemoryMeter& meter) override {
     meter.add_source(MemoryKind::communication, [this] { return sends_.bytes(); });
+    for (Tower& t : towers_)
+      if (t.zero) t.zero->measure_with(meter);
   }
   std::map<const nn::Parameter*, nn::Tensor> gather_sharded(const std::string& kind) override;
   void gather_parameters() override;

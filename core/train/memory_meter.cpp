@@ -127,7 +127,7 @@ MemoryComparison compare_with_prediction(const MemoryMeter& mine, const spec::Ru
     m.total = all[r * width + kMemoryKinds];
   }
   try {
-    const cost::CostModel cost(trained);
+    const cost::CostModel cost(trained, {}, cost::Kernels::reference);  // as the trainer runs, as its step is priced
     const std::vector<plan::MemoryBreakdown> devices = plan::device_memory(cost, plan);
     for (std::size_t r = 0; r < c.ranks.size() && r < devices.size(); ++r) {
       const plan::MemoryBreakdown& d = devices[r];

@@ -8,6 +8,7 @@
 
 #include "core/common/error.hpp"
 #include "core/train/host_staging.hpp"
+#include "core/train/memory_meter.hpp"
 
 namespace braid::train {
 
@@ -87,6 +88,18 @@ ZeroModule::ZeroModule(std::string name, int stage, runtime::Communicator& dp, n
       }
       free_weights(u);
     }
+}
+
+ZeroModule::CommBuffer::CommBuffer(std::size_t elements, std::size_t& counter)
+    : data(elements, 0.0f), in_flight(counter) {
+  in_flight += data.size() * sizeof(float);
+}
+
+ZeroModule::CommBuffer::~CommBuffer() { in_flight -= data.size() * sizeof(float); }
+
+void ZeroModule::measure_with(MemoryMeter& meter) {
+  sample_memory_ = [&meter] { meter.sample(); };
+  meter.add_source(MemoryKind::communication, [this] { return in_flight_bytes_; });
 }
 
 ZeroModule::Unit& ZeroModule::unit_of(const nn::TransformerBlock& block) {
@@ -205,20 +218,21 @@ double ZeroModule::reduce_scatter(Unit& u) {
 }
 
 std::function<void()> ZeroModule::post_reduce_scatter(Unit& u, std::vector<runtime::Request>& requests) {
-  auto flat = std::make_shared<std::vector<float>>(static_cast<std::size_t>(u.shard * dp_.size()), 0.0f);
+  auto flat = std::make_shared<CommBuffer>(static_cast<std::size_t>(u.shard * dp_.size()), in_flight_bytes_);
   for (std::size_t i = 0; i < u.params.size(); ++i) {
     nn::Tensor scratch;
     const nn::Tensor& g = on_host(ops_, u.params[i]->param->grad, scratch);
-    std::copy(g.data.begin(), g.data.end(), flat->begin() + u.offsets[i]);
+    std::copy(g.data.begin(), g.data.end(), flat->data.begin() + u.offsets[i]);
   }
-  auto mine = std::make_shared<std::vector<float>>(static_cast<std::size_t>(u.shard));
-  requests.push_back(dp_.ireduce_scatter(std::span<const float>(*flat), std::span<float>(*mine)));
+  auto mine = std::make_shared<CommBuffer>(static_cast<std::size_t>(u.shard), in_flight_bytes_);
+  if (sample_memory_ && running_) sample_memory_();  // the unit's whole gradient, its copy, the shards
+  requests.push_back(dp_.ireduce_scatter(std::span<const float>(flat->data), std::span<float>(mine->data)));
   return [this, &u, flat, mine] {
     const std::int64_t lo = dp_.rank() * u.shard;
     for (std::size_t i = 0; i < u.params.size(); ++i) {
       TrainedParameter& t = *u.params[i];
       if (t.end == t.begin) continue;  // none of it is this rank's
-      const float* from = mine->data() + (u.offsets[i] + t.begin - lo);
+      const float* from = mine->data.data() + (u.offsets[i] + t.begin - lo);
       if (stage_ == 1) {  // once per step: the sum replaces this rank's range of the whole gradient
         edit_on_host(ops_, t.param->grad,
                      [&](nn::Tensor& g) { std::copy(from, from + (t.end - t.begin), g.data.begin() + t.begin); });
@@ -233,7 +247,7 @@ std::function<void()> ZeroModule::post_reduce_scatter(Unit& u, std::vector<runti
 
 double ZeroModule::all_gather(Unit& u) {
   if (u.params.empty()) return 0;
-  std::vector<float> mine(static_cast<std::size_t>(u.shard), 0.0f);
+  CommBuffer mine(static_cast<std::size_t>(u.shard), in_flight_bytes_);
   const std::int64_t lo = dp_.rank() * u.shard;
   for (std::size_t i = 0; i < u.params.size(); ++i) {
     const TrainedParameter& t = *u.params[i];
@@ -241,14 +255,15 @@ double ZeroModule::all_gather(Unit& u) {
     nn::Tensor scratch;
     const float* from = stage_ == 3 ? on_host(ops_, t.value_shard, scratch).ptr()
                                     : on_host(ops_, t.param->value, scratch).ptr() + t.begin;
-    std::copy(from, from + (t.end - t.begin), mine.begin() + (u.offsets[i] + t.begin - lo));
+    std::copy(from, from + (t.end - t.begin), mine.data.begin() + (u.offsets[i] + t.begin - lo));
   }
-  std::vector<float> all(static_cast<std::size_t>(u.shard * dp_.size()));
-  auto req = dp_.iallgather(std::as_bytes(std::span<const float>(mine)), std::as_writable_bytes(std::span<float>(all)));
+  CommBuffer all(static_cast<std::size_t>(u.shard * dp_.size()), in_flight_bytes_);
+  auto req = dp_.iallgather(std::as_bytes(std::span<const float>(mine.data)),
+                            std::as_writable_bytes(std::span<float>(all.data)));
   const double waited = req.wait();
   for (std::size_t i = 0; i < u.params.size(); ++i) {
     nn::Parameter& p = *u.params[i]->param;
-    const auto first = all.begin() + u.offsets[i];
+    const auto first = all.data.begin() + u.offsets[i];
     if (p.value.device().is_host() && !p.value.data.empty()) {  // in place
       std::copy(first, first + p.value.numel(), p.value.data.begin());
       continue;
@@ -257,6 +272,7 @@ double ZeroModule::all_gather(Unit& u) {
     std::copy(first, first + value.numel(), value.data.begin());
     p.value = ops_.from_host(std::move(value));
   }
+  if (sample_memory_ && running_) sample_memory_();  // the unit's whole weights beside its buffers
   return waited;
 }
 

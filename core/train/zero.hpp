@@ -41,6 +41,8 @@
 
 namespace braid::train {
 
+class MemoryMeter;
+
 // One unit's parameters, and the block it is (null: the rest of the module part).
 struct ZeroUnitSpec {
   const nn::TransformerBlock* block = nullptr;
@@ -86,6 +88,12 @@ class ZeroModule : public nn::BlockHooks {
   double after_step();
   // Stage 3: every weight gathered and kept (for an evaluation on one rank), or freed again.
   void materialize(bool whole);
+  // Has `meter` (which must outlive this) also sample inside forwards and backwards (not in an
+  // evaluation's or a checkpoint's gathers), where ZeRO
+  // holds the most: after each all-gather (the unit's whole weights beside the shards; a
+  // stage-3 backward holds every unit's), and as a unit's whole gradient is copied out for its
+  // reduce-scatter. The collectives' buffers count as communication.
+  void measure_with(MemoryMeter& meter);
   // For checkpoints and gradient dumps: each parameter's whole tensor (its tensor-parallel
   // slice) of the state `shard_of` picks (the elements of [begin, end) of its reduced gradient,
   // AdamW moments or stage-3 weights; nullopt: none yet), every rank's shard gathered
@@ -98,6 +106,15 @@ class ZeroModule : public nn::BlockHooks {
   void after_block(const nn::TransformerBlock& block, bool backward) override;
 
  private:
+  // A collective's buffer, counted in in_flight_bytes_ while it lives.
+  struct CommBuffer {
+    CommBuffer(std::size_t elements, std::size_t& in_flight);
+    ~CommBuffer();
+    CommBuffer(const CommBuffer&) = delete;
+    CommBuffer& operator=(const CommBuffer&) = delete;
+    std::vector<float> data;
+    std::size_t& in_flight;
+  };
   struct Unit {
     std::vector<TrainedParameter*> params;
     std::vector<std::int64_t> offsets;  // of each parameter in the flat buffer
@@ -123,9 +140,11 @@ class ZeroModule : public nn::BlockHooks {
   std::vector<Unit> units_;  // units_[0]: the rest (may be empty)
   std::map<const nn::TransformerBlock*, std::size_t> by_block_;
   std::function<void(double)> in_pipeline_wait_;
-  bool running_ = false;   // an instruction is running
-  bool backward_ = false;  // it is a backward
-  bool whole_ = false;     // stage 3: materialized, every weight kept
+  std::function<void()> sample_memory_;  // measure_with's; empty: none
+  std::size_t in_flight_bytes_ = 0;      // of the CommBuffers alive
+  bool running_ = false;                 // an instruction is running
+  bool backward_ = false;                // it is a backward
+  bool whole_ = false;                   // stage 3: materialized, every weight kept
 };
 
 // The shape of the tensor a parameter's value has when held (its tensor-parallel slice).

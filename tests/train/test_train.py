@@ -1541,6 +1541,7 @@ class Memory(unittest.TestCase):
     # whole model (vision 112,960 + projector 24,832 + llm 409,088), and what one rank of a
     # TP 2 group holds (63,360 + 12,480 + 207,488).
     MLLM_PARAMETERS = 546880
+    LLM_PARAMETERS = 409088
     MLLM_TP2_PARAMETERS = 283328
 
     def memory_line(self, path):
@@ -1597,9 +1598,9 @@ class Memory(unittest.TestCase):
         # ZeRO over DP 2: stage 1 halves AdamW's state, stage 3 also the weights kept between uses.
         # A unit (a block, or the rest of a module) is padded to a multiple of the group, so a rank
         # may hold up to one element per unit more than 1/dp; every tensor of tiny-mllm has an even
-        # number of elements, so nothing is padded and measured = predicted to the byte. The gathered
-        # weights of a ZeRO-3 unit live inside a forward or backward instruction only: the samples,
-        # at instruction boundaries, see the shards.
+        # number of elements, so nothing is padded and measured = predicted to the byte. A stage-3
+        # backward gathers its module part whole, beside the shards, and the meter samples there
+        # too: the peak holds the llm's weights (its largest module part) whole.
         with tempfile.TemporaryDirectory() as d:
             for zero in (1, 3):
                 config = variant(d, MLLM, f"mllm-zero{zero}.yaml", training={"zero_stage": zero, "precision": "fp32"})
@@ -1609,21 +1610,26 @@ class Memory(unittest.TestCase):
                         rank, measured, predicted = x["rank"], x["measured_bytes"], x["predicted_bytes"]
                         self.assertEqual(predicted["optimizer"], 8 * self.MLLM_PARAMETERS / 2)
                         self.assertEqual(measured["optimizer"], predicted["optimizer"], f"rank {rank}")
-                        weights = 4 * self.MLLM_PARAMETERS / (2 if zero == 3 else 1)
+                        weights = 4 * (self.MLLM_PARAMETERS / 2 + self.LLM_PARAMETERS if zero == 3
+                                       else self.MLLM_PARAMETERS)
                         self.assertEqual(predicted["weights"], weights)
                         self.assertEqual(measured["weights"], weights, f"rank {rank}")
 
     def test_zero_gradients_as_predicted(self):
         # ZeRO-1 keeps the whole gradients (its reduce-scatter lands in its own range of them);
-        # ZeRO-2 and 3 keep 1/dp, a block's whole gradients living only inside the instruction
-        # that reduces them, between two samples of the meter.
+        # ZeRO-2 and 3 keep 1/dp between instructions, and inside a backward a module part's
+        # whole gradients until each unit's last call (one per image side) reduces it: at the
+        # peak the shards and the llm's whole gradients, sampled as its reduce-scatter copies them.
         with tempfile.TemporaryDirectory() as d:
             for zero in (1, 2, 3):
                 config = variant(d, MLLM, f"mllm-zero{zero}.yaml", training={"zero_stage": zero, "precision": "fp32"})
                 m, _ = self.train_memory(d, f"zero{zero}", 2, config)
+                gradients = 4 * (self.MLLM_PARAMETERS if zero == 1 else self.MLLM_PARAMETERS / 2 + self.LLM_PARAMETERS)
                 for x in m["ranks"]:
-                    self.assertEqual(x["measured_bytes"]["gradients"], x["predicted_bytes"]["gradients"],
-                                     f"zero {zero} rank {x['rank']}")
+                    self.assertEqual(x["predicted_bytes"]["gradients"], gradients, f"zero {zero}")
+                    self.assertEqual(x["measured_bytes"]["gradients"], gradients, f"zero {zero} rank {x['rank']}")
+                    # The reduce-scatter's copy and shard, registered as communication, not activations.
+                    self.assertEqual(x["measured_bytes"]["communication"] > 0, zero >= 2, f"zero {zero}")
 
     def test_prediction_and_price_are_of_the_run_as_the_trainer_runs_it(self):
         # fp32, attention keeping its probabilities, no overlaps: a run file saying otherwise is

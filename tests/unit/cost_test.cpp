@@ -504,5 +504,29 @@ TEST(Cost, TrainedCaptionsArePricedAtTheirBatchesLongest) {
   EXPECT_NEAR(priced.module(llm, 1, 4).layer.forward_s, pass(16, 4) + pass(32, 10), 1e-15);
 }
 
+TEST(Cost, ZeroHoldsWholeGradientsAndGatheredWeightsInsideAnInstruction) {
+  // Beside the shards: ZeRO-2 a unit's whole gradients until its reduce-scatter, ZeRO-3 also its
+  // gathered weights. braid's trainer holds the whole module part (train/zero.hpp); DeepSpeed's
+  // per-module gather one unit. Bytes per parameter from state_bytes unsharded (fp32: 4 and 4).
+  auto run = test::load("tiny-mllm.yaml");
+  run.training.precision = spec::Precision::fp32;
+  const double part = 409088, unit = 198272;
+  for (int zero = 0; zero <= 3; ++zero) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    run.training.zero_stage = zero;
+    const cost::CostModel reference(run, {}, cost::Kernels::reference), megatron(run);
+    const cost::StateBytes ours = reference.in_instruction_bytes(2, part, unit, 2);
+    const cost::StateBytes theirs = megatron.in_instruction_bytes(2, part, unit, 2);
+    EXPECT_EQ(ours.gradients, zero >= 2 ? 4 * part : 0);
+    EXPECT_EQ(ours.weights, zero == 3 ? 4 * part : 0);
+    EXPECT_EQ(theirs.gradients, zero >= 2 ? 4 * unit : 0);
+    EXPECT_EQ(theirs.weights, zero == 3 ? 4 * unit : 0);
+    EXPECT_EQ(ours.optimizer + theirs.optimizer, 0);
+    EXPECT_EQ(reference.in_instruction_bytes(2, part, unit, 1).total(), 0);  // nothing sharded
+  }
+  run.model.modules[2].frozen = true;  // kept whole, never gathered (state_bytes)
+  EXPECT_EQ(cost::CostModel(run).in_instruction_bytes(2, part, unit, 2).total(), 0);
+}
+
 }  // namespace
 }  // namespace braid

@@ -546,5 +546,33 @@ TEST(Planner, CountsAndDevicesComeFromThePlacement) {
   EXPECT_EQ(plan::grid_stage_devices(2, 4, 3).first_device, 24);
 }
 
+TEST(Planner, ADeviceHoldsItsLargestModulePartWholeInsideAZeroInstruction) {
+  // tiny-mllm data parallel over 2 devices, fp32: every device holds vision (112,960
+  // parameters), projector (24,832) and llm (409,088; blocks of 198,272) and their shards
+  // (546,880 / 2). Inside a forward or backward ZeRO-2/3 hold one module's whole gradients, and
+  // ZeRO-3 its gathered weights: the llm's part under braid's trainer, its block under
+  // DeepSpeed's per-module gather. The modules' instructions run one at a time: the most of one.
+  auto run = test::load("tiny-mllm.yaml");
+  run.training.precision = spec::Precision::fp32;
+  run.cluster.devices_per_node = 2;
+  const double shards = 546880.0 / 2, whole = 546880.0;
+  for (int zero = 1; zero <= 3; ++zero)
+    for (const auto kernels : {cost::Kernels::reference, cost::Kernels::megatron}) {
+      SCOPED_TRACE("zero " + std::to_string(zero) + (kernels == cost::Kernels::reference ? " reference" : ""));
+      run.training.zero_stage = zero;
+      const cost::CostModel cost(run, {}, kernels);
+      plan::PlanRequest request;
+      request.strategy = plan::Strategy::megatron;
+      request.constraints = {.tp = 1, .pp = 1, .dp = 2};
+      const plan::Plan p = orchestrate::make_plan(cost, request).best;
+      const double held = zero < 2 ? 0 : kernels == cost::Kernels::reference ? 409088 : 198272;
+      for (const plan::MemoryBreakdown& d : plan::device_memory(cost, p)) {
+        EXPECT_EQ(d.gradients, 4 * ((zero >= 2 ? shards : whole) + held));
+        EXPECT_EQ(d.weights, 4 * (zero == 3 ? shards + held : whole));
+        EXPECT_EQ(d.optimizer, 8 * shards);
+      }
+    }
+}
+
 }  // namespace
 }  // namespace braid
