@@ -235,6 +235,28 @@ TEST(Simulate, RecomputedLayersAreHeldInPlanAndSimulationAlike) {
   }
 }
 
+TEST(Simulate, ZeroStateHeldInsideAnInstructionIsInPlanAndSimulationAlike) {
+  // ZeRO-2/3's whole gradients and gathered weights (StageLoad::held) reach the program's static
+  // memory as the plan's peak counts them, under both kernels' rules.
+  for (const char* file : {"pipeline-demo.yaml", "llava-13b-256gpu.yaml", "vit22b-gpt175b-1536gpu.yaml"}) {
+    for (int zero : {2, 3}) {
+      for (const auto kernels : {cost::Kernels::megatron, cost::Kernels::reference}) {
+        spec::RunSpec run = test::load(file);
+        run.training.zero_stage = zero;
+        cost::CostModel cost(run, {}, kernels);
+        for (Strategy s : {Strategy::megatron, Strategy::disttrain, Strategy::optimus}) {
+          if (!plan::strategy_applies(run.model, s, nullptr)) continue;
+          SCOPED_TRACE(std::string(file) + " zero " + std::to_string(zero) + " " + plan::strategy_name(s) +
+                       (kernels == cost::Kernels::reference ? " reference" : " megatron"));
+          const auto result = orchestrate::make_plan(cost, plan::PlanRequest{s, {}, {}});
+          const auto r = sim::simulate(orchestrate::build_program(cost, result.best));
+          EXPECT_NEAR(r.peak_memory_gib, result.best.estimate.peak_memory_gib, 1e-9 * r.peak_memory_gib);
+        }
+      }
+    }
+  }
+}
+
 TEST(Simulate, OverlappedGradientReductionIsSimulatedAsEstimated) {
   auto run = test::parse(
       "model: ../models/llava-13b.yaml\ncluster: ../clusters/dgx-a100-80gb.yaml\nnodes: 4\n"
