@@ -14,16 +14,17 @@ over T tensor-parallel ranks, data parallel over the rest):
 Each layout trains --steps steps (default 3: AdamW's moments exist after the first) of the run
 file with training.zero_stage N and precision fp32 (what the trainer runs), without prefetching
 data workers (their allocations would count as activations), and reads the {"memory": true}
-line of its metrics file: every rank's peak by kind, measured at instruction boundaries, next
-to the prediction for its device. The run files draw image sides from 16 to 32 px while the
-planner prices every sample at the nominal 32 px; --nominal-sizes drops the distributions so
-that every sample has the size the planner prices. Per layout and kind it reports the largest
+line of its metrics file: every rank's peak by kind, measured at instruction boundaries (and
+under ZeRO 2-3 inside forwards and backwards, where ZeRO holds the most), next to the prediction
+for its device, by the cost model braid train prices its step on (braid's kernels, the samples it
+trains). The run files draw image sides from 16 to 32 px; --nominal-sizes drops the
+distributions so that every sample has the size the planner prices (32 px). Per layout and kind it reports the largest
 measured peak over the ranks, the largest predicted, and measured / predicted; the goal is
 within 10% for weights, gradients and optimizer state (model state) and for activations.
 "communication" is reported without a goal: measured, it is the buffers of point-to-point sends
-in flight that the stage works register (none in these single-stage layouts; the collectives'
-buffers live inside one instruction, between samples); predicted, it is the cluster's reserved
-memory (0.25 GiB on cpu-host).
+in flight that the stage works register (none in these single-stage layouts) and ZeRO's
+collective buffers (ZeRO 2-3: a unit's gradient copied for its reduce-scatter); predicted, it is
+the cluster's reserved memory (0.25 GiB on cpu-host).
 
 Ranking: within each model, the layouts ordered by their peak device's predicted total without
 the reserved memory (the same on every device and layout, it would hide the differences), and by

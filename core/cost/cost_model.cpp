@@ -105,25 +105,39 @@ bool CostModel::by_sample(int m) const {
   return !trained_.samples.empty() && (sees_images_[i] || sees_text_[i]);
 }
 
-std::size_t CostModel::for_each_pass(
-    int m, int samples,
-    const std::function<void(const CostModel& at_size, int members, std::size_t microbatch)>& visit) const {
+std::vector<std::map<int, std::pair<int, int>>> CostModel::microbatch_passes(int m, int samples) const {
   // Up to 64 microbatches of consecutive samples: enough for a mean within a few percent.
   constexpr std::size_t kMicrobatches = 64;
   const bool images = sees_images_[static_cast<std::size_t>(m)], text = sees_text_[static_cast<std::size_t>(m)];
   const auto& trained = trained_.samples;
   const std::size_t per = static_cast<std::size_t>(std::max(1, samples));
-  std::size_t count = 0;
-  for (std::size_t start = 0; start + per <= trained.size() && count < kMicrobatches; start += per, ++count) {
+  std::vector<std::map<int, std::pair<int, int>>> out;
+  for (std::size_t start = 0; start + per <= trained.size() && out.size() < kMicrobatches; start += per) {
     // Side (0: one pass whatever the images) -> samples of this microbatch at it, and their
     // longest caption (0: the nominal text, for a module that sees none).
-    std::map<int, std::pair<int, int>> passes;
+    auto& passes = out.emplace_back();
     for (std::size_t i = start; i < start + per; ++i) {
       auto& [members, longest] = passes[images ? trained[i].side : 0];
       ++members;
       if (text) longest = std::max(longest, trained[i].caption);
     }
-    for (const auto& [side, pass] : passes) {
+  }
+  return out;
+}
+
+std::size_t CostModel::most_passes(int m, int samples) const {
+  std::size_t most = 1;
+  if (by_sample(m))
+    for (const auto& passes : microbatch_passes(m, samples)) most = std::max(most, passes.size());
+  return most;
+}
+
+std::size_t CostModel::for_each_pass(
+    int m, int samples,
+    const std::function<void(const CostModel& at_size, int members, std::size_t microbatch)>& visit) const {
+  const auto microbatches = microbatch_passes(m, samples);
+  for (std::size_t count = 0; count < microbatches.size(); ++count) {
+    for (const auto& [side, pass] : microbatches[count]) {
       const CostModel* at_size = nullptr;
       {
         std::lock_guard<std::mutex> lock(size_mutex_);
@@ -139,7 +153,7 @@ std::size_t CostModel::for_each_pass(
       visit(*at_size, pass.first, count);
     }
   }
-  return count;
+  return microbatches.size();
 }
 
 ModuleCost CostModel::build_by_sample(int mi, int tp, int samples, const GroupShape& tp_group) const {
@@ -295,14 +309,23 @@ StateBytes CostModel::state_bytes(int m, int dp) const {
   return s;
 }
 
-StateBytes CostModel::in_instruction_bytes(int m, double part_params, double unit_params, int dp) const {
+StateBytes CostModel::in_instruction_bytes(int m, int samples, int layers, double layer_params, double rest_params,
+                                           int dp) const {
   const int zero = run_->training.zero_stage;
-  StateBytes whole = state_bytes(m, 1);
+  const StateBytes whole = state_bytes(m, 1);
   StateBytes s;
   if (zero < 2 || dp <= 1 || whole.gradients == 0) return s;  // frozen: neither sharded nor gathered
-  const double params = kernels_ == Kernels::reference ? part_params : std::min(part_params, unit_params);
-  s.gradients = params * whole.gradients;
-  if (zero >= 3) s.weights = params * whole.weights;
+  const double layer = layers > 0 ? layer_params : 0, part = layers * layer + rest_params;
+  double weights = std::max(layer, rest_params), gradients = weights;  // one unit at a time
+  if (kernels_ == Kernels::reference) {
+    // A stage-3 backward gathers every unit as it starts. A unit's gradient is reduced after its
+    // last call of the instruction: with one call (one image side) the rest's, held through the
+    // call, and one layer's at a time; with several, the whole part's.
+    weights = part;
+    gradients = most_passes(m, samples) > 1 ? part : rest_params + layer;
+  }
+  s.gradients = gradients * whole.gradients;
+  if (zero >= 3) s.weights = weights * whole.weights;
   return s;
 }
 

@@ -114,14 +114,19 @@ class CostModel {
 
   // Training state per parameter of module `m`, with ZeRO sharding over `dp` replicas.
   StateBytes state_bytes(int m, int dp) const;
-  // What ZeRO-2/3 hold inside a forward or backward of module `m` beyond state_bytes' shards,
-  // for a stage's part of `part_params` parameters whose largest ZeRO unit (a layer, or the
-  // rest: embeddings, heads) has `unit_params`: whole gradients before their reduce-scatter
-  // (2, 3) and gathered weights (3). braid's trainer (Kernels::reference) holds the whole part
-  // of each (train/zero.hpp: a stage-3 backward gathers every unit as it starts, and a unit is
-  // reduced only after its last call of the instruction, one per image side); elsewhere
-  // (DeepSpeed's per-module gather and reduction) one unit at a time. No optimizer state.
-  StateBytes in_instruction_bytes(int m, double part_params, double unit_params, int dp) const;
+  // What ZeRO-2/3 hold inside a forward or backward of module `m` at microbatch `samples`
+  // beyond state_bytes' shards, for a stage's part of `layers` layers of `layer_params` and the
+  // rest (embeddings, heads; a projector is all rest) of `rest_params`: whole gradients before
+  // their reduce-scatter (2, 3) and gathered weights (3), no optimizer state. braid's trainer
+  // (Kernels::reference, train/zero.hpp) gathers the whole part for a stage-3 backward and
+  // holds the whole part's gradients where a microbatch makes several passes (image sides,
+  // most_passes), else the rest's and one layer's; elsewhere (DeepSpeed's per-module gather
+  // and reduction) one unit, the larger of a layer and the rest.
+  StateBytes in_instruction_bytes(int m, int samples, int layers, double layer_params, double rest_params,
+                                  int dp) const;
+  // The most passes (image sides) a trained microbatch of `samples` makes through module `m`:
+  // the calls braid's trainer makes of it per instruction; 1 where it is priced at nominal sizes.
+  std::size_t most_passes(int m, int samples) const;
   // Optimizer step time for `params` local parameters (memory bound); reference, with the
   // gradients' squared norm (for clipping) and their zeroing for the next step.
   double optimizer_seconds(int m, double params, int dp) const;
@@ -149,6 +154,9 @@ class CostModel {
   ModuleCost build(int m, int tp, int samples, const GroupShape& tp_group) const;
   // Whether module `m` is priced on the trained samples: it sees image tokens or text.
   bool by_sample(int m) const;
+  // Up to 64 trained microbatches of `samples`, each as the passes module `m` makes of it:
+  // side (0: one pass whatever the images) -> (members, longest caption; 0: nominal text).
+  std::vector<std::map<int, std::pair<int, int>>> microbatch_passes(int m, int samples) const;
   // Calls `visit` for each pass of module `m` (one image side where it sees images, and its
   // members; the text at their longest caption where it sees text) of the trained
   // microbatches of `samples`, with the cost model of those sizes and the microbatch's index;

@@ -24,7 +24,8 @@ bool analyze_chain_module(const cost::CostModel& cost, const ModulePlacement& p,
           why, q->name + ": a projector runs on the devices of its encoder's last stage (same tp, dp, microbatch)");
     }
     out.loads.back().add(cost, q->module, model.modules[static_cast<std::size_t>(q->module)].layers, true, true, p.tp,
-                         p.microbatch_size, dp_group_of(cost, module_stage_devices(p, p.pp - 1)));
+                         p.microbatch_size, dp_group_of(cost, module_stage_devices(p, p.pp - 1)),
+                         StageLoad::Instructions::shared);
     out_bytes = cost.module(q->module, p.tp, p.microbatch_size).output_bytes;
   }
   // Modules sit on disjoint devices, so hand-overs leave the node; TP ranks split them.

@@ -7,7 +7,7 @@
 namespace braid::plan {
 
 void StageLoad::add(const cost::CostModel& cost, int m, int layers, bool first, bool last, int tp, int samples,
-                    const cost::GroupShape& dp_group) {
+                    const cost::GroupShape& dp_group, Instructions instructions) {
   const cost::ModuleCost& mc = cost.module(m, tp, samples);
   cost::BlockCost block = mc.stage(layers, first, last);
   work += block;
@@ -22,9 +22,14 @@ void StageLoad::add(const cost::CostModel& cost, int m, int layers, bool first, 
   optimizer_s += cost.optimizer_seconds(m, params, dp_group.size);
   const double layer = layers > 0 ? mc.layer.parameters : 0;
   const cost::StateBytes held =
-      cost.in_instruction_bytes(m, params, std::max(layer, params - layers * layer), dp_group.size);
-  in_instruction.weights = std::max(in_instruction.weights, held.weights);
-  in_instruction.gradients = std::max(in_instruction.gradients, held.gradients);
+      cost.in_instruction_bytes(m, samples, layers, layer, params - layers * layer, dp_group.size);
+  if (instructions == Instructions::shared) {
+    in_instruction.weights += held.weights;
+    in_instruction.gradients += held.gradients;
+  } else {
+    in_instruction.weights = std::max(in_instruction.weights, held.weights);
+    in_instruction.gradients = std::max(in_instruction.gradients, held.gradients);
+  }
 }
 
 MemoryBreakdown StageLoad::held() const {

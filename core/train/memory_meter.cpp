@@ -106,9 +106,8 @@ void MemoryMeter::sample() {
   ++samples_;
 }
 
-MemoryComparison compare_with_prediction(const MemoryMeter& mine, const spec::RunSpec& run,
-                                         const spec::RunSpec& trained, const plan::Plan& plan,
-                                         runtime::Communicator& world) {
+MemoryComparison compare_with_prediction(const MemoryMeter& mine, const spec::RunSpec& run, const cost::CostModel& cost,
+                                         const plan::Plan& plan, runtime::Communicator& world) {
   constexpr std::size_t width = kMemoryKinds + 1;
   std::array<double, width> local{};
   std::copy(mine.peak().bytes.begin(), mine.peak().bytes.end(), local.begin());
@@ -118,7 +117,7 @@ MemoryComparison compare_with_prediction(const MemoryMeter& mine, const spec::Ru
 
   MemoryComparison c;
   c.run_precision = run.training.precision;
-  c.predicted_as = trained.training.precision;
+  c.predicted_as = cost.run().training.precision;
   c.ranks.resize(static_cast<std::size_t>(world.size()));
   for (std::size_t r = 0; r < c.ranks.size(); ++r) {
     MemoryBytes& m = c.ranks[r].measured;
@@ -127,7 +126,6 @@ MemoryComparison compare_with_prediction(const MemoryMeter& mine, const spec::Ru
     m.total = all[r * width + kMemoryKinds];
   }
   try {
-    const cost::CostModel cost(trained, {}, cost::Kernels::reference);  // as the trainer runs, as its step is priced
     const std::vector<plan::MemoryBreakdown> devices = plan::device_memory(cost, plan);
     for (std::size_t r = 0; r < c.ranks.size() && r < devices.size(); ++r) {
       const plan::MemoryBreakdown& d = devices[r];

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cost/cost_model.hpp"
 #include "core/plan/plan.hpp"
 #include "core/runtime/communicator.hpp"
 #include "core/spec/run.hpp"
@@ -109,12 +110,12 @@ struct MemoryComparison {
   std::string prediction_error;                           // why there is no prediction ("" when there is)
 };
 
-// Collective over `world`: every rank's peaks from `mine`, and for each rank the memory the
-// cost model predicts for its device under `plan` (computed on every rank) for `trained`, the
-// run file `run` as the trainer runs it (as_trained.hpp).
-MemoryComparison compare_with_prediction(const MemoryMeter& mine, const spec::RunSpec& run,
-                                         const spec::RunSpec& trained, const plan::Plan& plan,
-                                         runtime::Communicator& world);
+// Collective over `world`: every rank's peaks from `mine`, and for each rank the memory `cost`
+// predicts for its device under `plan` (computed on every rank): the cost model the trainer
+// prices its step on (the run file `run` as the trainer runs it, as_trained.hpp, on the samples
+// it trains, with braid's kernels).
+MemoryComparison compare_with_prediction(const MemoryMeter& mine, const spec::RunSpec& run, const cost::CostModel& cost,
+                                         const plan::Plan& plan, runtime::Communicator& world);
 // A header line, then per rank and kind: measured MiB, predicted MiB, measured/predicted.
 std::string format_memory_comparison(const MemoryComparison& c);
 // The same as one JSON object for the metrics file: {"step": step, "memory": true, ...}.

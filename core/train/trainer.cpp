@@ -546,7 +546,7 @@ TrainReport train(const TrainOptions& o, runtime::World& world, std::ostream& ou
     report.comparison.probe_before = probe_before;
     report.comparison.probe_after = probe_host(run.cluster, comm, world, threads, device.backend);
   }
-  if (trained) report.memory = compare_with_prediction(executor.memory(), run, as_run.run, o.plan, comm);
+  if (trained) report.memory = compare_with_prediction(executor.memory(), run, cost, o.plan, comm);
   if (timed_ops && measured.steps > 0) report.ops = gather_op_profile(timed_ops->calls(), measured.steps, cost, comm);
   if (rank == 0) {
     end_live_line();

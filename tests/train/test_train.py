@@ -1631,6 +1631,41 @@ class Memory(unittest.TestCase):
                     # The reduce-scatter's copy and shard, registered as communication, not activations.
                     self.assertEqual(x["measured_bytes"]["communication"] > 0, zero >= 2, f"zero {zero}")
 
+    def test_zero_state_inside_an_instruction_as_predicted(self):
+        # Every 32 px image one side: a microbatch calls each module once, so a ZeRO-2/3 backward
+        # reduces each block right after its own backward and holds the llm's rest (12,544
+        # parameters, through the call) and one block (198,272) whole beside the shards; ZeRO-3
+        # still gathers the whole llm. DistTrain with the projector riding on the encoder's ranks
+        # (tp 1, dp 2 each: vision + projector on ranks 0-1, the llm on 2-3): the encoder's
+        # instruction holds both parts at once. Measured = predicted on every rank.
+        llm_once = self.MLLM_PARAMETERS / 2 + 12544 + 198272
+        with tempfile.TemporaryDirectory() as d:
+            for zero in (2, 3):
+                with open(variant(d, MLLM, f"fixed-{zero}.yaml", training={"zero_stage": zero, "precision": "fp32"})) as f:
+                    text = f.read()
+                text = "\n".join(l for l in text.splitlines() if "distribution:" not in l) + "\n"
+                with open(f"{d}/fixed-{zero}.yaml", "w") as f:
+                    f.write(text)
+                with self.subTest(zero=zero, data="fixed"):
+                    m, _ = self.train_memory(d, f"fixed{zero}", 2, f"{d}/fixed-{zero}.yaml")
+                    for x in m["ranks"]:
+                        self.assertEqual(x["predicted_bytes"]["gradients"], 4 * llm_once)
+                        weights = self.MLLM_PARAMETERS / 2 + self.LLM_PARAMETERS if zero == 3 else self.MLLM_PARAMETERS
+                        self.assertEqual(x["predicted_bytes"]["weights"], 4 * weights)
+                        for kind in ("weights", "gradients"):
+                            self.assertEqual(x["measured_bytes"][kind], x["predicted_bytes"][kind],
+                                             f"zero {zero} rank {x['rank']} {kind}")
+                config = variant(d, MLLM, f"chain-{zero}.yaml", training={"zero_stage": zero, "precision": "fp32"})
+                with self.subTest(zero=zero, layout="disttrain"):
+                    m, _ = self.train_memory(d, f"chain{zero}", 4, config, "--strategy", "disttrain", "--dp", "2",
+                                             "--tp", "1", "--pp", "1")
+                    encoder = (112960 + 24832) / 2 + 112960 + 24832  # shards + both parts whole
+                    for x in m["ranks"]:
+                        for kind in ("weights", "gradients"):
+                            self.assertEqual(x["measured_bytes"][kind], x["predicted_bytes"][kind],
+                                             f"zero {zero} rank {x['rank']} {kind}")
+                    self.assertEqual(m["ranks"][0]["predicted_bytes"]["gradients"], 4 * encoder)
+
     def test_prediction_and_price_are_of_the_run_as_the_trainer_runs_it(self):
         # fp32, attention keeping its probabilities, no overlaps: a run file saying otherwise is
         # trained as the first, and its program priced and memory predicted so, saying what differs.

@@ -506,26 +506,40 @@ TEST(Cost, TrainedCaptionsArePricedAtTheirBatchesLongest) {
 
 TEST(Cost, ZeroHoldsWholeGradientsAndGatheredWeightsInsideAnInstruction) {
   // Beside the shards: ZeRO-2 a unit's whole gradients until its reduce-scatter, ZeRO-3 also its
-  // gathered weights. braid's trainer holds the whole module part (train/zero.hpp); DeepSpeed's
-  // per-module gather one unit. Bytes per parameter from state_bytes unsharded (fp32: 4 and 4).
+  // gathered weights. braid's trainer (train/zero.hpp) gathers the whole part for a stage-3
+  // backward, and holds its whole gradients where a microbatch makes several passes (image
+  // sides), else the rest's and one layer's; DeepSpeed's per-module gather and reduction one
+  // unit. Bytes per parameter from state_bytes unsharded (fp32: 4 and 4). tiny-mllm's llm: 2
+  // layers of 198,272 and 12,544 more.
   auto run = test::load("tiny-mllm.yaml");
   run.training.precision = spec::Precision::fp32;
-  const double part = 409088, unit = 198272;
+  const int llm = 2, layers = 2;
+  const double layer = 198272, rest = 12544, part = layers * layer + rest;
+  cost::TrainedSamples sides;  // microbatches of 4 at two sides each: 16, 16, 32, 32
+  for (int i = 0; i < 16; ++i) sides.samples.push_back({i % 4 < 2 ? 16 : 32, 0});
   for (int zero = 0; zero <= 3; ++zero) {
     SCOPED_TRACE("zero " + std::to_string(zero));
     run.training.zero_stage = zero;
-    const cost::CostModel reference(run, {}, cost::Kernels::reference), megatron(run);
-    const cost::StateBytes ours = reference.in_instruction_bytes(2, part, unit, 2);
-    const cost::StateBytes theirs = megatron.in_instruction_bytes(2, part, unit, 2);
-    EXPECT_EQ(ours.gradients, zero >= 2 ? 4 * part : 0);
-    EXPECT_EQ(ours.weights, zero == 3 ? 4 * part : 0);
-    EXPECT_EQ(theirs.gradients, zero >= 2 ? 4 * unit : 0);
-    EXPECT_EQ(theirs.weights, zero == 3 ? 4 * unit : 0);
-    EXPECT_EQ(ours.optimizer + theirs.optimizer, 0);
-    EXPECT_EQ(reference.in_instruction_bytes(2, part, unit, 1).total(), 0);  // nothing sharded
+    const cost::CostModel one(run, {}, cost::Kernels::reference), several(run, sides, cost::Kernels::reference),
+        megatron(run);
+    EXPECT_EQ(one.most_passes(llm, 4), 1);
+    EXPECT_EQ(several.most_passes(llm, 4), 2);
+    const cost::StateBytes a = one.in_instruction_bytes(llm, 4, layers, layer, rest, 2),
+                           b = several.in_instruction_bytes(llm, 4, layers, layer, rest, 2),
+                           c = megatron.in_instruction_bytes(llm, 4, layers, layer, rest, 2);
+    EXPECT_EQ(a.gradients, zero >= 2 ? 4 * (rest + layer) : 0);
+    EXPECT_EQ(b.gradients, zero >= 2 ? 4 * part : 0);
+    EXPECT_EQ(c.gradients, zero >= 2 ? 4 * layer : 0);
+    EXPECT_EQ(a.weights, zero == 3 ? 4 * part : 0);
+    EXPECT_EQ(b.weights, a.weights);
+    EXPECT_EQ(c.weights, zero == 3 ? 4 * layer : 0);
+    EXPECT_EQ(a.optimizer + b.optimizer + c.optimizer, 0);
+    EXPECT_EQ(several.in_instruction_bytes(llm, 4, layers, layer, rest, 1).total(), 0);  // nothing sharded
+    // A part without layers (a projector; a middle stage's rest is 0) is one unit.
+    EXPECT_EQ(megatron.in_instruction_bytes(llm, 4, 0, layer, rest, 2).gradients, zero >= 2 ? 4 * rest : 0);
   }
-  run.model.modules[2].frozen = true;  // kept whole, never gathered (state_bytes)
-  EXPECT_EQ(cost::CostModel(run).in_instruction_bytes(2, part, unit, 2).total(), 0);
+  run.model.modules[llm].frozen = true;  // kept whole, never gathered (state_bytes)
+  EXPECT_EQ(cost::CostModel(run).in_instruction_bytes(llm, 4, layers, layer, rest, 2).total(), 0);
 }
 
 }  // namespace
