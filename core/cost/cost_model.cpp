@@ -329,6 +329,11 @@ StateBytes CostModel::in_instruction_bytes(int m, int samples, int layers, doubl
   return s;
 }
 
+CostModel::HeldBeside CostModel::held_beside(int m, int samples) const {
+  if (kernels_ != Kernels::reference) return {};
+  return {true, most_passes(m, samples) > 1};
+}
+
 double adamw_bytes_per_parameter(spec::Precision precision) {
   // AdamW reads master weight, moments and gradient, writes them back (+ the bf16 copy).
   return precision == spec::Precision::fp32 ? 32 : 28;

@@ -124,6 +124,16 @@ class CostModel {
   // and reduction) one unit, the larger of a layer and the rest.
   StateBytes in_instruction_bytes(int m, int samples, int layers, double layer_params, double rest_params,
                                   int dp) const;
+  // Whether module `m` holds that state beside the state of a module whose instructions it
+  // shares (a projector riding with its encoder), kind by kind, rather than after it: under
+  // braid's kernels a stage-3 backward gathers both parts first (weights), and where a
+  // microbatch makes several passes each unit's gradient waits for its last call (gradients);
+  // with one pass the projector's are reduced before the encoder's backward begins, and
+  // elsewhere one unit is held at a time.
+  struct HeldBeside {
+    bool weights = false, gradients = false;
+  };
+  HeldBeside held_beside(int m, int samples) const;
   // The most passes (image sides) a trained microbatch of `samples` makes through module `m`:
   // the calls braid's trainer makes of it per instruction; 1 where it is priced at nominal sizes.
   std::size_t most_passes(int m, int samples) const;

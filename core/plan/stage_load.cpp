@@ -23,13 +23,11 @@ void StageLoad::add(const cost::CostModel& cost, int m, int layers, bool first, 
   const double layer = layers > 0 ? mc.layer.parameters : 0;
   const cost::StateBytes held =
       cost.in_instruction_bytes(m, samples, layers, layer, params - layers * layer, dp_group.size);
-  if (instructions == Instructions::shared) {
-    in_instruction.weights += held.weights;
-    in_instruction.gradients += held.gradients;
-  } else {
-    in_instruction.weights = std::max(in_instruction.weights, held.weights);
-    in_instruction.gradients = std::max(in_instruction.gradients, held.gradients);
-  }
+  const cost::CostModel::HeldBeside beside =
+      instructions == Instructions::shared ? cost.held_beside(m, samples) : cost::CostModel::HeldBeside{};
+  auto hold = [](double& kind, double bytes, bool with) { kind = with ? kind + bytes : std::max(kind, bytes); };
+  hold(in_instruction.weights, held.weights, beside.weights);
+  hold(in_instruction.gradients, held.gradients, beside.gradients);
 }
 
 MemoryBreakdown StageLoad::held() const {

@@ -21,8 +21,9 @@ struct StageLoad {
   double optimizer_s = 0;
   MemoryBreakdown memory;  // static part: weights, gradients, optimizer, reserved
   // What ZeRO-2/3 hold beyond it inside a forward or backward (whole gradients, gathered
-  // weights): the most of the stage's modules whose instructions run one at a time, the sum of
-  // those that share theirs (see Instructions).
+  // weights): the most of the stage's modules whose instructions run one at a time; for one
+  // that shares another's instructions, the sum where both are held at once
+  // (cost::CostModel::held_beside).
   MemoryBreakdown in_instruction;
   const std::string* module = nullptr;  // for messages: "llm stage 3"; null in monolithic grids
   int stage = 0;
@@ -53,7 +54,7 @@ struct StageLoad {
   double exposed_dp_reduce(const spec::TrainingSpec& training) const;
   // Whether a module added to a stage runs its forwards and backwards in instructions of its
   // own (ZeRO holds one module's state at a time) or inside those of the modules added before
-  // it (a projector riding with its encoder, train::ChainStage::encode: both at once).
+  // it (a projector riding with its encoder, train::ChainStage::encode).
   enum class Instructions { own, shared };
   // Adds `layers` layers of module `m` (+ its first/last extras) at (tp, dp, microbatch).
   void add(const cost::CostModel& cost, int m, int layers, bool first, bool last, int tp, int samples,

@@ -1636,9 +1636,14 @@ class Memory(unittest.TestCase):
         # reduces each block right after its own backward and holds the llm's rest (12,544
         # parameters, through the call) and one block (198,272) whole beside the shards; ZeRO-3
         # still gathers the whole llm. DistTrain with the projector riding on the encoder's ranks
-        # (tp 1, dp 2 each: vision + projector on ranks 0-1, the llm on 2-3): the encoder's
-        # instruction holds both parts at once. Measured = predicted on every rank.
+        # (tp 1, dp 2 each: vision + projector on ranks 0-1, the llm on 2-3): with several image
+        # sides the encoder's backward holds both parts' gradients at once; with one, the
+        # projector's are reduced before the vision backward takes its rest (12,992) and a block
+        # (49,984). Measured = predicted on every rank.
         llm_once = self.MLLM_PARAMETERS / 2 + 12544 + 198272
+        encoder_shards = (112960 + 24832) / 2
+        encoder_grads = {"sides": encoder_shards + 112960 + 24832,
+                         "fixed": encoder_shards + max(12992 + 49984, 24832)}
         with tempfile.TemporaryDirectory() as d:
             for zero in (2, 3):
                 with open(variant(d, MLLM, f"fixed-{zero}.yaml", training={"zero_stage": zero, "precision": "fp32"})) as f:
@@ -1655,16 +1660,16 @@ class Memory(unittest.TestCase):
                         for kind in ("weights", "gradients"):
                             self.assertEqual(x["measured_bytes"][kind], x["predicted_bytes"][kind],
                                              f"zero {zero} rank {x['rank']} {kind}")
-                config = variant(d, MLLM, f"chain-{zero}.yaml", training={"zero_stage": zero, "precision": "fp32"})
-                with self.subTest(zero=zero, layout="disttrain"):
-                    m, _ = self.train_memory(d, f"chain{zero}", 4, config, "--strategy", "disttrain", "--dp", "2",
-                                             "--tp", "1", "--pp", "1")
-                    encoder = (112960 + 24832) / 2 + 112960 + 24832  # shards + both parts whole
-                    for x in m["ranks"]:
-                        for kind in ("weights", "gradients"):
-                            self.assertEqual(x["measured_bytes"][kind], x["predicted_bytes"][kind],
-                                             f"zero {zero} rank {x['rank']} {kind}")
-                    self.assertEqual(m["ranks"][0]["predicted_bytes"]["gradients"], 4 * encoder)
+                sides = variant(d, MLLM, f"chain-{zero}.yaml", training={"zero_stage": zero, "precision": "fp32"})
+                for data, config in (("sides", sides), ("fixed", f"{d}/fixed-{zero}.yaml")):
+                    with self.subTest(zero=zero, layout="disttrain", data=data):
+                        m, _ = self.train_memory(d, f"chain{zero}-{data}", 4, config, "--strategy", "disttrain",
+                                                 "--dp", "2", "--tp", "1", "--pp", "1")
+                        for x in m["ranks"]:
+                            for kind in ("weights", "gradients"):
+                                self.assertEqual(x["measured_bytes"][kind], x["predicted_bytes"][kind],
+                                                 f"zero {zero} rank {x['rank']} {kind}")
+                        self.assertEqual(m["ranks"][0]["predicted_bytes"]["gradients"], 4 * encoder_grads[data])
 
     def test_prediction_and_price_are_of_the_run_as_the_trainer_runs_it(self):
         # fp32, attention keeping its probabilities, no overlaps: a run file saying otherwise is
