@@ -20,9 +20,8 @@ void StageLoad::add(const cost::CostModel& cost, int m, int layers, bool first, 
   dp_gather_s += cost.param_gather_seconds(m, params, dp_group);
   shard_comm_s += cost.sharded_traffic_seconds(m, params, dp_group);
   optimizer_s += cost.optimizer_seconds(m, params, dp_group.size);
-  const double layer = layers > 0 ? mc.layer.parameters : 0;
-  const cost::StateBytes held =
-      cost.in_instruction_bytes(m, samples, layers, layer, params - layers * layer, dp_group.size);
+  const cost::StateBytes held = cost.in_instruction_bytes(m, samples, layers, mc.layer.parameters,
+                                                          params - layers * mc.layer.parameters, dp_group.size);
   const cost::CostModel::HeldBeside beside =
       instructions == Instructions::shared ? cost.held_beside(m, samples) : cost::CostModel::HeldBeside{};
   auto hold = [](double& kind, double bytes, bool with) { kind = with ? kind + bytes : std::max(kind, bytes); };
@@ -30,7 +29,7 @@ void StageLoad::add(const cost::CostModel& cost, int m, int layers, bool first, 
   hold(in_instruction.gradients, held.gradients, beside.gradients);
 }
 
-MemoryBreakdown StageLoad::held() const {
+MemoryBreakdown StageLoad::peak_state() const {
   MemoryBreakdown m = memory;
   m.weights += in_instruction.weights;
   m.gradients += in_instruction.gradients;
@@ -112,7 +111,7 @@ void record_peak_memory(Estimate& e, const std::vector<StageLoad>& loads, const 
                         std::vector<MemoryBreakdown>* per_device) {
   double peak = -1;
   for (std::size_t i = 0; i < loads.size(); ++i) {
-    MemoryBreakdown m = loads[i].held();
+    MemoryBreakdown m = loads[i].peak_state();
     m.activations = acts[i];
     if (m.total() > peak) {
       peak = m.total();

@@ -34,7 +34,7 @@ struct StageLoad {
   double time() const { return work.forward_time() + work.backward_time() + p2p_s + shard_comm_s; }
   double compute() const { return work.compute_time(); }
   // The state at its peak: memory with in_instruction's weights and gradients.
-  MemoryBreakdown held() const;
+  MemoryBreakdown peak_state() const;
   // Activation bytes on each of its devices with `held` microbatches' kept: those, and during a
   // backward what recomputation re-creates of one layer.
   double activations(double held) const { return work.activation_bytes * held + work.recompute_bytes; }

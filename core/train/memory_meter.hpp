@@ -27,11 +27,14 @@
 #include <string>
 #include <vector>
 
-#include "core/cost/cost_model.hpp"
 #include "core/plan/plan.hpp"
 #include "core/runtime/communicator.hpp"
 #include "core/spec/run.hpp"
 #include "core/train/stage_work.hpp"
+
+namespace braid::cost {
+class CostModel;
+}  // namespace braid::cost
 
 namespace braid::train {
 

@@ -98,8 +98,12 @@ ZeroModule::CommBuffer::CommBuffer(std::size_t elements, std::size_t& counter)
 ZeroModule::CommBuffer::~CommBuffer() { in_flight -= data.size() * sizeof(float); }
 
 void ZeroModule::measure_with(MemoryMeter& meter) {
-  sample_memory_ = [&meter] { meter.sample(); };
+  meter_ = &meter;
   meter.add_source(MemoryKind::communication, [this] { return in_flight_bytes_; });
+}
+
+void ZeroModule::sample_inside() {
+  if (meter_ && running_) meter_->sample();
 }
 
 ZeroModule::Unit& ZeroModule::unit_of(const nn::TransformerBlock& block) {
@@ -225,7 +229,7 @@ std::function<void()> ZeroModule::post_reduce_scatter(Unit& u, std::vector<runti
     std::copy(g.data.begin(), g.data.end(), flat->data.begin() + u.offsets[i]);
   }
   auto mine = std::make_shared<CommBuffer>(static_cast<std::size_t>(u.shard), in_flight_bytes_);
-  if (sample_memory_ && running_) sample_memory_();  // the unit's whole gradient, its copy, the shards
+  sample_inside();  // the unit's whole gradient, its copy, the shards
   requests.push_back(dp_.ireduce_scatter(std::span<const float>(flat->data), std::span<float>(mine->data)));
   return [this, &u, flat, mine] {
     const std::int64_t lo = dp_.rank() * u.shard;
@@ -272,7 +276,7 @@ double ZeroModule::all_gather(Unit& u) {
     std::copy(first, first + value.numel(), value.data.begin());
     p.value = ops_.from_host(std::move(value));
   }
-  if (sample_memory_ && running_) sample_memory_();  // the unit's whole weights beside its buffers
+  sample_inside();  // the unit's whole weights beside its buffers
   return waited;
 }
 

@@ -89,10 +89,10 @@ class ZeroModule : public nn::BlockHooks {
   // Stage 3: every weight gathered and kept (for an evaluation on one rank), or freed again.
   void materialize(bool whole);
   // Has `meter` (which must outlive this) also sample inside forwards and backwards (not in an
-  // evaluation's or a checkpoint's gathers), where ZeRO
-  // holds the most: after each all-gather (the unit's whole weights beside the shards; a
-  // stage-3 backward holds every unit's), and as a unit's whole gradient is copied out for its
-  // reduce-scatter. The collectives' buffers count as communication.
+  // evaluation's or a checkpoint's gathers), where ZeRO holds the most: after each all-gather
+  // (the unit's whole weights beside the shards; a stage-3 backward holds every unit's), and as
+  // a unit's whole gradient is copied out for its reduce-scatter. The collectives' buffers
+  // count as communication.
   void measure_with(MemoryMeter& meter);
   // For checkpoints and gradient dumps: each parameter's whole tensor (its tensor-parallel
   // slice) of the state `shard_of` picks (the elements of [begin, end) of its reduced gradient,
@@ -130,6 +130,7 @@ class ZeroModule : public nn::BlockHooks {
   // copies its sums into the gradients once that request has completed.
   std::function<void()> post_reduce_scatter(Unit& u, std::vector<runtime::Request>& requests);
   double all_gather(Unit& u);  // owned shards -> every parameter's value
+  void sample_inside();        // a sample of meter_'s while an instruction runs
   void free_weights(Unit& u);
   Unit& unit_of(const nn::TransformerBlock& block);
 
@@ -140,11 +141,11 @@ class ZeroModule : public nn::BlockHooks {
   std::vector<Unit> units_;  // units_[0]: the rest (may be empty)
   std::map<const nn::TransformerBlock*, std::size_t> by_block_;
   std::function<void(double)> in_pipeline_wait_;
-  std::function<void()> sample_memory_;  // measure_with's; empty: none
-  std::size_t in_flight_bytes_ = 0;      // of the CommBuffers alive
-  bool running_ = false;                 // an instruction is running
-  bool backward_ = false;                // it is a backward
-  bool whole_ = false;                   // stage 3: materialized, every weight kept
+  MemoryMeter* meter_ = nullptr;     // measure_with's; null: none
+  std::size_t in_flight_bytes_ = 0;  // of the CommBuffers alive
+  bool running_ = false;             // an instruction is running
+  bool backward_ = false;            // it is a backward
+  bool whole_ = false;               // stage 3: materialized, every weight kept
 };
 
 // The shape of the tensor a parameter's value has when held (its tensor-parallel slice).
