@@ -334,6 +334,25 @@ CostModel::HeldBeside CostModel::held_beside(int m, int samples) const {
   return {true, most_passes(m, samples) > 1};
 }
 
+CostModel::CollectiveBuffers CostModel::collective_buffer_bytes(int m, int layers, double layer_params,
+                                                                double rest_params, int dp) const {
+  const int zero = run_->training.zero_stage;
+  CollectiveBuffers b;
+  if (kernels_ != Kernels::reference || dp <= 1 || state_bytes(m, 1).gradients == 0) return b;
+  if (zero == 0) {  // the all-reduce's one copy of the part's gradients
+    b.step_end = (layers * layer_params + rest_params) * sizeof(float);
+    return b;
+  }
+  const auto unit = [dp](double params) {
+    const double shard = std::ceil(params / dp);
+    return params > 0 ? (shard * dp + shard) * sizeof(float) : 0.0;
+  };
+  const double layer = layers > 0 ? unit(layer_params) : 0.0, rest = unit(rest_params);
+  if (zero >= 2) b.inside = std::max(layer, rest);
+  if (zero <= 2) b.step_end = std::max(layer, rest);
+  return b;
+}
+
 double adamw_bytes_per_parameter(spec::Precision precision) {
   // AdamW reads master weight, moments and gradient, writes them back (+ the bf16 copy).
   return precision == spec::Precision::fp32 ? 32 : 28;

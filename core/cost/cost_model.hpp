@@ -134,6 +134,18 @@ class CostModel {
     bool weights = false, gradients = false;
   };
   HeldBeside held_beside(int m, int samples) const;
+  // The host buffers braid's own DP collectives (Kernels::reference, train/comm_buffer.hpp)
+  // copy floats through, for the stage part of in_instruction_bytes. Under ZeRO a unit padded
+  // to `dp` equal shards and this rank's shard, one unit at a time: inside a forward or
+  // backward (ZeRO-2/3: a unit's reduce-scatter or gather) and after the last backward
+  // (`step_end`, when no activation is held: ZeRO-1's reduce-scatters, ZeRO-1/2's gathers of
+  // the updated weights). Without ZeRO the all-reduce's copy of the part's gradients
+  // (step_end). None elsewhere: Megatron reduces and gathers in place in its contiguous
+  // gradient and parameter buffers.
+  struct CollectiveBuffers {
+    double inside = 0, step_end = 0;
+  };
+  CollectiveBuffers collective_buffer_bytes(int m, int layers, double layer_params, double rest_params, int dp) const;
   // The most passes (image sides) a trained microbatch of `samples` makes through module `m`:
   // the calls braid's trainer makes of it per instruction; 1 where it is priced at nominal sizes.
   std::size_t most_passes(int m, int samples) const;

@@ -100,7 +100,9 @@ void summarize_module(const cost::CostModel& cost, ModuleAnalysis& out, double m
     }
     out.hardware_flops += microbatches * l.work.hardware_flops() * p.tp * p.dp;
     out.busy_seconds += l.busy_seconds(microbatches, p.tp * p.dp);
-    out.peak_memory = std::max(out.peak_memory, l.peak_state().total() + l.activations(out.held[s]));
+    MemoryBreakdown at_peak = l.peak_state();
+    at_peak.activations = l.activations(out.held[s]);
+    out.peak_memory = std::max(out.peak_memory, at_peak.total());
   }
   out.fits = out.peak_memory <= cost.run().cluster.memory_bytes;
 }

@@ -2,6 +2,7 @@
 // what the cost model predicts for it.
 #pragma once
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -62,7 +63,15 @@ StageDevices grid_stage_devices(int tp, int dp, int s);
 
 struct MemoryBreakdown {
   double weights = 0, gradients = 0, optimizer = 0, activations = 0, reserved = 0;
-  double total() const { return weights + gradients + optimizer + activations + reserved; }
+  // The host buffers of braid's own ZeRO collectives (cost::CostModel::collective_buffer_bytes):
+  // those held inside a forward or backward, beside the activations, and those after the last
+  // backward, when none is held.
+  double buffers = 0, step_end_buffers = 0;
+  // Weights, gradients, optimizer state and the reserved memory.
+  double state() const { return weights + gradients + optimizer + reserved; }
+  double communication() const { return std::max(buffers, step_end_buffers); }
+  // At the step's peak: inside an instruction or after the last backward, whichever holds more.
+  double total() const { return state() + std::max(activations + buffers, step_end_buffers); }
 };
 
 struct Estimate {

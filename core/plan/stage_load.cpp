@@ -20,19 +20,26 @@ void StageLoad::add(const cost::CostModel& cost, int m, int layers, bool first, 
   dp_gather_s += cost.param_gather_seconds(m, params, dp_group);
   shard_comm_s += cost.sharded_traffic_seconds(m, params, dp_group);
   optimizer_s += cost.optimizer_seconds(m, params, dp_group.size);
-  const cost::StateBytes held = cost.in_instruction_bytes(m, samples, layers, mc.layer.parameters,
-                                                          params - layers * mc.layer.parameters, dp_group.size);
+  const double layer = mc.layer.parameters, rest = params - layers * layer;
+  const cost::StateBytes held = cost.in_instruction_bytes(m, samples, layers, layer, rest, dp_group.size);
   const cost::CostModel::HeldBeside beside =
       instructions == Instructions::shared ? cost.held_beside(m, samples) : cost::CostModel::HeldBeside{};
   auto hold = [](double& kind, double bytes, bool with) { kind = with ? kind + bytes : std::max(kind, bytes); };
   hold(in_instruction.weights, held.weights, beside.weights);
   hold(in_instruction.gradients, held.gradients, beside.gradients);
+  // A ZeRO collective copies through one unit at a time, whichever module holds it.
+  const cost::CostModel::CollectiveBuffers buffers =
+      cost.collective_buffer_bytes(m, layers, layer, rest, dp_group.size);
+  in_instruction.buffers = std::max(in_instruction.buffers, buffers.inside);
+  step_end_buffers = std::max(step_end_buffers, buffers.step_end);
 }
 
 MemoryBreakdown StageLoad::peak_state() const {
   MemoryBreakdown m = memory;
   m.weights += in_instruction.weights;
   m.gradients += in_instruction.gradients;
+  m.buffers = in_instruction.buffers;
+  m.step_end_buffers = step_end_buffers;
   return m;
 }
 

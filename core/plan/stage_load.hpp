@@ -25,6 +25,9 @@ struct StageLoad {
   // that shares another's instructions, the sum where both are held at once
   // (cost::CostModel::held_beside).
   MemoryBreakdown in_instruction;
+  // ZeRO's collective buffers after the last backward (MemoryBreakdown::step_end_buffers): the
+  // most of the stage's modules, which reduce and gather one after another.
+  double step_end_buffers = 0;
   const std::string* module = nullptr;  // for messages: "llm stage 3"; null in monolithic grids
   int stage = 0;
   StageDevices devices;  // the devices holding this stage, one per TP rank of each DP replica
@@ -33,7 +36,8 @@ struct StageLoad {
 
   double time() const { return work.forward_time() + work.backward_time() + p2p_s + shard_comm_s; }
   double compute() const { return work.compute_time(); }
-  // The state at its peak: memory with in_instruction's weights and gradients.
+  // The state at its peak: memory with in_instruction's weights, gradients and buffers, and
+  // the step-end buffers.
   MemoryBreakdown peak_state() const;
   // Activation bytes on each of its devices with `held` microbatches' kept: those, and during a
   // backward what recomputation re-creates of one layer.

@@ -451,6 +451,8 @@ void ChainStage::install(Interpreter& in) {
     in.set(Op::encoder_task, [this](const Instruction& i) {
       if ((i.flags & pipeline::kInDpWait) && (i.flags & pipeline::kBackwardTask)) post_llm_reduce_early();
       encoder_->run(i);
+      // Drives the reduction along between tasks: ZeRO-1 posts its next unit as one completes.
+      if (!early_llm_reduce_.empty()) early_llm_reduce_.test();
       return Pending{};
     });
 }
@@ -667,13 +669,13 @@ Pending ChainStage::reduce() {
     waited += std::exchange(early_llm_reduce_, {}).finish();
   else if (llm_dp_)
     waited += reduce_module_gradients(ops_, llm_zero_.get(), llm_dp_device_.get(), *llm_dp_,
-                                      chain.llm->part_parameters(part_));
+                                      chain.llm->part_parameters(part_), reduction_bytes_);
   if (vision_dp_)
     waited += reduce_module_gradients(ops_, vision_zero_.get(), vision_dp_device_.get(), *vision_dp_,
-                                      chain.vision->parameters());
+                                      chain.vision->parameters(), reduction_bytes_);
   if (projector_dp_)
     waited += reduce_module_gradients(ops_, projector_zero_.get(), projector_dp_device_.get(), *projector_dp_,
-                                      chain.projector->parameters());
+                                      chain.projector->parameters(), reduction_bytes_);
   double loss[1] = {loss_};
   auto req = comm_->iallreduce(std::span<double>(loss));
   waited += req.wait();
@@ -689,7 +691,7 @@ void ChainStage::post_llm_reduce_early() {
   const auto params = model_.chain->llm->part_parameters(part_);
   early_llm_reduce_ = llm_zero_        ? llm_zero_->post_reduce()
                       : llm_dp_device_ ? llm_dp_device_->post_allreduce_gradients(params)
-                                       : post_allreduce_gradients(ops_, *llm_dp_, params);
+                                       : post_allreduce_gradients(ops_, *llm_dp_, params, reduction_bytes_);
 }
 
 void ChainStage::gather_parameters() {

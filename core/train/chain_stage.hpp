@@ -75,7 +75,8 @@ class ChainStage : public StageWork {
   void gather_parameters() override;
   void single_process(bool on) override;
   void add_memory_sources(MemoryMeter& meter) override {
-    meter.add_source(MemoryKind::communication, [this] { return sends_.bytes(); });
+    meter.add_source(MemoryKind::communication, [this] { return sends_.bytes() + reduction_bytes_.in_flight; });
+    reduction_bytes_.meter = &meter;
     for (ZeroModule* z : {llm_zero_.get(), vision_zero_.get(), projector_zero_.get()})
       if (z) z->measure_with(meter);
   }
@@ -174,6 +175,7 @@ class ChainStage : public StageWork {
   std::map<int, Microbatch> in_flight_;  // llm microbatches between forward and backward
   std::map<int, Encoded> encoded_;       // encoder work between its forward and backward
   PendingSends sends_;
+  CommBytes reduction_bytes_;                       // the DP all-reduces' buffers (without ZeRO)
   int llm_backwards_ = 0, llm_backwards_left_ = 0;  // llm backwards of the stage's program, and still to run
   Pending early_llm_reduce_;
 };

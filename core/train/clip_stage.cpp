@@ -393,7 +393,7 @@ Pending ClipStage::reduce() {
   double waited = sends_.wait_all();
   for (auto& t : towers_)
     if (t.dp)  // ZeRO exists only over a DP group
-      waited += reduce_module_gradients(ops_, t.zero.get(), t.dp_device.get(), *t.dp, t.params);
+      waited += reduce_module_gradients(ops_, t.zero.get(), t.dp_device.get(), *t.dp, t.params, reduction_bytes_);
   // The temperature's gradient is a share per rank, summed over the batch-sync; the loss
   // the batch-syncs summed already, on the ranks of the towers' last stages.
   if (sync_) {

@@ -54,7 +54,8 @@ class ClipStage : public StageWork {
   std::vector<nn::Parameter*> held_parameters() const override;
   void single_process(bool on) override;
   void add_memory_sources(MemoryMeter& meter) override {
-    meter.add_source(MemoryKind::communication, [this] { return sends_.bytes(); });
+    meter.add_source(MemoryKind::communication, [this] { return sends_.bytes() + reduction_bytes_.in_flight; });
+    reduction_bytes_.meter = &meter;
     for (Tower& t : towers_)
       if (t.zero) t.zero->measure_with(meter);
   }
@@ -109,6 +110,7 @@ class ClipStage : public StageWork {
   nn::Parameter* logit_scale_ = nullptr;
   std::vector<TrainedParameter> params_;
   PendingSends sends_;
+  CommBytes reduction_bytes_;  // the DP all-reduces' buffers (without ZeRO)
   StepResult* result_ = nullptr;
   double loss_ = 0, logit_grad_ = 0;
 };

@@ -9,6 +9,7 @@
 #include "core/common/text.hpp"
 #include "core/cost/cost_model.hpp"
 #include "core/plan/evaluate.hpp"
+#include "core/train/comm_buffer.hpp"
 
 namespace braid::train {
 
@@ -40,6 +41,10 @@ const char* memory_kind_name(MemoryKind k) {
       return "communication";
   }
   return "?";
+}
+
+void CommBytes::sample() const {
+  if (meter) meter->sample();
 }
 
 MemoryMeter::MemoryMeter(const std::vector<TrainedParameter>& params) : params_(&params) {}
@@ -134,8 +139,9 @@ MemoryComparison compare_with_prediction(const MemoryMeter& mine, const spec::Ru
       p[MemoryKind::gradients] = d.gradients;
       p[MemoryKind::optimizer] = d.optimizer;
       p[MemoryKind::activations] = d.activations;
-      p[MemoryKind::communication] = d.reserved;
-      p.total = d.total();
+      p[MemoryKind::communication] = d.communication();
+      p.total = d.total() - d.reserved;
+      c.ranks[r].predicted_reserved = d.reserved;
     }
   } catch (const Error& e) {
     c.prediction_error = e.what();
@@ -170,7 +176,10 @@ std::string format_memory_comparison(const MemoryComparison& c) {
     }
     row("total", m.measured.total, m.predicted.total);
   }
-  out += "communication predicted: the cluster's reserved memory (runtime, communicator buffers)\n";
+  if (c.prediction_error.empty() && !c.ranks.empty())
+    out += "not in the totals: the cluster's reserved memory, " + fixed(c.ranks.front().predicted_reserved / kMiB, 3) +
+           " MiB a rank predicted (runtime, communicator buffers),\nas the measurement leaves out the heap before "
+           "the first step\n";
   return out;
 }
 
@@ -186,6 +195,7 @@ std::string memory_json(const MemoryComparison& c, std::int64_t step) {
   for (std::size_t r = 0; r < c.ranks.size(); ++r) {
     nlohmann::ordered_json rank{{"rank", r}, {"measured_bytes", bytes(c.ranks[r].measured)}};
     rank["predicted_bytes"] = c.prediction_error.empty() ? bytes(c.ranks[r].predicted) : nlohmann::ordered_json();
+    if (c.prediction_error.empty()) rank["predicted_reserved_bytes"] = c.ranks[r].predicted_reserved;
     ranks.push_back(std::move(rank));
   }
   nlohmann::ordered_json j{{"step", step},

@@ -103,7 +103,10 @@ class MemoryMeter {
 // One rank's measured peaks and the cost model's prediction for its device.
 struct RankMemory {
   MemoryBytes measured;
-  MemoryBytes predicted;  // communication: the cluster's reserved memory
+  // communication: ZeRO's collective buffers; total: at the peak, without the reserved memory,
+  // which the measurement's baseline (the heap before the first step) leaves out too.
+  MemoryBytes predicted;
+  double predicted_reserved = 0;  // the cluster's reserved memory (runtime, communicator buffers)
 };
 
 struct MemoryComparison {

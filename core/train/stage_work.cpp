@@ -82,43 +82,47 @@ Pending pending_requests(std::vector<runtime::Request> requests, std::function<v
   return p;
 }
 
-Pending post_allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, std::vector<nn::Parameter*> params) {
+Pending post_allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, std::vector<nn::Parameter*> params,
+                                 CommBytes& bytes) {
   std::size_t total = 0;
   for (auto* p : params)
     if (p->trainable) total += p->grad.data.size();
-  auto flat = std::make_shared<std::vector<float>>();
-  flat->reserve(total);
+  auto flat = std::make_shared<CommBuffer>(total, bytes.in_flight);
+  std::size_t at = 0;
   for (auto* p : params) {
     if (!p->trainable) continue;
     nn::Tensor scratch;
     const nn::Tensor& grad = on_host(ops, p->grad, scratch);
-    flat->insert(flat->end(), grad.data.begin(), grad.data.end());
+    std::copy(grad.data.begin(), grad.data.end(), flat->data.begin() + static_cast<std::ptrdiff_t>(at));
+    at += grad.data.size();
   }
+  bytes.sample();  // the gradients and their copy
   std::vector<runtime::Request> requests;
-  requests.push_back(comm.iallreduce(std::span<float>(*flat)));
+  requests.push_back(comm.iallreduce(std::span<float>(flat->data)));
   return pending_requests(std::move(requests), [&ops, flat, params = std::move(params)] {
     std::size_t at = 0;
     for (auto* p : params) {
       if (!p->trainable) continue;
       const auto n = p->grad.data.size();
       edit_on_host(ops, p->grad, [&](nn::Tensor& grad) {
-        std::copy(flat->begin() + static_cast<std::ptrdiff_t>(at), flat->begin() + static_cast<std::ptrdiff_t>(at + n),
-                  grad.data.begin());
+        std::copy(flat->data.begin() + static_cast<std::ptrdiff_t>(at),
+                  flat->data.begin() + static_cast<std::ptrdiff_t>(at + n), grad.data.begin());
       });
       at += n;
     }
   });
 }
 
-double allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, const std::vector<nn::Parameter*>& params) {
-  return post_allreduce_gradients(ops, comm, params).finish();
+double allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, const std::vector<nn::Parameter*>& params,
+                           CommBytes& bytes) {
+  return post_allreduce_gradients(ops, comm, params, bytes).finish();
 }
 
 double reduce_module_gradients(nn::Ops& ops, ZeroModule* zero, DeviceGroup* on_device, runtime::Communicator& dp,
-                               const std::vector<nn::Parameter*>& params) {
+                               const std::vector<nn::Parameter*>& params, CommBytes& bytes) {
   if (zero) return zero->reduce();
   if (on_device) return on_device->allreduce_gradients(params);
-  return allreduce_gradients(ops, dp, params);
+  return allreduce_gradients(ops, dp, params, bytes);
 }
 
 }  // namespace braid::train

@@ -22,6 +22,7 @@
 #include "core/sim/simulator.hpp"
 #include "core/spec/run.hpp"
 #include "core/train/agree.hpp"
+#include "core/train/comm_buffer.hpp"
 #include "core/train/interpreter.hpp"
 #include "core/train/prefetcher.hpp"
 
@@ -130,15 +131,17 @@ Pending blocked_for(double seconds);
 // A Pending over posted requests: test() when all completed, finish() waits for them, then
 // runs `then` and returns the seconds blocked.
 Pending pending_requests(std::vector<runtime::Request> requests, std::function<void()> then = {});
-// Sums the gradients of `params` (the trainable ones) over `comm` in one flat all-reduce;
-// returns the seconds blocked.
-double allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, const std::vector<nn::Parameter*>& params);
+// Sums the gradients of `params` (the trainable ones) over `comm` in one flat all-reduce, its
+// host buffer reported to `bytes` (comm_buffer.hpp); returns the seconds blocked.
+double allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, const std::vector<nn::Parameter*>& params,
+                           CommBytes& bytes);
 // The same all-reduce posted: finish() waits for it and writes the sums back.
-Pending post_allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, std::vector<nn::Parameter*> params);
+Pending post_allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, std::vector<nn::Parameter*> params,
+                                 CommBytes& bytes);
 // A data-parallel module's gradient reduction over `dp`, the one place that picks its path:
 // ZeRO's reduce-scatter when `zero`, else the all-reduce on the device when `on_device`,
 // else allreduce_gradients. Returns the seconds blocked.
 double reduce_module_gradients(nn::Ops& ops, ZeroModule* zero, DeviceGroup* on_device, runtime::Communicator& dp,
-                               const std::vector<nn::Parameter*>& params);
+                               const std::vector<nn::Parameter*>& params, CommBytes& bytes);
 
 }  // namespace braid::train

@@ -90,20 +90,13 @@ ZeroModule::ZeroModule(std::string name, int stage, runtime::Communicator& dp, n
     }
 }
 
-ZeroModule::CommBuffer::CommBuffer(std::size_t elements, std::size_t& counter)
-    : data(elements, 0.0f), in_flight(counter) {
-  in_flight += data.size() * sizeof(float);
-}
-
-ZeroModule::CommBuffer::~CommBuffer() { in_flight -= data.size() * sizeof(float); }
-
 void ZeroModule::measure_with(MemoryMeter& meter) {
-  meter_ = &meter;
-  meter.add_source(MemoryKind::communication, [this] { return in_flight_bytes_; });
+  comm_bytes_.meter = &meter;
+  meter.add_source(MemoryKind::communication, [this] { return comm_bytes_.in_flight; });
 }
 
 void ZeroModule::sample_inside() {
-  if (meter_ && running_) meter_->sample();
+  if (running_ || step_end_) comm_bytes_.sample();
 }
 
 ZeroModule::Unit& ZeroModule::unit_of(const nn::TransformerBlock& block) {
@@ -187,19 +180,54 @@ double ZeroModule::reduce() {
 
 Pending ZeroModule::post_reduce() {
   if (stage_ != 1) return {};
-  std::vector<runtime::Request> requests;
-  std::vector<std::function<void()>> copies;
-  for (auto& u : units_)
-    if (!u.params.empty()) copies.push_back(post_reduce_scatter(u, requests));
-  return pending_requests(std::move(requests), [copies = std::move(copies)] {
-    for (const auto& copy : copies) copy();
-  });
+  // Unit by unit, each posted once the one before has completed (in unit order on every rank):
+  // one unit's copy and shard alive at a time, and the MPI library's buffers of one
+  // non-blocking reduce-scatter (Open MPI's hold about twice its input), not the module part's.
+  struct Chain {
+    std::size_t next = 0;
+    runtime::Request current;
+    std::function<void()> copy;
+    bool done = false;
+  };
+  auto chain = std::make_shared<Chain>();
+  // Copies the completed unit's sums in and posts the next unit; done when none is left.
+  auto advance = [this, chain] {
+    if (chain->copy) std::exchange(chain->copy, {})();
+    while (chain->next < units_.size() && units_[chain->next].params.empty()) ++chain->next;
+    if (chain->next == units_.size()) {
+      chain->done = true;
+      return;
+    }
+    std::vector<runtime::Request> posted;
+    step_end_ = true;  // sampled as the unit is copied out, before its post
+    chain->copy = post_reduce_scatter(units_[chain->next++], posted);
+    step_end_ = false;
+    chain->current = std::move(posted.front());
+  };
+  advance();
+  if (chain->done) return {};
+  Pending p;
+  p.test = [chain, advance] {
+    while (!chain->done && chain->current.test()) advance();
+    return chain->done;
+  };
+  p.finish = [chain, advance] {
+    double waited = 0;
+    while (!chain->done) {
+      waited += chain->current.wait();
+      advance();
+    }
+    return waited;
+  };
+  return p;
 }
 
 double ZeroModule::after_step() {
   double waited = 0;
+  step_end_ = true;
   if (stage_ < 3)
     for (auto& u : units_) waited += all_gather(u);
+  step_end_ = false;
   return waited;
 }
 
@@ -222,13 +250,13 @@ double ZeroModule::reduce_scatter(Unit& u) {
 }
 
 std::function<void()> ZeroModule::post_reduce_scatter(Unit& u, std::vector<runtime::Request>& requests) {
-  auto flat = std::make_shared<CommBuffer>(static_cast<std::size_t>(u.shard * dp_.size()), in_flight_bytes_);
+  auto flat = std::make_shared<CommBuffer>(static_cast<std::size_t>(u.shard * dp_.size()), comm_bytes_.in_flight);
   for (std::size_t i = 0; i < u.params.size(); ++i) {
     nn::Tensor scratch;
     const nn::Tensor& g = on_host(ops_, u.params[i]->param->grad, scratch);
     std::copy(g.data.begin(), g.data.end(), flat->data.begin() + u.offsets[i]);
   }
-  auto mine = std::make_shared<CommBuffer>(static_cast<std::size_t>(u.shard), in_flight_bytes_);
+  auto mine = std::make_shared<CommBuffer>(static_cast<std::size_t>(u.shard), comm_bytes_.in_flight);
   sample_inside();  // the unit's whole gradient, its copy, the shards
   requests.push_back(dp_.ireduce_scatter(std::span<const float>(flat->data), std::span<float>(mine->data)));
   return [this, &u, flat, mine] {
@@ -251,7 +279,7 @@ std::function<void()> ZeroModule::post_reduce_scatter(Unit& u, std::vector<runti
 
 double ZeroModule::all_gather(Unit& u) {
   if (u.params.empty()) return 0;
-  CommBuffer mine(static_cast<std::size_t>(u.shard), in_flight_bytes_);
+  CommBuffer mine(static_cast<std::size_t>(u.shard), comm_bytes_.in_flight);
   const std::int64_t lo = dp_.rank() * u.shard;
   for (std::size_t i = 0; i < u.params.size(); ++i) {
     const TrainedParameter& t = *u.params[i];
@@ -261,7 +289,7 @@ double ZeroModule::all_gather(Unit& u) {
                                     : on_host(ops_, t.param->value, scratch).ptr() + t.begin;
     std::copy(from, from + (t.end - t.begin), mine.data.begin() + (u.offsets[i] + t.begin - lo));
   }
-  CommBuffer all(static_cast<std::size_t>(u.shard * dp_.size()), in_flight_bytes_);
+  CommBuffer all(static_cast<std::size_t>(u.shard * dp_.size()), comm_bytes_.in_flight);
   auto req = dp_.iallgather(std::as_bytes(std::span<const float>(mine.data)),
                             std::as_writable_bytes(std::span<float>(all.data)));
   const double waited = req.wait();

@@ -37,6 +37,7 @@
 
 #include "core/nn/modules/transformer.hpp"
 #include "core/runtime/communicator.hpp"
+#include "core/train/comm_buffer.hpp"
 #include "core/train/stage_work.hpp"
 
 namespace braid::train {
@@ -80,19 +81,21 @@ class ZeroModule : public nn::BlockHooks {
   // reduce_grads: stage 1 reduce-scatters every unit's gradient into the shards (2 and 3 did
   // as they went). Returns the seconds blocked.
   double reduce();
-  // The same, posted (stage 1; empty at 2 and 3, which have nothing left to reduce): the
-  // gradients are copied out now and the sums into them when it finishes.
+  // The same, posted (stage 1; empty at 2 and 3, which have nothing left to reduce): one unit
+  // at a time, each copied out as it is posted and its sums copied in when it completes; the
+  // next is posted by the Pending's test or finish.
   Pending post_reduce();
   // After the optimizer stepped the shards: stages 1 and 2 all-gather the updated weights.
   // Returns the seconds blocked.
   double after_step();
   // Stage 3: every weight gathered and kept (for an evaluation on one rank), or freed again.
   void materialize(bool whole);
-  // Has `meter` (which must outlive this) also sample inside forwards and backwards (not in an
-  // evaluation's or a checkpoint's gathers), where ZeRO holds the most: after each all-gather
-  // (the unit's whole weights beside the shards; a stage-3 backward holds every unit's), and as
-  // a unit's whole gradient is copied out for its reduce-scatter. The collectives' buffers
-  // count as communication.
+  // Has `meter` (which must outlive this) also sample inside forwards and backwards and in the
+  // step's last collectives (not in an evaluation's or a checkpoint's gathers), where ZeRO holds
+  // the most: after each all-gather (the unit's whole weights beside the shards; a stage-3
+  // backward holds every unit's), as a unit's whole gradient is copied out for its
+  // reduce-scatter, and once stage 1 has posted every unit's. The collectives' buffers count as
+  // communication.
   void measure_with(MemoryMeter& meter);
   // For checkpoints and gradient dumps: each parameter's whole tensor (its tensor-parallel
   // slice) of the state `shard_of` picks (the elements of [begin, end) of its reduced gradient,
@@ -106,15 +109,6 @@ class ZeroModule : public nn::BlockHooks {
   void after_block(const nn::TransformerBlock& block, bool backward) override;
 
  private:
-  // A collective's buffer, counted in in_flight_bytes_ while it lives.
-  struct CommBuffer {
-    CommBuffer(std::size_t elements, std::size_t& in_flight);
-    ~CommBuffer();
-    CommBuffer(const CommBuffer&) = delete;
-    CommBuffer& operator=(const CommBuffer&) = delete;
-    std::vector<float> data;
-    std::size_t& in_flight;
-  };
   struct Unit {
     std::vector<TrainedParameter*> params;
     std::vector<std::int64_t> offsets;  // of each parameter in the flat buffer
@@ -130,7 +124,7 @@ class ZeroModule : public nn::BlockHooks {
   // copies its sums into the gradients once that request has completed.
   std::function<void()> post_reduce_scatter(Unit& u, std::vector<runtime::Request>& requests);
   double all_gather(Unit& u);  // owned shards -> every parameter's value
-  void sample_inside();        // a sample of meter_'s while an instruction runs
+  void sample_inside();        // a sample of the meter's while an instruction or the step's end runs
   void free_weights(Unit& u);
   Unit& unit_of(const nn::TransformerBlock& block);
 
@@ -141,11 +135,11 @@ class ZeroModule : public nn::BlockHooks {
   std::vector<Unit> units_;  // units_[0]: the rest (may be empty)
   std::map<const nn::TransformerBlock*, std::size_t> by_block_;
   std::function<void(double)> in_pipeline_wait_;
-  MemoryMeter* meter_ = nullptr;     // measure_with's; null: none
-  std::size_t in_flight_bytes_ = 0;  // of the CommBuffers alive
-  bool running_ = false;             // an instruction is running
-  bool backward_ = false;            // it is a backward
-  bool whole_ = false;               // stage 3: materialized, every weight kept
+  CommBytes comm_bytes_;   // the CommBuffers alive; measure_with's meter
+  bool running_ = false;   // an instruction is running
+  bool step_end_ = false;  // reduce_grads' reduce-scatters or the post-step gathers run
+  bool backward_ = false;  // it is a backward
+  bool whole_ = false;     // stage 3: materialized, every weight kept
 };
 
 // The shape of the tensor a parameter's value has when held (its tensor-parallel slice).

@@ -488,6 +488,10 @@ class LayoutEquivalence(unittest.TestCase):
             with self.subTest(zero=stage):
                 self.assert_same(self.zero_variant(MLLM, stage), 4, "--strategy", "disttrain")
         self.assert_same(self.zero_variant(MLLM, 1), 4, "--strategy", "optimus", "--pp", "2")
+        # Online, the llm's reduce-scatters go out unit by unit between the encoder tasks that
+        # run in its DP wait.
+        self.assert_same(self.zero_variant(MLLM, 1), 4, "--strategy", "optimus", "--pp", "2", "--schedule",
+                         "optimus-online")
 
     def test_zero3_replicas_with_other_numbers_of_image_sides(self):
         # Unreordered, seed 5 gives the two replicas' microbatches other numbers of image sides:
@@ -1542,6 +1546,7 @@ class Memory(unittest.TestCase):
     # TP 2 group holds (63,360 + 12,480 + 207,488).
     MLLM_PARAMETERS = 546880
     LLM_PARAMETERS = 409088
+    LLM_BLOCK = 198272
     MLLM_TP2_PARAMETERS = 283328
 
     def memory_line(self, path):
@@ -1593,6 +1598,11 @@ class Memory(unittest.TestCase):
                         for kind in self.STATE:
                             self.assertEqual(measured[kind], expected[kind], f"rank {rank} {kind} measured")
                             self.assertEqual(predicted[kind], expected[kind], f"rank {rank} {kind} predicted")
+                        # Data parallel, each module's gradients are copied out for their all-reduce,
+                        # one module at a time: the llm's the most. No DP group, no copy.
+                        copied = 4 * self.LLM_PARAMETERS if name == "dp2" else 0
+                        self.assertEqual(predicted["communication"], copied, f"rank {rank}")
+                        self.assertEqual(measured["communication"], copied, f"rank {rank}")
 
     def test_zero_shards_optimizer_state_and_weights_as_predicted(self):
         # ZeRO over DP 2: stage 1 halves AdamW's state, stage 3 also the weights kept between uses.
@@ -1628,8 +1638,12 @@ class Memory(unittest.TestCase):
                 for x in m["ranks"]:
                     self.assertEqual(x["predicted_bytes"]["gradients"], gradients, f"zero {zero}")
                     self.assertEqual(x["measured_bytes"]["gradients"], gradients, f"zero {zero} rank {x['rank']}")
-                    # The reduce-scatter's copy and shard, registered as communication, not activations.
-                    self.assertEqual(x["measured_bytes"]["communication"] > 0, zero >= 2, f"zero {zero}")
+                    # A unit's copy and shard, registered as communication, not activations: the
+                    # largest unit (a block of the llm) padded to 2 shards and one of them, whether
+                    # reduced inside the backward (2, 3) or after it (1), as the cost model predicts.
+                    self.assertEqual(x["predicted_bytes"]["communication"], 4 * 3 * self.LLM_BLOCK / 2, f"zero {zero}")
+                    self.assertEqual(x["measured_bytes"]["communication"], x["predicted_bytes"]["communication"],
+                                     f"zero {zero} rank {x['rank']}")
 
     def test_zero_state_inside_an_instruction_as_predicted(self):
         # Every 32 px image one side: a microbatch calls each module once, so a ZeRO-2/3 backward

@@ -542,5 +542,32 @@ TEST(Cost, ZeroHoldsWholeGradientsAndGatheredWeightsInsideAnInstruction) {
   EXPECT_EQ(cost::CostModel(run).in_instruction_bytes(llm, 4, layers, layer, rest, 2).total(), 0);
 }
 
+TEST(Cost, BraidsCollectivesCopyOneUnitAtATimeThroughPaddedShards) {
+  // train/comm_buffer.hpp: a ZeRO unit of n floats goes through dp shards of ceil(n / dp) and
+  // this rank's shard; without ZeRO the all-reduce copies the whole part. 3 layers of 1,001
+  // parameters and a rest of 10 over 4 replicas: a layer pads to 4 x 251, + 251.
+  auto run = test::load("tiny-mllm.yaml");
+  const int llm = 2, layers = 3;
+  const double layer = 1001, rest = 10, unit = 4.0 * (4 * 251 + 251);
+  for (int zero = 0; zero <= 3; ++zero) {
+    SCOPED_TRACE("zero " + std::to_string(zero));
+    run.training.zero_stage = zero;
+    const cost::CostModel ours(run, {}, cost::Kernels::reference), megatron(run);
+    const auto b = ours.collective_buffer_bytes(llm, layers, layer, rest, 4);
+    EXPECT_EQ(b.inside, zero >= 2 ? unit : 0);
+    EXPECT_EQ(b.step_end, zero == 0 ? 4 * (layers * layer + rest) : zero <= 2 ? unit : 0);
+    // The rest alone (a projector, the ends of a pipeline): 4 x 3 + 3.
+    EXPECT_EQ(ours.collective_buffer_bytes(llm, 0, layer, rest, 4).inside, zero >= 2 ? 4.0 * 15 : 0);
+    const auto none = megatron.collective_buffer_bytes(llm, layers, layer, rest, 4);
+    EXPECT_EQ(none.inside + none.step_end, 0);  // Megatron reduces and gathers in place
+    const auto alone = ours.collective_buffer_bytes(llm, layers, layer, rest, 1);
+    EXPECT_EQ(alone.inside + alone.step_end, 0);  // no DP group, no collective
+  }
+  run.model.modules[llm].frozen = true;  // no gradient to reduce
+  const auto frozen =
+      cost::CostModel(run, {}, cost::Kernels::reference).collective_buffer_bytes(llm, layers, layer, rest, 4);
+  EXPECT_EQ(frozen.inside + frozen.step_end, 0);
+}
+
 }  // namespace
 }  // namespace braid

@@ -546,6 +546,19 @@ TEST(Planner, CountsAndDevicesComeFromThePlacement) {
   EXPECT_EQ(plan::grid_stage_devices(2, 4, 3).first_device, 24);
 }
 
+// Each device's memory of tiny-mllm in fp32, data parallel over 2 devices, under ZeRO `zero`.
+std::vector<plan::MemoryBreakdown> tiny_mllm_on_two_replicas(int zero, cost::Kernels kernels) {
+  auto run = test::load("tiny-mllm.yaml");
+  run.training.precision = spec::Precision::fp32;
+  run.training.zero_stage = zero;
+  run.cluster.devices_per_node = 2;
+  const cost::CostModel cost(run, {}, kernels);
+  plan::PlanRequest request;
+  request.strategy = plan::Strategy::megatron;
+  request.constraints = {.tp = 1, .pp = 1, .dp = 2};
+  return plan::device_memory(cost, orchestrate::make_plan(cost, request).best);
+}
+
 TEST(Planner, ADeviceHoldsItsLargestModulePartWholeInsideAZeroInstruction) {
   // tiny-mllm data parallel over 2 devices, fp32: every device holds vision (112,960
   // parameters), projector (24,832) and llm (409,088: 2 blocks of 198,272 and 12,544 more) and
@@ -553,25 +566,39 @@ TEST(Planner, ADeviceHoldsItsLargestModulePartWholeInsideAZeroInstruction) {
   // ZeRO-3 gathered weights: under braid's trainer the llm's part gathered, and at nominal sizes
   // (one pass a microbatch) the gradients of its rest and one block; one block under DeepSpeed's
   // per-module gather. The modules' instructions run one at a time: the most of one.
-  auto run = test::load("tiny-mllm.yaml");
-  run.training.precision = spec::Precision::fp32;
-  run.cluster.devices_per_node = 2;
   const double shards = 546880.0 / 2, whole = 546880.0;
   for (int zero = 1; zero <= 3; ++zero)
     for (const auto kernels : {cost::Kernels::reference, cost::Kernels::megatron}) {
       SCOPED_TRACE("zero " + std::to_string(zero) + (kernels == cost::Kernels::reference ? " reference" : ""));
-      run.training.zero_stage = zero;
-      const cost::CostModel cost(run, {}, kernels);
-      plan::PlanRequest request;
-      request.strategy = plan::Strategy::megatron;
-      request.constraints = {.tp = 1, .pp = 1, .dp = 2};
-      const plan::Plan p = orchestrate::make_plan(cost, request).best;
       const bool ours = kernels == cost::Kernels::reference;
       const double gathered = ours ? 409088 : 198272, reduced = ours ? 12544 + 198272 : 198272;
-      for (const plan::MemoryBreakdown& d : plan::device_memory(cost, p)) {
+      for (const plan::MemoryBreakdown& d : tiny_mllm_on_two_replicas(zero, kernels)) {
         EXPECT_EQ(d.gradients, 4 * (zero >= 2 ? shards + reduced : whole));
         EXPECT_EQ(d.weights, 4 * (zero == 3 ? shards + gathered : whole));
         EXPECT_EQ(d.optimizer, 8 * shards);
+      }
+    }
+}
+
+TEST(Planner, BraidsDataParallelCollectivesHoldOneCopyAtATime) {
+  // The same 2 devices under braid's kernels: the host buffers its DP collectives copy through
+  // (train/comm_buffer.hpp), module by module. Without ZeRO, after the last backward, the
+  // all-reduce's copy of a module's gradients, the llm's the largest. Under ZeRO one unit's
+  // copy and shard (3 halves of the largest, a block), inside a forward or backward (2, 3) and
+  // after the last backward (1, 2). The peak takes whichever phase holds more: the step's end
+  // holds no activation. Megatron reduces in place: none.
+  const double block = 198272;
+  for (int zero = 0; zero <= 3; ++zero)
+    for (const auto kernels : {cost::Kernels::reference, cost::Kernels::megatron}) {
+      const bool ours = kernels == cost::Kernels::reference;
+      SCOPED_TRACE("zero " + std::to_string(zero) + (ours ? " reference" : ""));
+      const double unit = ours && zero >= 1 ? 4 * 1.5 * block : 0;
+      for (const plan::MemoryBreakdown& d : tiny_mllm_on_two_replicas(zero, kernels)) {
+        EXPECT_EQ(d.buffers, zero >= 2 ? unit : 0);
+        EXPECT_EQ(d.step_end_buffers, zero == 0 ? (ours ? 4 * 409088.0 : 0) : zero <= 2 ? unit : 0);
+        EXPECT_EQ(d.communication(), std::max(d.buffers, d.step_end_buffers));
+        EXPECT_GT(d.activations, 0);
+        EXPECT_EQ(d.total(), d.state() + std::max(d.activations + d.buffers, d.step_end_buffers));
       }
     }
 }
