@@ -27,7 +27,9 @@ bool check_memory(const cost::CostModel& cost, const Estimate& e, std::string* w
   if (!why) return false;
   return reject(why, "needs " + gib(need) + " on " + e.peak_memory_at + " (weights " + gib(e.memory.weights) +
                          ", gradients " + gib(e.memory.gradients) + ", optimizer " + gib(e.memory.optimizer) +
-                         ", activations " + gib(e.memory.activations) + ") but a device has " + gib(capacity));
+                         ", activations " + gib(e.memory.activations) +
+                         (e.memory.communication() > 0 ? ", collective buffers " + gib(e.memory.communication()) : "") +
+                         ") but a device has " + gib(capacity));
 }
 
 std::vector<int> even_split(int layers, int stages) {

@@ -70,6 +70,7 @@ ordered_json estimate_json(const Estimate& e) {
                         {"gradients", e.memory.gradients / kGiB},
                         {"optimizer", e.memory.optimizer / kGiB},
                         {"activations", e.memory.activations / kGiB},
+                        {"collective_buffers", e.memory.communication() / kGiB},
                         {"reserved", e.memory.reserved / kGiB}}}};
 }
 
@@ -203,8 +204,9 @@ std::string to_table(const PlanReport& r) {
   s << "  per device           " << fixed(e.tflops_per_device, 1) << " TFLOP/s, MFU " << fixed(100 * e.mfu, 1) << "%\n";
   s << "  peak memory          " << fixed(e.peak_memory_gib, 1) << " GiB on " << e.peak_memory_at << " (weights "
     << fixed(e.memory.weights / kGiB, 1) << ", gradients " << fixed(e.memory.gradients / kGiB, 1) << ", optimizer "
-    << fixed(e.memory.optimizer / kGiB, 1) << ", activations " << fixed(e.memory.activations / kGiB, 1) << ", reserved "
-    << fixed(e.memory.reserved / kGiB, 1) << ")\n";
+    << fixed(e.memory.optimizer / kGiB, 1) << ", activations " << fixed(e.memory.activations / kGiB, 1)
+    << (e.memory.communication() > 0 ? ", collective buffers " + fixed(e.memory.communication() / kGiB, 1) : "")
+    << ", reserved " << fixed(e.memory.reserved / kGiB, 1) << ")\n";
   s << "  bubble fraction      " << fixed(100 * e.bubble_fraction, 1) << "%\n";
   s << "  critical path        compute " << seconds(e.compute_s) << ", pipeline fill/drain "
     << seconds(e.pipeline_bubble_s) << ", TP comm " << seconds(e.tp_comm_s) << ", DP comm " << seconds(e.dp_comm_s)
