@@ -24,9 +24,10 @@ kind it reports the largest measured peak over the ranks, the largest predicted,
 predicted; the goal is within 10% for weights, gradients and optimizer state (model state),
 activations and communication. "communication" is the host buffers braid's DP collectives copy
 through (the all-reduce's copy of a module's gradients; under ZeRO a unit's copy and shard, one
-unit at a time) and the point-to-point sends in flight (none in these single-stage layouts); the
-MPI library's own buffers are not in it. The prediction leaves out the cluster's reserved memory
-(0.25 GiB on cpu-host), as the measurement leaves out the heap before the first step.
+unit at a time); the MPI library's own buffers are not in it, and point-to-point sends in flight
+are the measured-only kind "messages" (none in these single-stage layouts, not shown). The
+prediction leaves out the cluster's reserved memory (0.25 GiB on cpu-host), as the measurement
+leaves out the heap before the first step.
 
 Ranking: within each model, the layouts ordered by their peak device's predicted total (without
 the reserved memory, the same on every device and layout) and by the measured peak total; every

@@ -82,6 +82,7 @@ Colocated decompose(const cost::CostModel& cost, const plan::Plan& plan) {
   const int P = c.stages();
   for (auto& st : c.llm.stages) {
     st.instructions.resize(st.instructions.size() - 2);  // the step's tail
+    st.memory = plan::colocated_llm_state(st.memory);
     // The llm's exposed parameter all-gather opens the step (see StageProgram::gather_s).
     st.gather_s = std::max(0.0, st.reduce_grads_s - st.early_reduce_s);
     st.reduce_grads_s -= st.gather_s;
@@ -197,7 +198,7 @@ Colocated decompose(const cost::CostModel& cost, const plan::Plan& plan) {
 
       st.reduce_grads_s += l.exposed_dp_sync(run.training);  // as plan::evaluate_colocated charges it
       st.optimizer_s += l.optimizer_s;
-      st.static_memory_bytes += l.memory.weights + l.memory.gradients + l.memory.optimizer;
+      plan::host_colocated_encoder(st.memory, l);
       c.hosts[static_cast<std::size_t>(s)].push_back(std::move(h));
     }
   }

@@ -53,9 +53,7 @@ StageProgram stage_from(const cost::CostModel& cost, const StageLoad& l, const s
   st.reduce_grads_s = l.exposed_dp_sync(cost.run().training);
   st.early_reduce_s = l.exposed_dp_reduce(cost.run().training);
   st.optimizer_s = l.optimizer_s;
-  const plan::MemoryBreakdown state = l.peak_state();
-  st.static_memory_bytes = state.state() + state.buffers;
-  st.step_end_memory_bytes = state.state() + state.step_end_buffers;
+  st.memory = l.peak_state();
   st.send_activation_s = st.send_grad_s = l.p2p_s / 2;
   return st;
 }

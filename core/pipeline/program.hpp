@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/plan/plan.hpp"
 #include "core/spec/schedule.hpp"
 
 namespace braid::pipeline {
@@ -130,10 +131,9 @@ struct StageProgram {
   // behind it.
   double gather_s = 0;
   double optimizer_s = 0;
-  double static_memory_bytes = 0;  // weights, gradients, optimizer state, reserved (+ ZeRO's buffers inside)
-  // What a device holds after the stage's last backward, when no activation is: the state and
-  // ZeRO's step-end collective buffers (plan::MemoryBreakdown::step_end_buffers).
-  double step_end_memory_bytes = 0;
+  // What each device holds besides activations, as the plan counts it (plan::StageLoad::
+  // peak_state): its peak with the activations held is memory.total() with them in.
+  plan::MemoryBreakdown memory;
   int group_microbatches = 0;  // contrastive: this stage's microbatches per group (0: the program's)
   // Optional per-sample load (data heterogeneity): when non-empty, of size replicas x slots,
   // the compute and TP time of a forward/backward of microbatch mb on replica r is

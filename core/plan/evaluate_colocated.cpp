@@ -49,7 +49,9 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
 
   // Encoders, each a pipeline of its own over the same devices.
   double forward = 0, backward = 0, enc_tail = 0;
-  std::vector<MemoryBreakdown> enc_mem(static_cast<std::size_t>(g.stages));
+  std::vector<MemoryBreakdown> states;  // each llm stage's with the encoder stages it hosts
+  for (const StageLoad& l : g.loads) states.push_back(colocated_llm_state(l.peak_state()));
+  std::vector<double> enc_acts(static_cast<std::size_t>(g.stages), 0.0);
   std::vector<double> enc_recompute(static_cast<std::size_t>(g.stages), 0.0);  // one layer's, at a time
   for (const auto& p : plan.modules) {
     if (p.role != spec::Role::encoder) continue;
@@ -85,11 +87,8 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
       const int span_stages = g.stages / p.pp;
       for (int k = 0; k < span_stages; ++k) {
         const auto at = static_cast<std::size_t>(static_cast<int>(s) * span_stages + k);
-        auto& mem = enc_mem[at];
-        mem.weights += l.memory.weights;
-        mem.gradients += l.memory.gradients;
-        mem.optimizer += l.memory.optimizer;
-        mem.activations += K * l.work.activation_bytes;
+        host_colocated_encoder(states[at], l);
+        enc_acts[at] += K * l.work.activation_bytes;
         if (l.work.recompute_bytes > 0) enc_recompute[at] = std::max(enc_recompute[at], recomputed);
       }
     }
@@ -108,18 +107,14 @@ bool evaluate_colocated(const cost::CostModel& cost, Plan& plan, std::string* wh
   // The encoder's work is on the critical path as encoder_exposed_s, not in compute_s (the
   // llm's slowest stage): the breakdown adds up to the step.
   e.pipeline_bubble_s = span - m * g.times[slowest];
-  std::vector<StageLoad> loads = g.loads;
   std::vector<double> acts;
-  for (std::size_t s = 0; s < loads.size(); ++s) {
-    // Each llm stage's devices also hold their encoder stages' state and activations.
+  for (std::size_t s = 0; s < g.loads.size(); ++s) {
+    // Each llm stage's devices also hold their encoder stages' activations (and state, above).
     // One backward runs at a time: the larger of the llm's and the encoders' recomputation.
-    acts.push_back(loads[s].work.activation_bytes * g.held[s] + enc_mem[s].activations +
-                   std::max(loads[s].work.recompute_bytes, enc_recompute[s]));
-    loads[s].memory.weights += enc_mem[s].weights;
-    loads[s].memory.gradients += enc_mem[s].gradients;
-    loads[s].memory.optimizer += enc_mem[s].optimizer;
+    acts.push_back(g.loads[s].work.activation_bytes * g.held[s] + enc_acts[s] +
+                   std::max(g.loads[s].work.recompute_bytes, enc_recompute[s]));
   }
-  record_peak_memory(e, loads, acts, per_device);
+  record_peak_memory(e, g.loads, acts, per_device, &states);
   finish_estimate(e, cost, devices, hardware, busy);
   plan.devices = devices;
   plan.microbatches = m;

@@ -115,10 +115,10 @@ void record_slowest_stage(Estimate& e, const StageLoad& worst, double microbatch
 }
 
 void record_peak_memory(Estimate& e, const std::vector<StageLoad>& loads, const std::vector<double>& acts,
-                        std::vector<MemoryBreakdown>* per_device) {
+                        std::vector<MemoryBreakdown>* per_device, const std::vector<MemoryBreakdown>* states) {
   double peak = -1;
   for (std::size_t i = 0; i < loads.size(); ++i) {
-    MemoryBreakdown m = loads[i].peak_state();
+    MemoryBreakdown m = states ? (*states)[i] : loads[i].peak_state();
     m.activations = acts[i];
     if (m.total() > peak) {
       peak = m.total();
@@ -135,6 +135,19 @@ void record_peak_memory(Estimate& e, const std::vector<StageLoad>& loads, const 
     }
   }
   e.peak_memory_gib = peak / kGiB;
+}
+
+MemoryBreakdown colocated_llm_state(MemoryBreakdown llm) {
+  llm.buffers = std::max(llm.buffers, llm.step_end_buffers);
+  return llm;
+}
+
+void host_colocated_encoder(MemoryBreakdown& on, const StageLoad& encoder) {
+  on.weights += encoder.memory.weights;
+  on.gradients += encoder.memory.gradients;
+  on.optimizer += encoder.memory.optimizer;
+  on.buffers = std::max(on.buffers, encoder.in_instruction.buffers);
+  on.step_end_buffers = std::max(on.step_end_buffers, encoder.step_end_buffers);
 }
 
 cost::GroupShape dp_group_of(const cost::CostModel& cost, const StageDevices& stage) {

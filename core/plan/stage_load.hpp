@@ -99,11 +99,24 @@ inline double contrastive_loss_flops(double rows, double dim) { return 3 * 2.0 *
 // microbatches (call after setting dp_comm_s to the step's DP tail).
 void record_slowest_stage(Estimate& e, const StageLoad& worst, double microbatches);
 
-// Largest device memory over `loads`, each keeping `acts[i]` bytes of activations;
-// records the breakdown and label of the peak in `e`. With `per_device` (sized to the
-// cluster's devices), also sets the breakdown of every device each load lies on.
+// Largest device memory over `loads`, each keeping `acts[i]` bytes of activations beside its
+// state (`states[i]` where given, else its peak_state()); records the breakdown and label of
+// the peak in `e`. With `per_device` (sized to the cluster's devices), also sets the breakdown
+// of every device each load lies on.
 void record_peak_memory(Estimate& e, const std::vector<StageLoad>& loads, const std::vector<double>& acts,
-                        std::vector<MemoryBreakdown>* per_device = nullptr);
+                        std::vector<MemoryBreakdown>* per_device = nullptr,
+                        const std::vector<MemoryBreakdown>* states = nullptr);
+// An Optimus llm stage's state (StageLoad::peak_state) as its devices hold it: the bubble
+// scheduler fills its DP wait with encoder tasks, which may run while its gradient reduction
+// (posted as the first of them starts) or its parameter gather is in flight, so its step-end
+// buffers are held beside activations too.
+MemoryBreakdown colocated_llm_state(MemoryBreakdown llm);
+// Adds a colocated (Optimus) encoder stage to `on`, the state of the llm stage whose devices
+// host it (StageLoad::peak_state): the training state adds up; the collective buffers are the
+// larger, the modules reducing and gathering one after another. The plan and the bubble
+// scheduler's program both count it so. (Its in-instruction state is not counted: braid's
+// trainer runs a colocated encoder at ZeRO-1 at most.)
+void host_colocated_encoder(MemoryBreakdown& on, const StageLoad& encoder);
 
 // Stage loads of one module grid (ranks tp-dp-pp from its first device) for
 // microbatches of `samples`, with the pipeline sends between its own stages.

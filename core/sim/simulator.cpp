@@ -481,8 +481,9 @@ class Simulation {
       }
       out.busy_s += k.busy / st.replicas;
       out.idle_s += (end - k.busy) / st.replicas;
-      out.peak_memory_bytes =
-          std::max({out.peak_memory_bytes, st.static_memory_bytes + k.peak, st.step_end_memory_bytes});
+      plan::MemoryBreakdown held = st.memory;
+      held.activations = k.peak;
+      out.peak_memory_bytes = std::max(out.peak_memory_bytes, held.total());
       out.finish_s = std::max(out.finish_s, k.compute);
       busy_devices += k.busy * st.devices_per_replica;
       res.rank_stage.push_back(k.stage);

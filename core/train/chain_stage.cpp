@@ -690,7 +690,7 @@ void ChainStage::post_llm_reduce_early() {
   if (!early_llm_reduce_.empty() || llm_backwards_left_ > 0 || !llm_dp_) return;
   const auto params = model_.chain->llm->part_parameters(part_);
   early_llm_reduce_ = llm_zero_        ? llm_zero_->post_reduce()
-                      : llm_dp_device_ ? llm_dp_device_->post_allreduce_gradients(params)
+                      : llm_dp_device_ ? llm_dp_device_->post_allreduce_gradients(params, reduction_bytes_)
                                        : post_allreduce_gradients(ops_, *llm_dp_, params, reduction_bytes_);
 }
 

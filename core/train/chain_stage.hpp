@@ -75,7 +75,8 @@ class ChainStage : public StageWork {
   void gather_parameters() override;
   void single_process(bool on) override;
   void add_memory_sources(MemoryMeter& meter) override {
-    meter.add_source(MemoryKind::communication, [this] { return sends_.bytes() + reduction_bytes_.in_flight; });
+    meter.add_source(MemoryKind::messages, [this] { return sends_.bytes(); });
+    meter.add_source(MemoryKind::communication, [this] { return reduction_bytes_.in_flight; });
     reduction_bytes_.meter = &meter;
     for (ZeroModule* z : {llm_zero_.get(), vision_zero_.get(), projector_zero_.get()})
       if (z) z->measure_with(meter);

@@ -54,7 +54,8 @@ class ClipStage : public StageWork {
   std::vector<nn::Parameter*> held_parameters() const override;
   void single_process(bool on) override;
   void add_memory_sources(MemoryMeter& meter) override {
-    meter.add_source(MemoryKind::communication, [this] { return sends_.bytes() + reduction_bytes_.in_flight; });
+    meter.add_source(MemoryKind::messages, [this] { return sends_.bytes(); });
+    meter.add_source(MemoryKind::communication, [this] { return reduction_bytes_.in_flight; });
     reduction_bytes_.meter = &meter;
     for (Tower& t : towers_)
       if (t.zero) t.zero->measure_with(meter);

@@ -19,16 +19,22 @@ struct CommBytes {
   void sample() const;  // a sample of meter's, if any
 };
 
-// A collective's buffer of `elements` floats, counted in `counter` while it lives.
+// `bytes` counted in `counter` while it lives: a buffer held elsewhere (on a device).
+struct CountedBytes {
+  CountedBytes(std::size_t bytes, std::size_t& counter) : bytes(bytes), counter(counter) { counter += bytes; }
+  ~CountedBytes() { counter -= bytes; }
+  CountedBytes(const CountedBytes&) = delete;
+  CountedBytes& operator=(const CountedBytes&) = delete;
+  std::size_t bytes;
+  std::size_t& counter;
+};
+
+// A collective's host buffer of `elements` floats, counted in `counter` while it lives.
 struct CommBuffer {
-  CommBuffer(std::size_t elements, std::size_t& counter) : data(elements, 0.0f), in_flight(counter) {
-    in_flight += data.size() * sizeof(float);
-  }
-  ~CommBuffer() { in_flight -= data.size() * sizeof(float); }
-  CommBuffer(const CommBuffer&) = delete;
-  CommBuffer& operator=(const CommBuffer&) = delete;
+  CommBuffer(std::size_t elements, std::size_t& counter)
+      : data(elements, 0.0f), counted(elements * sizeof(float), counter) {}
   std::vector<float> data;
-  std::size_t& in_flight;
+  CountedBytes counted;
 };
 
 }  // namespace braid::train

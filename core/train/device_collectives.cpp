@@ -8,11 +8,12 @@
 
 namespace braid::train {
 
-Pending DeviceGroup::post_allreduce_gradients(const std::vector<nn::Parameter*>& params) {
+Pending DeviceGroup::post_allreduce_gradients(const std::vector<nn::Parameter*>& params, CommBytes& bytes) {
   // Declared after the buffer it writes, the request is destroyed first: dropped unfinished,
   // it waits before the buffer goes.
   struct InFlight {
     nn::Tensor flat;
+    std::unique_ptr<CountedBytes> counted;  // the flat buffer's bytes, as communication
     runtime::DeviceRequest request;
   };
   std::size_t total = 0;
@@ -20,6 +21,7 @@ Pending DeviceGroup::post_allreduce_gradients(const std::vector<nn::Parameter*>&
     if (p->trainable) total += p->grad.data.size();
   auto in_flight = std::make_shared<InFlight>();
   in_flight->flat = backend_->empty({static_cast<std::int64_t>(total)});
+  in_flight->counted = std::make_unique<CountedBytes>(total * sizeof(float), bytes.in_flight);
   // Each trainable gradient's place in the flat buffer, as a view of it, in `params`' order.
   auto each_place = [params, in_flight](const std::function<void(nn::Parameter&, nn::Tensor&)>& f) {
     std::size_t at = 0;
@@ -35,6 +37,7 @@ Pending DeviceGroup::post_allreduce_gradients(const std::vector<nn::Parameter*>&
   };
   each_place([&](nn::Parameter& p, nn::Tensor& place) { backend_->copy(place, p.grad); });
   backend_->synchronize();  // the plugin runs on its own stream
+  bytes.sample();           // the gradients and their copy
   in_flight->request =
       comm_->post_allreduce_sum(in_flight->flat.ptr(), total, nullptr, DeviceCollectives::kDeadlineSeconds);
   Pending pending;
@@ -47,8 +50,8 @@ Pending DeviceGroup::post_allreduce_gradients(const std::vector<nn::Parameter*>&
   return pending;
 }
 
-double DeviceGroup::allreduce_gradients(const std::vector<nn::Parameter*>& params) {
-  return post_allreduce_gradients(params).finish();
+double DeviceGroup::allreduce_gradients(const std::vector<nn::Parameter*>& params, CommBytes& bytes) {
+  return post_allreduce_gradients(params, bytes).finish();
 }
 
 namespace {

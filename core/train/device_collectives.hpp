@@ -14,6 +14,7 @@
 #include "core/nn/modules/parameter.hpp"
 #include "core/runtime/device_comm.hpp"
 #include "core/runtime/world.hpp"
+#include "core/train/comm_buffer.hpp"
 #include "core/train/interpreter.hpp"
 
 namespace braid::train {
@@ -24,11 +25,12 @@ class DeviceGroup {
   DeviceGroup(std::shared_ptr<nn::DeviceBackend> backend, std::unique_ptr<runtime::DeviceCommunicator> comm)
       : backend_(std::move(backend)), comm_(std::move(comm)) {}
   // Sums the gradients of `params` (the trainable ones) over the group in one flat buffer on
-  // the device, in the order allreduce_gradients uses on the host; returns the seconds blocked.
-  double allreduce_gradients(const std::vector<nn::Parameter*>& params);
+  // the device, in the order allreduce_gradients uses on the host, the buffer reported to
+  // `bytes` (comm_buffer.hpp); returns the seconds blocked.
+  double allreduce_gradients(const std::vector<nn::Parameter*>& params, CommBytes& bytes);
   // The same, posted: the gradients are copied out now and back when it finishes. The params
-  // must outlive it.
-  Pending post_allreduce_gradients(const std::vector<nn::Parameter*>& params);
+  // and `bytes` must outlive it.
+  Pending post_allreduce_gradients(const std::vector<nn::Parameter*>& params, CommBytes& bytes);
   // Sums `t` (on the backend's device) over the group in place; returns the seconds blocked.
   double allreduce_sum(nn::Tensor& t);
 

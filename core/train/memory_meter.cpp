@@ -39,6 +39,8 @@ const char* memory_kind_name(MemoryKind k) {
       return "activations";
     case MemoryKind::communication:
       return "communication";
+    case MemoryKind::messages:
+      return "messages";
   }
   return "?";
 }
@@ -52,7 +54,8 @@ MemoryMeter::MemoryMeter(const std::vector<TrainedParameter>& params) : params_(
 void MemoryMeter::add_source(MemoryKind kind, std::function<std::size_t()> bytes) {
   if (kind == MemoryKind::activations)
     throw Error(Status::invalid_argument,
-                "memory sources report weights, gradients, optimizer state or communication buffers; activations "
+                "memory sources report weights, gradients, optimizer state, communication buffers or messages; "
+                "activations "
                 "are measured from the heap");
   sources_.emplace_back(kind, std::move(bytes));
 }
@@ -166,35 +169,37 @@ std::string format_memory_comparison(const MemoryComparison& c) {
          pad("measured/predicted", 20, true) + "\n";
   for (std::size_t r = 0; r < c.ranks.size(); ++r) {
     const RankMemory& m = c.ranks[r];
-    auto row = [&](const std::string& kind, double measured, double predicted) {
+    auto row = [&](const std::string& kind, double measured, double predicted, bool is_predicted) {
       out += pad(std::to_string(r), 6) + pad(kind, 15) + pad(fixed(measured / kMiB, 3), 14, true) +
-             pad(fixed(predicted / kMiB, 3), 15, true) + pad(ratio(measured, predicted), 20, true) + "\n";
+             pad(is_predicted ? fixed(predicted / kMiB, 3) : "-", 15, true) +
+             pad(is_predicted ? ratio(measured, predicted) : "-", 20, true) + "\n";
     };
     for (int k = 0; k < kMemoryKinds; ++k) {
       const auto kind = static_cast<MemoryKind>(k);
-      row(memory_kind_name(kind), m.measured[kind], m.predicted[kind]);
+      row(memory_kind_name(kind), m.measured[kind], m.predicted[kind], predicted_kind(kind));
     }
-    row("total", m.measured.total, m.predicted.total);
+    row("total", m.measured.total, m.predicted.total, true);
   }
   if (c.prediction_error.empty() && !c.ranks.empty())
     out += "not in the totals: the cluster's reserved memory, " + fixed(c.ranks.front().predicted_reserved / kMiB, 3) +
            " MiB a rank predicted (runtime, communicator buffers),\nas the measurement leaves out the heap before "
-           "the first step\n";
+           "the first step; messages (point-to-point sends in flight)\nare measured, not predicted\n";
   return out;
 }
 
 std::string memory_json(const MemoryComparison& c, std::int64_t step) {
-  auto bytes = [](const MemoryBytes& m) {
+  auto bytes = [](const MemoryBytes& m, bool predicted) {
     nlohmann::ordered_json j = nlohmann::ordered_json::object();
     for (int k = 0; k < kMemoryKinds; ++k)
-      j[memory_kind_name(static_cast<MemoryKind>(k))] = m.bytes[static_cast<std::size_t>(k)];
+      if (!predicted || predicted_kind(static_cast<MemoryKind>(k)))
+        j[memory_kind_name(static_cast<MemoryKind>(k))] = m.bytes[static_cast<std::size_t>(k)];
     j["total"] = m.total;
     return j;
   };
   nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
   for (std::size_t r = 0; r < c.ranks.size(); ++r) {
-    nlohmann::ordered_json rank{{"rank", r}, {"measured_bytes", bytes(c.ranks[r].measured)}};
-    rank["predicted_bytes"] = c.prediction_error.empty() ? bytes(c.ranks[r].predicted) : nlohmann::ordered_json();
+    nlohmann::ordered_json rank{{"rank", r}, {"measured_bytes", bytes(c.ranks[r].measured, false)}};
+    rank["predicted_bytes"] = c.prediction_error.empty() ? bytes(c.ranks[r].predicted, true) : nlohmann::ordered_json();
     if (c.prediction_error.empty()) rank["predicted_reserved_bytes"] = c.ranks[r].predicted_reserved;
     ranks.push_back(std::move(rank));
   }

@@ -8,8 +8,11 @@
 //                                  ZeRO shard, grad and its ZeRO shard, Adam m and v) as they
 //                                  are at the sample: whatever sharding (ZeRO, tensor
 //                                  parallelism) made of them, plus registered sources
-//   communication                  registered sources only (buffers of sends in flight, ...); the
-//                                  planner's counterpart is the cluster's reserved memory
+//   communication                  registered sources only: the host (or device) buffers braid's
+//                                  DP collectives copy through (comm_buffer.hpp); the planner's
+//                                  counterpart is cost::CostModel::collective_buffer_bytes
+//   messages                       registered sources only: point-to-point sends in flight,
+//                                  which the cost model does not predict
 //   activations                    everything else the step allocates: heap in use (glibc's
 //                                  mallinfo2, all arenas and mmapped blocks) minus the heap in
 //                                  use when the step began, minus what the other kinds grew by
@@ -38,10 +41,12 @@ class CostModel;
 
 namespace braid::train {
 
-enum class MemoryKind { weights, gradients, optimizer, activations, communication };
-inline constexpr int kMemoryKinds = 5;
-// "weights", "gradients", "optimizer", "activations", "communication"
+enum class MemoryKind { weights, gradients, optimizer, activations, communication, messages };
+inline constexpr int kMemoryKinds = 6;
+// "weights", "gradients", "optimizer", "activations", "communication", "messages"
 const char* memory_kind_name(MemoryKind k);
+// Whether the cost model predicts the kind (all but messages).
+inline bool predicted_kind(MemoryKind k) { return k != MemoryKind::messages; }
 
 // Bytes by kind, and their total.
 struct MemoryBytes {

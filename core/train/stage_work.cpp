@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <utility>
 
 #include "core/common/error.hpp"
 #include "core/train/device_collectives.hpp"
@@ -68,15 +69,19 @@ Pending blocked_for(double seconds) {
 }
 
 Pending pending_requests(std::vector<runtime::Request> requests, std::function<void()> then) {
-  auto shared = std::make_shared<std::vector<runtime::Request>>(std::move(requests));
+  struct Posted {
+    std::function<void()> then;              // may own the requests' buffers
+    std::vector<runtime::Request> requests;  // declared after: dropped unfinished, they wait first
+  };
+  auto shared = std::make_shared<Posted>(Posted{std::move(then), std::move(requests)});
   Pending p;
   p.test = [shared] {
-    return std::all_of(shared->begin(), shared->end(), [](runtime::Request& r) { return r.test(); });
+    return std::all_of(shared->requests.begin(), shared->requests.end(), [](runtime::Request& r) { return r.test(); });
   };
-  p.finish = [shared, then = std::move(then)] {
+  p.finish = [shared] {
     double waited = 0;
-    for (auto& r : *shared) waited += r.wait();
-    if (then) then();
+    for (auto& r : shared->requests) waited += r.wait();
+    if (shared->then) std::exchange(shared->then, {})();
     return waited;
   };
   return p;
@@ -121,7 +126,7 @@ double allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, const std:
 double reduce_module_gradients(nn::Ops& ops, ZeroModule* zero, DeviceGroup* on_device, runtime::Communicator& dp,
                                const std::vector<nn::Parameter*>& params, CommBytes& bytes) {
   if (zero) return zero->reduce();
-  if (on_device) return on_device->allreduce_gradients(params);
+  if (on_device) return on_device->allreduce_gradients(params, bytes);
   return allreduce_gradients(ops, dp, params, bytes);
 }
 

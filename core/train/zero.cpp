@@ -37,6 +37,19 @@ std::vector<ZeroUnitSpec> zero_units(const std::vector<nn::Parameter*>& part,
   return out;
 }
 
+namespace {
+
+// Sets a flag for its scope, whatever leaves it.
+struct StepEnd {
+  explicit StepEnd(bool& flag) : flag(flag) { flag = true; }
+  ~StepEnd() { flag = false; }
+  StepEnd(const StepEnd&) = delete;
+  StepEnd& operator=(const StepEnd&) = delete;
+  bool& flag;
+};
+
+}  // namespace
+
 ZeroModule::ZeroModule(std::string name, int stage, runtime::Communicator& dp, nn::Ops& ops,
                        std::vector<ZeroUnitSpec> units, std::vector<TrainedParameter>& params,
                        std::function<void(double)> in_pipeline_wait)
@@ -185,8 +198,8 @@ Pending ZeroModule::post_reduce() {
   // non-blocking reduce-scatter (Open MPI's hold about twice its input), not the module part's.
   struct Chain {
     std::size_t next = 0;
-    runtime::Request current;
-    std::function<void()> copy;
+    std::function<void()> copy;  // owns the unit's buffers
+    runtime::Request current;    // declared after them: dropped unfinished, it waits before they go
     bool done = false;
   };
   auto chain = std::make_shared<Chain>();
@@ -199,9 +212,8 @@ Pending ZeroModule::post_reduce() {
       return;
     }
     std::vector<runtime::Request> posted;
-    step_end_ = true;  // sampled as the unit is copied out, before its post
+    const StepEnd sampled(step_end_);  // as the unit is copied out, before its post
     chain->copy = post_reduce_scatter(units_[chain->next++], posted);
-    step_end_ = false;
     chain->current = std::move(posted.front());
   };
   advance();
@@ -224,10 +236,9 @@ Pending ZeroModule::post_reduce() {
 
 double ZeroModule::after_step() {
   double waited = 0;
-  step_end_ = true;
+  const StepEnd sampled(step_end_);
   if (stage_ < 3)
     for (auto& u : units_) waited += all_gather(u);
-  step_end_ = false;
   return waited;
 }
 

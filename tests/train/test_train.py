@@ -1540,6 +1540,7 @@ class Memory(unittest.TestCase):
     metrics file next to the cost model's prediction for the same plan and rank."""
 
     KINDS = {"weights", "gradients", "optimizer", "activations", "communication", "total"}
+    MEASURED_ONLY = {"messages"}  # point-to-point sends in flight
     STATE = ("weights", "gradients", "optimizer")
     # tiny-mllm's parameters, counted by hand from its shapes (tests/unit/cost_test.cpp): the
     # whole model (vision 112,960 + projector 24,832 + llm 409,088), and what one rank of a
@@ -1580,7 +1581,7 @@ class Memory(unittest.TestCase):
                     self.assertIn("memory per rank at its peak, measured and as the cost model predicts it", stdout)
                     for x in m["ranks"]:
                         rank, measured, predicted = x["rank"], x["measured_bytes"], x["predicted_bytes"]
-                        self.assertEqual(set(measured), self.KINDS)
+                        self.assertEqual(set(measured), self.KINDS | self.MEASURED_ONLY)
                         self.assertEqual(set(predicted), self.KINDS)
                         for kind in ("weights", "activations"):
                             self.assertGreater(measured[kind], 0, f"rank {rank} {kind}")
@@ -1644,6 +1645,27 @@ class Memory(unittest.TestCase):
                     self.assertEqual(x["predicted_bytes"]["communication"], 4 * 3 * self.LLM_BLOCK / 2, f"zero {zero}")
                     self.assertEqual(x["measured_bytes"]["communication"], x["predicted_bytes"]["communication"],
                                      f"zero {zero} rank {x['rank']}")
+
+    def test_collective_buffers_as_predicted_in_every_layout(self):
+        # The DP collectives' buffers (communication) equal the cost model's on every rank: on a
+        # device, where the all-reduce copies into a device buffer; in a pipeline, whose sends
+        # in flight are another kind (messages), measured only; colocated (Optimus) online,
+        # where the llm's reduce-scatters run beside the encoder's tasks.
+        with tempfile.TemporaryDirectory() as d:
+            zero0 = variant(d, MLLM, "z0.yaml", training={"zero_stage": 0, "precision": "fp32"})
+            zero1 = variant(d, MLLM, "z1.yaml", training={"zero_stage": 1, "precision": "fp32"})
+            layouts = [("device", 2, zero0, ("--device", "emulated")),
+                       ("pipeline", 4, zero1, ("--strategy", "megatron", "--pp", "2", "--dp", "2")),
+                       ("colocated", 4, zero1, ("--strategy", "optimus", "--pp", "2", "--schedule", "optimus-online"))]
+            for name, ranks, config, args in layouts:
+                with self.subTest(layout=name):
+                    m, _ = self.train_memory(d, name, ranks, config, *args)
+                    for x in m["ranks"]:
+                        measured, predicted = x["measured_bytes"], x["predicted_bytes"]
+                        self.assertGreater(predicted["communication"], 0, f"rank {x['rank']}")
+                        self.assertEqual(measured["communication"], predicted["communication"], f"rank {x['rank']}")
+                        self.assertNotIn("messages", predicted)
+                        self.assertEqual(measured["messages"] > 0, name != "device", f"rank {x['rank']}")
 
     def test_zero_state_inside_an_instruction_as_predicted(self):
         # Every 32 px image one side: a microbatch calls each module once, so a ZeRO-2/3 backward

@@ -5,11 +5,13 @@
 
 #include "core/bubble/scheduler.hpp"
 #include "core/orchestrate/planning.hpp"
+#include "core/orchestrate/program.hpp"
 #include "core/plan/brute_force.hpp"
 #include "core/plan/evaluate.hpp"
 #include "core/plan/plan_io.hpp"
 #include "core/plan/planner.hpp"
 #include "core/plan/stage_load.hpp"
+#include "core/sim/simulator.hpp"
 #include "tests/unit/support.hpp"
 
 namespace braid {
@@ -578,6 +580,31 @@ TEST(Planner, ADeviceHoldsItsLargestModulePartWholeInsideAZeroInstruction) {
         EXPECT_EQ(d.optimizer, 8 * shards);
       }
     }
+}
+
+TEST(Planner, AColocatedEncodersCollectiveBuffersFollowTheLlmsNotBesideThem) {
+  // Optimus on 2 devices, data parallel: each holds the vision encoder (here 8 layers of the
+  // llm's width: more parameters than the llm) and the llm. Without ZeRO braid's trainer
+  // all-reduces one module's gradients after the other, so a device holds the larger module's
+  // copy: the encoder's, not the llm's alone nor both. Plan and simulation count it alike.
+  auto run = test::load("tiny-mllm.yaml");
+  run.training.precision = spec::Precision::fp32;
+  run.cluster.devices_per_node = 2;
+  auto& vision = run.model.modules[0];
+  vision.layers = 8;
+  vision.hidden = 128;
+  vision.ffn = 512;
+  const cost::CostModel cost(run, {}, cost::Kernels::reference);
+  ASSERT_GT(cost.parameters(0), cost.parameters(2));
+  plan::PlanRequest request;
+  request.strategy = plan::Strategy::optimus;
+  request.constraints = {.tp = 1, .pp = 1, .dp = 2};
+  const plan::Plan p = orchestrate::make_plan(cost, request).best;
+  ASSERT_EQ(p.layout, plan::Layout::colocated);
+  for (const plan::MemoryBreakdown& d : plan::device_memory(cost, p))
+    EXPECT_EQ(d.step_end_buffers, 4 * cost.parameters(0));
+  const auto r = sim::simulate(orchestrate::build_program(cost, p));
+  EXPECT_NEAR(r.peak_memory_gib, p.estimate.peak_memory_gib, 1e-9 * r.peak_memory_gib);
 }
 
 TEST(Planner, BraidsDataParallelCollectivesHoldOneCopyAtATime) {

@@ -1010,6 +1010,9 @@ TEST(MemoryMeter, ReportNamesEveryKindOfEveryRankAndThePrecisionUsed) {
     EXPECT_TRUE(j["ranks"][0]["measured_bytes"].contains(kind)) << kind;
     EXPECT_TRUE(j["ranks"][0]["predicted_bytes"].contains(kind)) << kind;
   }
+  // Point-to-point sends in flight are measured, not predicted: no figure stands in for one.
+  EXPECT_EQ(j["ranks"][1]["measured_bytes"]["messages"], 6 << 20);
+  EXPECT_FALSE(j["ranks"][1]["predicted_bytes"].contains("messages"));
   EXPECT_EQ(j["ranks"][1]["measured_bytes"]["optimizer"], 3 << 20);
   EXPECT_EQ(j["ranks"][1]["predicted_bytes"]["total"], 15 << 19);
   const std::string table = format_memory_comparison(c);
@@ -1017,6 +1020,8 @@ TEST(MemoryMeter, ReportNamesEveryKindOfEveryRankAndThePrecisionUsed) {
   EXPECT_NE(table.find("1     optimizer               3.000          1.500                2.00\n"), std::string::npos)
       << table;
   EXPECT_NE(table.find("0     weights                 0.000          0.000                   -\n"), std::string::npos)
+      << table;
+  EXPECT_NE(table.find("1     messages                6.000              -                   -\n"), std::string::npos)
       << table;
 }
 
