@@ -63,7 +63,7 @@ StageDevices grid_stage_devices(int tp, int dp, int s);
 
 struct MemoryBreakdown {
   double weights = 0, gradients = 0, optimizer = 0, activations = 0, reserved = 0;
-  // The host buffers of braid's own ZeRO collectives (cost::CostModel::collective_buffer_bytes):
+  // The buffers braid's own DP collectives copy through (cost::CostModel::collective_buffer_bytes):
   // those held inside a forward or backward, beside the activations, and those after the last
   // backward, when none is held.
   double buffers = 0, step_end_buffers = 0;

@@ -108,7 +108,7 @@ class MemoryMeter {
 // One rank's measured peaks and the cost model's prediction for its device.
 struct RankMemory {
   MemoryBytes measured;
-  // communication: ZeRO's collective buffers; total: at the peak, without the reserved memory,
+  // communication: the DP collectives' buffers; total: at the peak, without the reserved memory,
   // which the measurement's baseline (the heap before the first step) leaves out too.
   MemoryBytes predicted;
   double predicted_reserved = 0;  // the cluster's reserved memory (runtime, communicator buffers)
