@@ -1,5 +1,5 @@
 // Point-to-point traffic of the executor: message tags, and non-blocking sends whose
-// buffers stay alive until they complete (the step's end waits for them all).
+// buffers stay alive until they complete (the step's end waits for those still out).
 #pragma once
 
 #include <memory>
@@ -37,9 +37,27 @@ inline int message_tag(Message kind, int microbatch, int group = 0) {
 
 class PendingSends {
  public:
+  // Posts the send after freeing the buffers of earlier sends that completed: a pipeline
+  // stage's copies of the activations its peer already took do not pile up until the step's
+  // end (GPipe's first stage sent every microbatch's before it waited for any).
   void isend(runtime::Communicator& comm, HostBuffer data, int peer, int tag) {
+    release_completed();
     buffers_.push_back(std::make_unique<HostBuffer>(std::move(data)));
     requests_.push_back(comm.isend(std::as_bytes(std::span<const float>(*buffers_.back())), peer, tag));
+  }
+  // Frees the buffers of the sends that completed (tested, not waited for).
+  void release_completed() {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < requests_.size(); ++i) {
+      if (requests_[i].test()) continue;
+      if (kept != i) {
+        requests_[kept] = std::move(requests_[i]);
+        buffers_[kept] = std::move(buffers_[i]);
+      }
+      ++kept;
+    }
+    requests_.resize(kept);
+    buffers_.resize(kept);
   }
   // Bytes of the sends posted and not yet waited for (their buffers are alive until then).
   std::size_t bytes() const {
@@ -57,8 +75,8 @@ class PendingSends {
   }
 
  private:
-  std::vector<runtime::Request> requests_;
   std::vector<std::unique_ptr<HostBuffer>> buffers_;
+  std::vector<runtime::Request> requests_;  // declared after: dropped unfinished, they wait first
 };
 
 }  // namespace braid::train
