@@ -77,7 +77,7 @@ class HostEndpoint : public Endpoint {
   // Floats, as the trainer sums its gradients: Open MPI's non-blocking sum of 2 MiB of floats
   // takes 1.2x the time of the same bytes of doubles (twice the elements).
   void allreduce(std::size_t bytes) override {
-    sums_.resize(bytes / sizeof(float), 1.0f);
+    sums_.resize(bytes / sizeof(float));  // zeros: repeated sums stay finite
     sub_->allreduce(std::span<float>(sums_));
   }
   void allgather(std::size_t piece) override {
@@ -263,10 +263,11 @@ LinkFit fit_link(const std::vector<LinkTiming>& points, bool cross_node) {
     std::vector<LinkTiming> large;
     for (const auto& p : points) {
       if (p.op != LinkOp::all_reduce || p.members < 2 || p.seconds <= 0) continue;
-      LinkTiming one_byte = p;
-      one_byte.bytes = 1;
-      const double steps = model(one_byte);  // the latency steps alone
-      if (model(p) - steps >= 4 * steps) large.push_back(p);
+      const double whole = model(p);
+      link.latency = 0;  // the bytes' time alone, of the algorithm the model picks at this size
+      const double bytes_time = model(p);
+      link.latency = best.latency;
+      if (bytes_time >= 4 * (whole - bytes_time)) large.push_back(p);
     }
     // A reduction term is kept only when those all-reduces run slower than the transfer
     // model says by more than the grid's 5% step (on average, in log time) and it explains

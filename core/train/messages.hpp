@@ -45,11 +45,14 @@ class PendingSends {
     buffers_.push_back(std::make_unique<HostBuffer>(std::move(data)));
     requests_.push_back(comm.isend(std::as_bytes(std::span<const float>(*buffers_.back())), peer, tag));
   }
-  // Frees the buffers of the sends that completed (tested, not waited for).
+  // Frees the buffers of the sends that completed (tested, not waited for). Every send is
+  // tested before any moves, so a test that throws leaves the lists as they were.
   void release_completed() {
+    std::vector<bool> done(requests_.size());
+    for (std::size_t i = 0; i < requests_.size(); ++i) done[i] = requests_[i].test();
     std::size_t kept = 0;
     for (std::size_t i = 0; i < requests_.size(); ++i) {
-      if (requests_[i].test()) continue;
+      if (done[i]) continue;
       if (kept != i) {
         requests_[kept] = std::move(requests_[i]);
         buffers_[kept] = std::move(buffers_[i]);
@@ -59,7 +62,7 @@ class PendingSends {
     requests_.resize(kept);
     buffers_.resize(kept);
   }
-  // Bytes of the sends posted and not yet waited for (their buffers are alive until then).
+  // Bytes of the sends posted and not yet seen complete (their buffers are alive until then).
   std::size_t bytes() const {
     std::size_t n = 0;
     for (const auto& b : buffers_) n += b->size() * sizeof(float);
