@@ -60,6 +60,15 @@ std::string rows_yaml(const std::vector<std::pair<double, double>>& rows, const 
   return out;
 }
 
+// The all-reduce's summing as the summary line reports it.
+std::string summing(const LinkFit& f) {
+  if (f.reduce_bandwidth > 0)
+    return ", all-reduce sums at " + num(f.reduce_bandwidth / 1e9) + " GB/s (fitted on " +
+           std::to_string(f.reduce_points) + (f.reduce_points == 1 ? " all-reduce)" : " all-reduces)");
+  if (f.points > 0 && f.reduce_points == 0) return ", all-reduce's summing not measured (no all-reduce large enough)";
+  return "";
+}
+
 std::string link_yaml(const LinkFit& f, bool inter, const std::string& what) {
   std::string out = "    # " + what + "\n";
   out += "    bandwidth_gbs: " + num(f.bandwidth / 1e9) + "\n";
@@ -67,6 +76,8 @@ std::string link_yaml(const LinkFit& f, bool inter, const std::string& what) {
   out += "    latency_us: " + num(f.latency * 1e6) + "\n";
   if (f.reduce_bandwidth > 0)
     out += "    reduce_gbs: " + num(f.reduce_bandwidth / 1e9) + "      # all-reduce's summing after its transfer\n";
+  else if (f.points > 0 && f.reduce_points == 0)
+    out += "    # reduce_gbs: not measured, no all-reduce was large enough to show a summing\n";
   if (inter) out += "    nics_per_node: 1        # not measurable from here: one port per node assumed\n";
   return out;
 }
@@ -267,6 +278,7 @@ nlohmann::ordered_json to_json(const Calibration& c, const Fitted& f) {
     return nlohmann::ordered_json{{"bandwidth_bytes_per_s", l.bandwidth},
                                   {"latency_s", l.latency},
                                   {"reduce_bytes_per_s", l.reduce_bandwidth},
+                                  {"reduce_points", l.reduce_points},
                                   {"worst_error", l.worst_error},
                                   {"points", l.points}};
   };
@@ -333,8 +345,8 @@ std::string summary(const Calibration& c, const Fitted& f) {
        shares(f.attention_backward) + "\n";
   auto link = [&](const char* name, const LinkFit& l) {
     s += std::string("  ") + name + num(l.latency * 1e6) + " us latency, " + num(l.bandwidth / 1e9) + " GB/s" +
-         (l.reduce_bandwidth > 0 ? ", all-reduce sums at " + num(l.reduce_bandwidth / 1e9) + " GB/s" : "") +
-         " (fit of " + std::to_string(l.points) + " timings, worst off by " + num(100 * l.worst_error) + "%)\n";
+         summing(l) + " (fit of " + std::to_string(l.points) + " timings, worst off by " + num(100 * l.worst_error) +
+         "%)\n";
   };
   if (!c.samples.empty())
     s += "  samples (one core)          rendered " + num(f.render_sample_s * 1e6) + " us + " +

@@ -269,6 +269,7 @@ LinkFit fit_link(const std::vector<LinkTiming>& points, bool cross_node) {
       link.latency = best.latency;
       if (bytes_time >= 4 * (whole - bytes_time)) large.push_back(p);
     }
+    best.reduce_points = static_cast<int>(large.size());
     // A reduction term is kept only when those all-reduces run slower than the transfer
     // model says by more than the grid's 5% step (on average, in log time) and it explains
     // most of what that model misses (half its squared log error or more), not grid noise.

@@ -29,6 +29,7 @@ struct LinkFit {
   double bandwidth = 0;
   double latency = 0;
   double reduce_bandwidth = 0;  // bytes/s of the all-reduce's summing; 0: none measurable
+  int reduce_points = 0;        // all-reduces large enough to show it (bandwidth-bound)
   double worst_error = 0;       // largest max(model / measured, measured / model) - 1 over the points
   int points = 0;
 };

@@ -88,13 +88,20 @@ TEST(Calibrate, LinkFitTakesTheSummingFromTheAllReducesBandwidthBinds) {
     points.push_back({LinkOp::all_reduce, 2, bytes[i], all_reduce[i]});
     points.push_back({LinkOp::all_gather, 2, i == 0 ? 16 : bytes[i], all_gather[i]});
   }
-  const calibrate::LinkFit f = calibrate::fit_link(points, false);
+  calibrate::LinkFit f = calibrate::fit_link(points, false);
   ASSERT_GT(f.reduce_bandwidth, 0);
+  EXPECT_EQ(f.reduce_points, 2);  // 256 KiB and 2 MiB
   spec::ClusterSpec c = one_link(f.bandwidth, f.latency);
   c.intra_node.reduce_bandwidth = f.reduce_bandwidth;
   const cost::CommModel comm(c);
   for (std::size_t i = 5; i < bytes.size(); ++i)  // the bandwidth-bound ones, within 15%
     EXPECT_NEAR(comm.all_reduce(bytes[i], {2, 2, 1}) / all_reduce[i], 1, 0.15) << bytes[i] << " B";
+  // All-reduces of 4 KiB and less are latency-bound here: nothing to fit it on, and the fit
+  // says so.
+  std::erase_if(points, [](const LinkTiming& p) { return p.op == LinkOp::all_reduce && p.bytes > 4096; });
+  f = calibrate::fit_link(points, false);
+  EXPECT_EQ(f.reduce_points, 0);
+  EXPECT_EQ(f.reduce_bandwidth, 0);
 }
 
 TEST(Calibrate, LinkFitReportsHowFarTheWorstPointIs) {
