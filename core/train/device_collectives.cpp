@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 
 #include "core/common/error.hpp"
@@ -13,7 +14,7 @@ Pending DeviceGroup::post_allreduce_gradients(const std::vector<nn::Parameter*>&
   // it waits before the buffer goes.
   struct InFlight {
     nn::Tensor flat;
-    std::unique_ptr<CountedBytes> counted;  // the flat buffer's bytes, as communication
+    std::optional<CountedBytes> counted;  // the flat buffer's bytes, as communication
     runtime::DeviceRequest request;
   };
   std::size_t total = 0;
@@ -21,7 +22,7 @@ Pending DeviceGroup::post_allreduce_gradients(const std::vector<nn::Parameter*>&
     if (p->trainable) total += p->grad.data.size();
   auto in_flight = std::make_shared<InFlight>();
   in_flight->flat = backend_->empty({static_cast<std::int64_t>(total)});
-  in_flight->counted = std::make_unique<CountedBytes>(total * sizeof(float), bytes.in_flight);
+  in_flight->counted.emplace(total * sizeof(float), bytes.in_flight);
   // Each trainable gradient's place in the flat buffer, as a view of it, in `params`' order.
   auto each_place = [params, in_flight](const std::function<void(nn::Parameter&, nn::Tensor&)>& f) {
     std::size_t at = 0;

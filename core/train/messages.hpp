@@ -42,44 +42,43 @@ class PendingSends {
   // end (GPipe's first stage sent every microbatch's before it waited for any).
   void isend(runtime::Communicator& comm, HostBuffer data, int peer, int tag) {
     release_completed();
-    buffers_.push_back(std::make_unique<HostBuffer>(std::move(data)));
-    requests_.push_back(comm.isend(std::as_bytes(std::span<const float>(*buffers_.back())), peer, tag));
+    auto buffer = std::make_unique<HostBuffer>(std::move(data));
+    runtime::Request request = comm.isend(std::as_bytes(std::span<const float>(*buffer)), peer, tag);
+    sends_.push_back({std::move(buffer), std::move(request)});
   }
   // Frees the buffers of the sends that completed (tested, not waited for). Every send is
-  // tested before any moves, so a test that throws leaves the lists as they were.
+  // tested before any moves, so a test that throws leaves the list as it was.
   void release_completed() {
-    std::vector<bool> done(requests_.size());
-    for (std::size_t i = 0; i < requests_.size(); ++i) done[i] = requests_[i].test();
+    std::vector<bool> done;
+    for (Send& s : sends_) done.push_back(s.request.test());
     std::size_t kept = 0;
-    for (std::size_t i = 0; i < requests_.size(); ++i) {
-      if (done[i]) continue;
-      if (kept != i) {
-        requests_[kept] = std::move(requests_[i]);
-        buffers_[kept] = std::move(buffers_[i]);
+    for (std::size_t i = 0; i < sends_.size(); ++i)
+      if (!done[i]) {
+        if (kept != i) sends_[kept] = std::move(sends_[i]);
+        ++kept;
       }
-      ++kept;
-    }
-    requests_.resize(kept);
-    buffers_.resize(kept);
+    sends_.resize(kept);
   }
   // Bytes of the sends posted and not yet seen complete (their buffers are alive until then).
   std::size_t bytes() const {
     std::size_t n = 0;
-    for (const auto& b : buffers_) n += b->size() * sizeof(float);
+    for (const Send& s : sends_) n += s.buffer->size() * sizeof(float);
     return n;
   }
   // Waits for every send; returns the seconds blocked.
   double wait_all() {
     double waited = 0;
-    for (auto& r : requests_) waited += r.wait();
-    requests_.clear();
-    buffers_.clear();
+    for (Send& s : sends_) waited += s.request.wait();
+    sends_.clear();
     return waited;
   }
 
  private:
-  std::vector<std::unique_ptr<HostBuffer>> buffers_;
-  std::vector<runtime::Request> requests_;  // declared after: dropped unfinished, they wait first
+  struct Send {
+    std::unique_ptr<HostBuffer> buffer;
+    runtime::Request request;  // declared after: dropped unfinished, it waits before its buffer goes
+  };
+  std::vector<Send> sends_;
 };
 
 }  // namespace braid::train
