@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/common/error.hpp"
+#include "core/nn/float4.hpp"
 #include "core/nn/host_ops.hpp"
 
 namespace braid::nn {
@@ -89,9 +90,7 @@ void HostOps::embedding_backward(std::span<const int32_t> ids, const Tensor& dou
                                               std::to_string(ids.size()) + " rows of " + std::to_string(e));
   check_ids(ids, dtable.dim(0), "embedding_backward");
   for (std::size_t i = 0; i < ids.size(); ++i) {  // in order: repeated ids add up in a fixed order
-    const float* src = dout.ptr() + static_cast<int64_t>(i) * e;
-    float* dst = dtable.ptr() + ids[i] * e;
-    for (int64_t j = 0; j < e; ++j) dst[j] += src[j];
+    f4::add_to(dtable.ptr() + ids[i] * e, dout.ptr() + static_cast<int64_t>(i) * e, e);
   }
 }
 

@@ -1,6 +1,8 @@
 #include "core/nn/storage.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -89,11 +91,17 @@ bool Storage::let_go_for(std::size_t count) {
 void Storage::assign(std::size_t count, float value) {
   require_host("fill");
   let_go_for(count);
-  if (!borrowed_) {
-    owned_.assign(count, value);
-    return;
+  if (!borrowed_ && owned_.size() != count) {
+    owned_.clear();  // nothing to keep: filled whole below
+    owned_.resize(count);
   }
-  std::fill(begin(), end(), value);
+  // +0 as memset writes it: std::fill's loop of stores stays scalar at -O2, 8x slower on a
+  // gradient buffer (zeroed every step) than memset.
+  if (empty()) return;  // memset's pointer must not be null, even for no bytes
+  if (value == 0.0f && !std::signbit(value))
+    std::memset(data(), 0, size() * sizeof(float));
+  else
+    std::fill(begin(), end(), value);
 }
 
 void Storage::resize(std::size_t count, float fill) {

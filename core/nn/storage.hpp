@@ -51,7 +51,7 @@ class DeviceCopier {
 class Storage {
  public:
   Storage() = default;
-  Storage(std::size_t count, float fill) : owned_(count, fill) {}
+  Storage(std::size_t count, float fill) { assign(count, fill); }
   Storage(const std::vector<float>& values) : owned_(values.begin(), values.end()) {}  // NOLINT: host storage
   Storage(HostBuffer values) : owned_(std::move(values)) {}                            // NOLINT: keeps the memory
   Storage(std::initializer_list<float> values) : owned_(values) {}

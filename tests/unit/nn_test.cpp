@@ -702,6 +702,65 @@ TEST(NnOptim, ClipGlobalNormAndLogitScaleCap) {
   EXPECT_EQ(t, 0.0f);
 }
 
+// The streaming ops run four elements at a time and the rest one by one: every length up to
+// past two groups gives each element exactly what its scalar definition gives it.
+TEST(NnHostOps, StreamingOpsEqualTheirScalarDefinitionAtEveryLength) {
+  std::mt19937 rng(21);
+  nn::HostOps ops(1);
+  nn::AdamWConfig config;
+  config.lr = 0.01;
+  config.weight_decay = 0.1;
+  for (int64_t n = 1; n <= 19; ++n) {
+    SCOPED_TRACE("length " + std::to_string(n));
+    const Tensor x = random_tensor({n}, rng), y0 = random_tensor({n}, rng);
+    Tensor y = y0;
+    ops.add(y, x);
+    Tensor scaled = x;
+    ops.scale(scaled, 0.37f);
+    double squares = 0.0;  // lane l sums the elements at l modulo 8, the lanes in order
+    std::vector<double> lanes(8, 0.0);
+    for (int64_t i = 0; i < n; ++i) lanes[i % 8] += static_cast<double>(x.data[i]) * x.data[i];
+    for (double lane : lanes) squares += lane;
+    EXPECT_EQ(ops.squared_norm(x), squares);
+
+    Tensor param = y0, m({n}), v({n});
+    nn::AdamWState state;
+    for (int step = 1; step <= 2; ++step) ops.adamw_step(param, x, state, config);
+    Tensor by_hand = y0;
+    for (int step = 1; step <= 2; ++step) {
+      const auto rest2 = static_cast<float>(1.0 - config.beta2);
+      const auto step_size = static_cast<float>(config.lr / (1.0 - std::pow(config.beta1, step)));
+      const auto sqrt_correction2 = static_cast<float>(std::sqrt(1.0 - std::pow(config.beta2, step)));
+      for (int64_t i = 0; i < n; ++i) {
+        const float g = x.data[i];
+        by_hand.data[i] *= static_cast<float>(1.0 - config.lr * config.weight_decay);
+        m.data[i] = static_cast<float>(config.beta1) * m.data[i] + static_cast<float>(1.0 - config.beta1) * g;
+        v.data[i] = static_cast<float>(config.beta2) * v.data[i] + rest2 * g * g;
+        by_hand.data[i] -=
+            step_size * m.data[i] / (std::sqrt(v.data[i]) / sqrt_correction2 + static_cast<float>(config.eps));
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_EQ(y.data[i], y0.data[i] + x.data[i]);
+      EXPECT_EQ(scaled.data[i], x.data[i] * 0.37f);
+      EXPECT_EQ(param.data[i], by_hand.data[i]);
+      EXPECT_EQ(state.m.data[i], m.data[i]);
+      EXPECT_EQ(state.v.data[i], v.data[i]);
+    }
+    // Zeroing writes +0 over whatever was there, in owned and in borrowed memory alike.
+    Tensor owned = x, borrowed({n}, nn::Storage::borrow(y.ptr(), y.data.size(), nn::Device{}));
+    ops.zero(owned, {n});
+    ops.zero(borrowed, {n});
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_EQ(owned.data[i], 0.0f);
+      EXPECT_FALSE(std::signbit(y.data[i]));
+      EXPECT_EQ(y.data[i], 0.0f);
+    }
+    EXPECT_TRUE(std::signbit(Tensor({n}, -0.0f).data[n - 1]));  // a fill of -0 keeps its sign
+    EXPECT_EQ(Tensor({n}, 2.5f).data[n - 1], 2.5f);
+  }
+}
+
 TEST(NnTensorParallel, MlpShardsEqualUnsharded) {
   std::mt19937 rng(15);
   nn::HostOps host(1);
