@@ -3,6 +3,7 @@
 
 #include "core/common/error.hpp"
 #include "core/nn/blas.hpp"
+#include "core/nn/float4.hpp"
 #include "core/nn/host_ops.hpp"
 
 namespace braid::nn {
@@ -48,11 +49,8 @@ void HostOps::linear_backward(const Tensor& x, const Tensor& weight, const Tenso
     gemm(false, false, rows, in, out, 1.0f, dy.ptr(), out, weight.ptr(), in, 0.0f, dx->ptr(), in);
   }
   if (dweight) gemm(true, false, out, in, rows, 1.0f, dy.ptr(), out, x.ptr(), in, 1.0f, dweight->ptr(), in);
-  if (dbias) {
-    float* db = dbias->ptr();
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t o = 0; o < out; ++o) db[o] += dy.ptr()[r * out + o];
-  }
+  if (dbias)  // row by row, so each sum runs over the rows in order whatever the width
+    for (int64_t r = 0; r < rows; ++r) f4::add_to(dbias->ptr(), dy.ptr() + r * out, out);
 }
 
 }  // namespace braid::nn

@@ -702,8 +702,9 @@ TEST(NnOptim, ClipGlobalNormAndLogitScaleCap) {
   EXPECT_EQ(t, 0.0f);
 }
 
-// The streaming ops run four elements at a time and the rest one by one: every length up to
-// past two groups gives each element exactly what its scalar definition gives it.
+// The streaming ops (and the sums over rows of the bias and norm gradients) run four elements
+// at a time and the rest one by one: every length up to past four groups gives each element
+// exactly what its scalar definition gives it.
 TEST(NnHostOps, StreamingOpsEqualTheirScalarDefinitionAtEveryLength) {
   std::mt19937 rng(21);
   nn::HostOps ops(1);
@@ -758,6 +759,28 @@ TEST(NnHostOps, StreamingOpsEqualTheirScalarDefinitionAtEveryLength) {
     }
     EXPECT_TRUE(std::signbit(Tensor({n}, -0.0f).data[n - 1]));  // a fill of -0 keeps its sign
     EXPECT_EQ(Tensor({n}, 2.5f).data[n - 1], 2.5f);
+
+    // Sums over rows, added to what the gradients held: a bias's, and a norm's gamma and beta.
+    const int64_t rows = 3;
+    const Tensor w = random_tensor({n, 2}, rng), in = random_tensor({rows, 2}, rng), dy = random_tensor({rows, n}, rng);
+    const Tensor held = random_tensor({n}, rng);
+    Tensor dbias = held;
+    ops.linear_backward(in, w, dy, nullptr, nullptr, &dbias);
+    const Tensor rows_x = random_tensor({rows, n}, rng);
+    Tensor normed, dgamma = held, dbeta = held;
+    nn::LayerNormSaved saved;
+    ops.layernorm_forward(rows_x, Tensor({n}, 1.0f), Tensor({n}), 1e-5f, normed, saved);
+    ops.layernorm_backward(rows_x, Tensor({n}, 1.0f), saved, dy, nullptr, &dgamma, &dbeta);
+    for (int64_t i = 0; i < n; ++i) {
+      float bias_sum = held.data[i], gamma_sum = held.data[i];
+      for (int64_t r = 0; r < rows; ++r) {
+        bias_sum += dy.data[r * n + i];
+        gamma_sum += dy.data[r * n + i] * (rows_x.data[r * n + i] - saved.mean.data[r]) * saved.rstd.data[r];
+      }
+      EXPECT_EQ(dbias.data[i], bias_sum);
+      EXPECT_EQ(dbeta.data[i], bias_sum);
+      EXPECT_EQ(dgamma.data[i], gamma_sum);
+    }
   }
 }
 
