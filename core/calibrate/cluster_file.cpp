@@ -113,20 +113,23 @@ Fitted fit(const Calibration& c) {
   for (const auto& t : c.gemms) gemm.emplace_back(t.work / 3 * 1e-9, t.work / t.seconds / f.peak_flops);
   f.gemm = table(gemm);
   f.memory_bandwidth = c.memory.work / c.memory.seconds;
-  std::vector<std::pair<double, double>> elementwise, elementwise_backward, optimizer;
+  std::vector<std::pair<double, double>> elementwise, elementwise_backward, optimizer, streaming;
   // Each case is layer norm and GELU over arrays of n floats, one way: work is 16 n bytes
   // forward (a call moves 8 n of them, the size the cost model looks it up at), 32 n backward
   // (a call charged 16 n): half the work either way.
-  // The optimizer's cases: the bytes of one step over the case's parameters.
+  // The optimizer's and the add's cases: the bytes of one call.
   for (const auto& t : c.elementwise) {
     if (begins(t, kOptimizerStep))
       optimizer.emplace_back(t.work / kMiB, t.work / t.seconds / 1e9);
+    else if (begins(t, kStreamingAdd))
+      streaming.emplace_back(t.work / kMiB, t.work / t.seconds / 1e9);
     else if (begins(t, kElementwiseBackward))
       elementwise_backward.emplace_back(t.work / 2 / kMiB, t.work / t.seconds / 1e9);
     else if (begins(t, kElementwiseForward))
       elementwise.emplace_back(t.work / 2 / kMiB, t.work / t.seconds / 1e9);
   }
   f.optimizer = table(optimizer);
+  f.streaming = table(streaming);
   f.elementwise = table(elementwise);
   f.elementwise_backward = table(elementwise_backward);
   std::vector<std::pair<double, double>> forward, backward;
@@ -203,14 +206,18 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
   y += "  # fraction of peak_tflops].\n";
   y += "  gemm:\n" + rows_yaml(f.gemm, "    ");
   y += "  # Layer norm and GELU forward: [MiB of one kernel call, GB/s of the bytes the cost model\n";
-  y += "  # charges them]; then their backward (a call charged twice its forward's). Residual adds\n";
-  y += "  # stream at memory_bandwidth_gbs.\n";
+  y += "  # charges them]; then their backward (a call charged twice its forward's).\n";
   y += "  elementwise:\n" + rows_yaml(f.elementwise, "    ");
   y += "  elementwise_backward:\n" + rows_yaml(f.elementwise_backward, "    ");
   y += "  # AdamW's step: [MiB of weights, gradients and moments it reads and writes, GB/s].\n";
   y += "  optimizer:\n" + rows_yaml(f.optimizer, "    ");
-  y += "  # The triad's own rate: GEMMs stream their operands at it (the memory roofline), and\n";
-  y += "  # residual adds theirs.\n";
+  if (!f.streaming.empty()) {
+    y += "  # The residual add: [MiB of the two arrays it reads and the one it writes, GB/s]; it\n";
+    y += "  # prices the contiguous streams (residual adds, fills, scalings).\n";
+    y += "  streaming:\n" + rows_yaml(f.streaming, "    ");
+  }
+  y += "  # The triad's own rate: GEMMs stream their operands at it (the memory roofline), as do\n";
+  y += "  # rows gathered or scattered and squared norms.\n";
   y += "  memory: 1\n";
   y += "  # braid's attention op (" + std::string(gpu ? "the GPU's" : "the host's, its probabilities materialised") +
        ") at a ladder of shapes, forward\n";
@@ -304,6 +311,7 @@ nlohmann::ordered_json to_json(const Calibration& c, const Fitted& f) {
                  {"elementwise_mib_gbs", f.elementwise},
                  {"elementwise_backward_mib_gbs", f.elementwise_backward},
                  {"optimizer_mib_gbs", f.optimizer},
+                 {"streaming_mib_gbs", f.streaming},
                  {"attention_forward_gflop_fraction", f.attention_forward},
                  {"attention_backward_gflop_fraction", f.attention_backward},
                  {"shared_core_efficiency", f.shared_core_efficiency},
@@ -337,6 +345,7 @@ std::string summary(const Calibration& c, const Fitted& f) {
   s += "  element-wise kernels        forward " + rates(f.elementwise) + "; backward " + rates(f.elementwise_backward) +
        "\n";
   s += "  optimizer step (AdamW)      " + rates(f.optimizer) + "\n";
+  if (!f.streaming.empty()) s += "  streaming (residual add)    " + rates(f.streaming) + "\n";
   auto shares = [](const std::vector<std::pair<double, double>>& t) {
     return num(100 * t.front().second) + "% of peak at " + num(t.front().first * 1e6) + " kFLOP, " +
            num(100 * t.back().second) + "% at " + num(t.back().first * 1e3) + " MFLOP a head";

@@ -141,7 +141,8 @@ double time_call(const std::function<void()>& run, double min_seconds, int batch
 int gemm_case_count(const ComputeOptions& o) { return static_cast<int>(gemm_shapes(o).size()); }
 
 int compute_case_count(const ComputeOptions& o) {
-  return static_cast<int>(gemm_shapes(o).size() + 1 + 3 * elementwise_sizes(o).size() + 2 * attention_shapes(o).size());
+  return static_cast<int>(gemm_shapes(o).size() + 1 + kElementwiseCasesPerSize * elementwise_sizes(o).size() +
+                          2 * attention_shapes(o).size());
 }
 
 std::vector<Timing> measure_gemms(const ComputeOptions& o, const CaseHook& between) {
@@ -201,7 +202,7 @@ std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook&
   nn::Ops& ops = *run.ops;
   std::vector<Timing> out;
   const auto sizes = elementwise_sizes(o);
-  const int count = static_cast<int>(3 * sizes.size());
+  const int count = static_cast<int>(kElementwiseCasesPerSize * sizes.size());
   int index = 0;
   for (int64_t n : sizes) {
     const int64_t features = 128, rows = n / features;
@@ -218,9 +219,9 @@ std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook&
     nn::Tensor dy = run.on(filled({rows, features})), gamma = run.on(nn::Tensor({features}, 1.0f)),
                beta = run.on(nn::Tensor({features}));
     nn::Tensor y, dx, dgamma = run.on(nn::Tensor({features})), dbeta = run.on(nn::Tensor({features})), g, dg;
-    // A layer's norm and activation each way. Not the residual add: a pure stream, priced at
-    // the triad's rate (on this kind of host 5-8x a norm's), which would lift the table above
-    // what the norms and activations that fill it run at.
+    // A layer's norm and activation each way. Not the residual add: a pure stream (on this
+    // kind of host 5-8x a norm's rate), which would lift the table above what the norms and
+    // activations that fill it run at; it has a table of its own.
     Saved& hot = saved.front();
     const auto forward = [&] {
       ops.layernorm_forward(hot.x, gamma, beta, 1e-5f, y, hot.norm);
@@ -239,7 +240,8 @@ std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook&
     const double forward_bytes = 4.0 * static_cast<double>(n) * (2 + 2);
     const std::string forward_case = std::string(kElementwiseForward) + " " + size,
                       backward_case = std::string(kElementwiseBackward) + " " + size,
-                      optimizer_case = std::string(kOptimizerStep) + " " + size;
+                      optimizer_case = std::string(kOptimizerStep) + " " + size,
+                      streaming_case = std::string(kStreamingAdd) + " " + size;
     between(index++, count, forward_case);
     out.push_back({forward_case, forward_bytes, time_call(forward, min_seconds(o), batches(o))});
     for (auto& c : saved) ops.layernorm_forward(c.x, gamma, beta, 1e-5f, y, c.norm);
@@ -257,6 +259,16 @@ std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook&
         },
         min_seconds(o), batches(o));
     out.push_back({optimizer_case, 32.0 * static_cast<double>(n), adamw});
+    // A residual add over n floats, charged as the cost model charges one (residual_bytes: two
+    // arrays read, one written), both operands hot from the ops before it, as in a block.
+    between(index++, count, streaming_case);
+    const double add = time_call(
+        [&] {
+          ops.add(y, dy);
+          run.wait();
+        },
+        min_seconds(o), batches(o));
+    out.push_back({streaming_case, 12.0 * static_cast<double>(n), add});
   }
   return out;
 }

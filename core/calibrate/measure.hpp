@@ -55,13 +55,16 @@ double time_linear(const ComputeOptions& o, std::int64_t rows, std::int64_t widt
 Timing measure_memory_bandwidth(const ComputeOptions& o, const CaseHook& between);
 // Layer norm and GELU, forward and then backward as cases of their own (named "element-wise
 // forward/backward ..."), at a ladder of sizes; work is the bytes the cost model charges them
-// (a backward: twice its forward's); and AdamW's step over as many parameters ("optimizer ...",
-// work: 32 bytes a parameter, as the cost model charges a float32 step).
+// (a backward: twice its forward's); AdamW's step over as many parameters ("optimizer ...",
+// work: 32 bytes a parameter, as the cost model charges a float32 step); and the residual add
+// ("streaming add ...", work: 12 bytes an element).
 std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook& between);
 // What measure_elementwise's case names begin with: fit() sorts the cases into tables by them.
 inline constexpr const char* kElementwiseForward = "element-wise forward";
 inline constexpr const char* kElementwiseBackward = "element-wise backward";
 inline constexpr const char* kOptimizerStep = "optimizer";
+inline constexpr const char* kStreamingAdd = "streaming add";
+inline constexpr int kElementwiseCasesPerSize = 4;
 // braid's attention op (the host's materialised softmax): forward and backward calls over a
 // batch of samples and heads, each reported per head of one sample (the call's time and FLOPs
 // over batch x heads: the host op runs head by head, so its speed follows one head's size),

@@ -89,6 +89,12 @@ double DeviceModel::stream_seconds(double bytes) const {
   return bytes / (cluster_->memory_bandwidth * cluster_->efficiency.memory);
 }
 
+double DeviceModel::streaming_seconds(double bytes) const {
+  const auto& measured = cluster_->efficiency.streaming;
+  if (!measured.empty()) return measured_seconds(measured, bytes);
+  return stream_seconds(bytes);
+}
+
 double DeviceModel::flash_attention_seconds(double flops, bool backward, double heads) const {
   const auto& e = cluster_->efficiency;
   if (measured_attention())

@@ -34,6 +34,9 @@ class DeviceModel {
   double optimizer_memory_seconds(double bytes) const;
   // Streaming `bytes` at memory bandwidth x efficiency.memory: a GEMM's memory roofline.
   double stream_seconds(double bytes) const;
+  // A contiguous stream's call (a residual add, a fill, a scaling) that moves `bytes`: the
+  // cluster's measured streaming rates where it has them, else stream_seconds.
+  double streaming_seconds(double bytes) const;
   // One call of a fused (flash) attention kernel doing `flops` over `heads` heads of every
   // sample (4 sq sk head_dim per head forward, 2.5x that backward): at the measured efficiency
   // for one head's size where the cluster has the attention tables (`braid calibrate`), else

@@ -29,13 +29,14 @@ void add_elementwise(BlockCost& c, double bytes, const BlockContext& ctx) {
   if (ctx.grads.any()) c.backward_s += ctx.device->backward_memory_seconds(2 * bytes);
 }
 
-// A residual add: a pure stream (two arrays read, one written), at the memory roofline the
-// triad measures, both ways. On a host the element-wise table is that of norms and
-// activations, whose math bounds them at a fraction of the add's rate (GELU's tanh, a norm's
-// reductions); on a GPU both are memory_bandwidth x efficiency.memory.
+// A residual add: a pure stream (two arrays read, one written), at the streaming rate (the
+// measured add's, else the triad's), both ways. On a host the element-wise table is that of
+// norms and activations, whose math bounds them at a fraction of the add's rate (GELU's
+// tanh, a norm's reductions); on a GPU both are memory_bandwidth x efficiency.memory unless
+// measured.
 void add_residual(BlockCost& c, double bytes, const BlockContext& ctx) {
-  c.forward_s += ctx.device->stream_seconds(bytes);
-  if (ctx.grads.any()) c.backward_s += ctx.device->stream_seconds(2 * bytes);
+  c.forward_s += ctx.device->streaming_seconds(bytes);
+  if (ctx.grads.any()) c.backward_s += ctx.device->streaming_seconds(2 * bytes);
 }
 
 // A linear layer of a transformer block, activations [m,k] x weight [k,n]: as add_gemm,
@@ -131,11 +132,11 @@ double rows_copy_seconds(double rows, double width, const BlockContext& ctx) {
 }
 
 double zero_seconds(double elements, const BlockContext& ctx) {
-  return ctx.device->stream_seconds(elements * ctx.device->element_bytes());
+  return ctx.device->streaming_seconds(elements * ctx.device->element_bytes());
 }
 
 double scale_seconds(double elements, const BlockContext& ctx) {
-  return ctx.device->stream_seconds(2 * elements * ctx.device->element_bytes());
+  return ctx.device->streaming_seconds(2 * elements * ctx.device->element_bytes());
 }
 
 double squared_norm_seconds(double elements, const BlockContext& ctx) {

@@ -103,8 +103,10 @@ BlockCost embedding_op(double rows, double width, const BlockContext& ctx);
 // backward computes the weight's gradient alone (pixels need none). Reference: the patches
 // are first copied out of the image, again in backward.
 BlockCost patch_projection_op(double m, double n, double k, const BlockContext& ctx);
-// Copies and fills that stream at the triad's rate: `rows` of `width` gathered or scattered
-// (forward_s); `elements` zeroed, scaled in place, or read for a squared norm.
+// `elements` zeroed or scaled in place: contiguous streams, at the streaming rate
+// (DeviceModel::streaming_seconds: the measured add's, else the triad's). `rows` of `width`
+// gathered or scattered, and `elements` read for a squared norm, at the triad's: a call per
+// row, and a reduction, which the add's rate in the caches would price far short on a host.
 double rows_copy_seconds(double rows, double width, const BlockContext& ctx);
 double zero_seconds(double elements, const BlockContext& ctx);
 double scale_seconds(double elements, const BlockContext& ctx);

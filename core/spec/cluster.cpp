@@ -79,7 +79,7 @@ std::vector<std::pair<double, double>> parse_table(const Node& n, const std::str
 }
 
 EfficiencyTable parse_efficiency(const Node& n) {
-  n.expect_keys({"gemm", "gemm_fp8", "memory", "elementwise", "elementwise_backward", "optimizer",
+  n.expect_keys({"gemm", "gemm_fp8", "memory", "elementwise", "elementwise_backward", "optimizer", "streaming",
                  "flash_attention_forward", "flash_attention_backward", "attention_forward", "attention_backward"});
   EfficiencyTable t;
   t.gemm = parse_table(n.at("gemm"), "gemm", kGemmTable);
@@ -89,6 +89,7 @@ EfficiencyTable parse_efficiency(const Node& n) {
   if (auto e = n.find("elementwise_backward"))
     t.elementwise_backward = parse_table(*e, "elementwise_backward", kElementwiseTable);
   if (auto e = n.find("optimizer")) t.optimizer = parse_table(*e, "optimizer", kElementwiseTable);
+  if (auto e = n.find("streaming")) t.streaming = parse_table(*e, "streaming", kElementwiseTable);
   if (auto f = n.find("flash_attention_forward")) t.flash_attention_forward = f->as_fraction();
   if (auto b = n.find("flash_attention_backward")) t.flash_attention_backward = b->as_fraction();
   if (auto f = n.find("attention_forward")) t.attention_forward = parse_table(*f, "attention_forward", kGemmTable);

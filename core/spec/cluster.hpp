@@ -47,6 +47,12 @@ struct EfficiencyTable {
   // read and written), when measured: AdamW's square root and division bound it on a host,
   // between a norm's rate and a stream's. Empty: priced as an element-wise kernel.
   std::vector<std::pair<double, double>> optimizer;
+  // A contiguous stream's achieved GB/s by the MiB it moves, when measured (`braid calibrate`
+  // times the residual add): residual adds, fills and scalings. Small calls run in the caches,
+  // far above the triad's rate on a host, down to a per-call cost at the smallest (a kernel
+  // launch on a GPU). Empty: the triad's rate (memory_bandwidth x memory), which GEMMs' memory
+  // roofline, rows gathered or scattered and squared norms keep either way.
+  std::vector<std::pair<double, double>> streaming;
   double flash_attention_forward = 0.6;  // fused attention kernels, fraction of peak
   double flash_attention_backward = 0.5;
   // The attention op braid runs (core/nn: the host's softmax attention with its probabilities

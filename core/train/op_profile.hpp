@@ -18,10 +18,10 @@
 namespace braid::train {
 
 // The seconds the cost model charges one call of `call.op` on its sizes: a linear op's GEMMs,
-// norms and activations at the element-wise rates, residual adds at the triad's, the
-// attention core, embeddings, cross-entropy and AdamW as the blocks and the optimizer price
-// them. Nothing for an op the model has no price for (the contrastive loss, L2 norms,
-// gradient clipping's norm and scale, zeroing, copies).
+// norms and activations at the element-wise rates, residual adds, fills and scales at the
+// streaming rate, the attention core, embeddings, cross-entropy, the contrastive loss and
+// AdamW as the blocks and the optimizer price them. Nothing for an op the model has no price
+// for (copies between host and device).
 std::optional<double> priced_call(const cost::CostModel& cost, const nn::OpCall& call);
 
 struct OpProfileRow {

@@ -137,6 +137,7 @@ calibrate::Calibration made_up() {
     c.elementwise.push_back({calibrate::kElementwiseForward + size, work, work / rate});
     c.elementwise.push_back({calibrate::kElementwiseBackward + size, 2 * work, 2 * work / (0.6 * rate)});
     c.elementwise.push_back({calibrate::kOptimizerStep + size, 2 * work, 2 * work / (1.5 * rate)});
+    c.elementwise.push_back({calibrate::kStreamingAdd + size, 12 * n, 12 * n / (4 * rate)});
   }
   c.memory = {"triad", 3 * 4 * 1e8, 3 * 4 * 1e8 / 15e9};
   // Two shapes (s16 d16 and s512 d64), per head of a sample, efficiency rising with size.
@@ -202,6 +203,10 @@ TEST(Calibrate, TheClusterFilePricesTheMeasuredCasesAsMeasured) {
   for (const auto& t : c.elementwise) {
     if (t.what.rfind(calibrate::kOptimizerStep, 0) == 0) {  // an optimizer step of that many bytes, as measured
       EXPECT_NEAR(device.optimizer_memory_seconds(t.work) / t.seconds, 1, 0.01);
+      continue;
+    }
+    if (t.what.rfind(calibrate::kStreamingAdd, 0) == 0) {  // a residual add over n floats: 12 n bytes
+      EXPECT_NEAR(device.streaming_seconds(t.work) / t.seconds, 1, 0.01) << t.what;
       continue;
     }
     const bool backward = t.what.rfind(calibrate::kElementwiseBackward, 0) == 0;
@@ -288,17 +293,37 @@ TEST(Calibrate, BackwardsArePricedAtTheirOwnElementwiseRate) {
   no_optimizer.cluster.efficiency.optimizer.clear();
   const cost::CostModel elementwise_priced(no_optimizer);
   EXPECT_LT(apart.optimizer_seconds(0, 1e6, 1), elementwise_priced.optimizer_seconds(0, 1e6, 1));
-  // Residual adds stream at the triad's rate: with twice the memory bandwidth, the attention
-  // half's norm + residual kernel loses exactly half its add's time (the norm is priced on
-  // the element-wise table, which does not change).
-  spec::RunSpec faster = run;
-  faster.cluster.memory_bandwidth *= 2;
-  const cost::CostModel doubled(faster);
+  // Residual adds at the measured streaming rate: the attention half's norm + residual kernel
+  // holds the add at that rate where the file from before holds it at the triad's (the norm
+  // is priced on the element-wise table either way).
   const double rows = apart.tokens(0) * 8, width = run.model.modules[0].hidden;
   const double residual_bytes = 3 * rows * width * apart.element_bytes();  // two arrays read, one written
-  const double saved =
-      apart.layer_kernels(0, 1, 8)[0].cost.forward_s - doubled.layer_kernels(0, 1, 8)[0].cost.forward_s;
-  EXPECT_NEAR(saved / (residual_bytes / (2 * run.cluster.memory_bandwidth * run.cluster.efficiency.memory)), 1, 1e-9);
+  spec::RunSpec triad = run;
+  triad.cluster.efficiency.streaming.clear();
+  const cost::CostModel triad_priced(triad);
+  const auto norm_and_add = [](const cost::CostModel& m) { return m.layer_kernels(0, 1, 8)[0].cost.forward_s; };
+  EXPECT_NEAR((norm_and_add(apart) - norm_and_add(triad_priced)) /
+                  (measured_device.streaming_seconds(residual_bytes) - measured_device.stream_seconds(residual_bytes)),
+              1, 1e-9);
+  // Without the table, with twice the memory bandwidth, the kernel loses exactly half its
+  // add's time; with it, nothing.
+  spec::RunSpec faster = triad, faster_measured = run;
+  faster.cluster.memory_bandwidth *= 2;
+  faster_measured.cluster.memory_bandwidth *= 2;
+  const cost::CostModel doubled(faster), doubled_measured(faster_measured);
+  EXPECT_NEAR((norm_and_add(triad_priced) - norm_and_add(doubled)) /
+                  (residual_bytes / (2 * run.cluster.memory_bandwidth * run.cluster.efficiency.memory)),
+              1, 1e-9);
+  EXPECT_DOUBLE_EQ(norm_and_add(apart), norm_and_add(doubled_measured));
+  // Fills and scalings are contiguous streams too; rows gathered or scattered (a call per row)
+  // and squared norms (a reduction) keep the triad's rate.
+  const cost::BlockContext ctx = apart.kernel_context();
+  const double E = apart.element_bytes();
+  EXPECT_DOUBLE_EQ(cost::zero_seconds(1e5, ctx), measured_device.streaming_seconds(1e5 * E));
+  EXPECT_DOUBLE_EQ(cost::scale_seconds(1e5, ctx), measured_device.streaming_seconds(2e5 * E));
+  EXPECT_DOUBLE_EQ(cost::rows_copy_seconds(100, 64, ctx), measured_device.stream_seconds(2 * 100 * 64 * E));
+  EXPECT_DOUBLE_EQ(cost::squared_norm_seconds(1e5, ctx), measured_device.stream_seconds(1e5 * E));
+  EXPECT_LT(measured_device.streaming_seconds(1e5 * E), measured_device.stream_seconds(1e5 * E));
   // Rows out of order are refused, naming the table.
   std::string bad = yaml;
   const std::size_t at = bad.find("elementwise_backward:\n");
