@@ -19,8 +19,9 @@ namespace braid::nn::f4 {
 
 // Passes over rows of floats that work on four at a time with GCC/Clang vector extensions
 // (SSE2 on any x86-64, NEON on arm64): explicit, so they do not hinge on what the
-// auto-vectoriser accepts at -O2 (it rejects std::exp and most of these loops). Sums keep
-// one partial per lane in a fixed order; the tail of a row is padded, not done in scalar.
+// auto-vectoriser accepts at -O2 (it rejects std::exp and most of these loops). Sums along a
+// row keep one partial per lane in a fixed order, and pad the row's tail rather than do it in
+// scalar; element-wise passes (each4) do their tail one element at a time.
 typedef float F4 __attribute__((vector_size(16)));
 typedef int32_t I4 __attribute__((vector_size(16)));
 constexpr int64_t kWidth = 4;
