@@ -88,13 +88,16 @@ bool Storage::let_go_for(std::size_t count) {
   return true;
 }
 
+void Storage::own_unfilled(std::size_t count) {
+  if (borrowed_ || owned_.size() == count) return;
+  owned_.clear();  // nothing to keep: a larger buffer is not filled with the old elements
+  owned_.resize(count);
+}
+
 void Storage::assign(std::size_t count, float value) {
   require_host("fill");
   let_go_for(count);
-  if (!borrowed_ && owned_.size() != count) {
-    owned_.clear();  // nothing to keep: filled whole below
-    owned_.resize(count);
-  }
+  own_unfilled(count);
   // +0 as memset writes it: std::fill's loop of stores stays scalar at -O2, 8x slower on a
   // gradient buffer (zeroed every step) than memset.
   if (empty()) return;  // memset's pointer must not be null, even for no bytes
@@ -117,10 +120,7 @@ void Storage::resize(std::size_t count, float fill) {
 void Storage::resize_for_overwrite(std::size_t count) {
   require_host("write");
   let_go_for(count);
-  if (!borrowed_ && owned_.size() != count) {
-    owned_.clear();  // nothing to keep: a larger buffer is not filled with the old elements
-    owned_.resize(count);
-  }
+  own_unfilled(count);
 #ifndef NDEBUG
   std::fill(begin(), end(), std::numeric_limits<float>::quiet_NaN());
 #endif

@@ -113,6 +113,8 @@ class Storage {
   const float* host_data(const char* what) const { return require_host(what), data(); }
 #endif
   bool let_go_for(std::size_t count);
+  // Owned memory of `count` elements of unspecified value (a view keeps its own).
+  void own_unfilled(std::size_t count);
 
   HostBuffer owned_;
   float* borrowed_ = nullptr;
