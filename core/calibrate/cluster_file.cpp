@@ -60,6 +60,13 @@ std::string rows_yaml(const std::vector<std::pair<double, double>>& rows, const 
   return out;
 }
 
+// [[gap s, fixed s, factor]] of a link's all-reduces after compute.
+nlohmann::ordered_json after_compute_json(const LinkFit& f) {
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (const auto& r : f.after_compute) rows.push_back({r.gap, r.fixed, r.factor});
+  return rows;
+}
+
 // The all-reduce's summing as the summary line reports it.
 std::string summing(const LinkFit& f) {
   if (f.reduce_bandwidth > 0)
@@ -79,6 +86,13 @@ std::string link_yaml(const LinkFit& f, bool inter, const std::string& what) {
   else if (f.points > 0 && f.reduce_points == 0)
     out += "    # reduce_gbs: not measured, no all-reduce was large enough to show a summing\n";
   if (inter) out += "    nics_per_node: 1        # not measurable from here: one port per node assumed\n";
+  if (!f.after_compute.empty()) {
+    out += "    # An all-reduce entered after a gap of compute (GEMMs), as a gradient reduction follows\n";
+    out += "    # its backward, took its price + fixed + factor x its price: [gap ms, fixed us, factor].\n";
+    out += "    after_compute:\n";
+    for (const auto& r : f.after_compute)
+      out += "      - [" + num(r.gap * 1e3) + ", " + num(r.fixed * 1e6) + ", " + num(r.factor) + "]\n";
+  }
   return out;
 }
 
@@ -278,7 +292,11 @@ nlohmann::ordered_json to_json(const Calibration& c, const Fitted& f) {
   auto links = [](const std::vector<LinkTiming>& ts) {
     auto a = nlohmann::ordered_json::array();
     for (const auto& t : ts)
-      a.push_back({{"op", link_op_name(t.op)}, {"members", t.members}, {"bytes", t.bytes}, {"seconds", t.seconds}});
+      a.push_back({{"op", link_op_name(t.op)},
+                   {"members", t.members},
+                   {"bytes", t.bytes},
+                   {"seconds", t.seconds},
+                   {"after_compute_s", t.after_compute}});
     return a;
   };
   auto fit_json = [](const LinkFit& l) {
@@ -287,7 +305,8 @@ nlohmann::ordered_json to_json(const Calibration& c, const Fitted& f) {
                                   {"reduce_bytes_per_s", l.reduce_bandwidth},
                                   {"reduce_points", l.reduce_points},
                                   {"worst_error", l.worst_error},
-                                  {"points", l.points}};
+                                  {"points", l.points},
+                                  {"after_compute", after_compute_json(l)}};
   };
   nlohmann::ordered_json j;
   j["host"] = c.host;
@@ -361,8 +380,19 @@ std::string summary(const Calibration& c, const Fitted& f) {
     s += "  samples (one core)          rendered " + num(f.render_sample_s * 1e6) + " us + " +
          num(f.render_pixel_s * 1e9) + " ns a pixel (" + num((f.render_sample_s + f.render_pixel_s * 1024) * 1e6) +
          " us at 32x32); described " + num(f.describe_sample_s * 1e6) + " us\n";
+  auto after = [&](const char* name, const LinkFit& l) {
+    if (l.after_compute.empty()) return;
+    const auto& last = l.after_compute.back();
+    // What the slowdown comes to for two all-reduces the trainer meets, at the longest gap.
+    auto at = [&](double priced) { return num(1 + last.fixed / priced + last.factor); };
+    s += std::string("  ") + name + "+" + num(last.fixed * 1e6) + " us + " + num(100 * last.factor) +
+         "% of the price after " + num(last.gap * 1e3) + " ms of compute (" + at(1e-5) + "x at a 10 us price, " +
+         at(1e-3) + "x at 1 ms)\n";
+  };
   link("links within a host         ", f.intra);
+  after("all-reduce after compute    ", f.intra);
   if (f.inter) link("links between hosts         ", *f.inter);
+  if (f.inter) after("... between hosts           ", *f.inter);
   return s;
 }
 

@@ -4,12 +4,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
 
 #include "core/calibrate/measure.hpp"
 #include "core/cost/comm.hpp"
+#include "core/nn/blas.hpp"
 
 namespace braid::calibrate {
 namespace {
@@ -39,6 +41,44 @@ double timed(runtime::Communicator& world, int reps, F&& run) {
     for (int i = 0; i < reps; ++i) run();
     double t[1] = {std::chrono::duration<double>(Clock::now() - start).count() / reps};
     world.allreduce(std::span<double>(t), runtime::ReduceOp::max);
+    batches.push_back(t[0]);
+  }
+  return median(std::move(batches));
+}
+
+// The gaps of compute the all-reduces are timed after (a tiny run's step computes for 20 ms
+// between its gradient reductions, a microbatch's backward for a few), and their sizes.
+std::vector<double> compute_gaps(bool quick) {
+  return quick ? std::vector<double>{2e-3, 8e-3} : std::vector<double>{1e-3, 4e-3, 16e-3};
+}
+std::vector<double> after_compute_sizes(bool quick) {
+  return quick ? std::vector<double>{4096, 262144} : std::vector<double>{4096, 32768, 262144, 2097152};
+}
+
+// GEMMs of 256 x 256 floats for `seconds`, as a backward keeps a core busy.
+void compute_for(double seconds) {
+  constexpr int kSide = 256;
+  static thread_local std::vector<float> a(kSide * kSide, 0.5f), b(kSide * kSide, 0.25f), c(kSide * kSide);
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  while (Clock::now() < end)
+    nn::gemm(false, false, kSide, kSide, kSide, 1, a.data(), kSide, b.data(), kSide, 0, c.data(), kSide);
+}
+
+// One call of `run` after `gap` of compute, as the member that entered last saw it (the least
+// time any member spent in it: the others waited for that one), median over 3 batches.
+template <typename F>
+double timed_after_compute(runtime::Communicator& world, int reps, double gap, bool member, F&& run) {
+  std::vector<double> batches;
+  for (int b = 0; b < 3; ++b) {
+    double sum = 0;
+    for (int i = 0; i < reps && member; ++i) {
+      compute_for(gap);
+      const auto start = Clock::now();
+      run();
+      sum += std::chrono::duration<double>(Clock::now() - start).count();
+    }
+    double t[1] = {member ? sum / reps : std::numeric_limits<double>::infinity()};
+    world.allreduce(std::span<double>(t), runtime::ReduceOp::min);
     batches.push_back(t[0]);
   }
   return median(std::move(batches));
@@ -135,6 +175,43 @@ class DeviceEndpoint : public Endpoint {
   nn::Tensor send_, recv_;
 };
 
+// Per gap, what the all-reduces timed after it took beyond their price, as fixed + factor x
+// price: least squares relative to their times (a 4 KiB and a 2 MiB case weigh alike), neither
+// term below zero.
+template <typename Model>
+std::vector<spec::LinkSpec::AfterCompute> fit_after_compute(const std::vector<LinkTiming>& points, Model&& price) {
+  std::vector<double> gaps;
+  for (const auto& p : points)
+    if (p.after_compute > 0 && p.seconds > 0 && p.members >= 2) gaps.push_back(p.after_compute);
+  std::sort(gaps.begin(), gaps.end());
+  gaps.erase(std::unique(gaps.begin(), gaps.end()), gaps.end());
+  std::vector<spec::LinkSpec::AfterCompute> rows;
+  for (double gap : gaps) {
+    double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;  // weighted sums of price x and extra y
+    for (const auto& p : points) {
+      if (p.after_compute != gap || p.seconds <= 0 || p.members < 2) continue;
+      const double x = price(p), y = p.seconds - x, w = 1 / (p.seconds * p.seconds);
+      sw += w;
+      sx += w * x;
+      sy += w * y;
+      sxx += w * x * x;
+      sxy += w * x * y;
+    }
+    const double det = sw * sxx - sx * sx;
+    double factor = det > 0 ? (sw * sxy - sx * sy) / det : 0, fixed = (sy - factor * sx) / sw;
+    if (fixed < 0) {  // through the origin
+      fixed = 0;
+      factor = sxx > 0 ? sxy / sxx : 0;
+    }
+    if (factor < 0) {
+      factor = 0;
+      fixed = sy / sw;
+    }
+    rows.push_back({gap, std::max(0.0, fixed), std::max(0.0, factor)});
+  }
+  return rows;
+}
+
 }  // namespace
 
 const char* link_op_name(LinkOp op) {
@@ -149,7 +226,10 @@ const char* link_op_name(LinkOp op) {
   return "?";
 }
 
-int link_case_count(bool quick) { return static_cast<int>(3 * message_sizes(quick).size()); }
+int link_case_count(bool quick, const LinkPath& path) {
+  const std::size_t after = path.plugin ? 0 : compute_gaps(quick).size() * after_compute_sizes(quick).size();
+  return static_cast<int>(3 * message_sizes(quick).size() + after);
+}
 
 std::vector<LinkTiming> measure_links(runtime::World& world, const std::vector<int>& pair,
                                       const std::vector<int>& group, bool quick, const CaseHook& between,
@@ -164,7 +244,7 @@ std::vector<LinkTiming> measure_links(runtime::World& world, const std::vector<i
   else
     end = std::make_unique<HostEndpoint>(world, pair, group);
   const auto sizes = message_sizes(quick);
-  const int cases = link_case_count(quick);
+  const int cases = link_case_count(quick, path);
   std::vector<LinkTiming> out;
   int index = 0;
   for (double bytes : sizes) {
@@ -192,6 +272,18 @@ std::vector<LinkTiming> measure_links(runtime::World& world, const std::vector<i
     });
     out.push_back({LinkOp::all_gather, n, static_cast<double>(piece) * n, t});
   }
+  // Compute on the host between all-reduces on a device would time neither as training does.
+  if (path.plugin) return out;
+  for (double gap : compute_gaps(quick))
+    for (double bytes : after_compute_sizes(quick)) {
+      between(index++, cases,
+              "all-reduce " + std::to_string(static_cast<long long>(bytes)) + " B after " +
+                  std::to_string(static_cast<int>(std::lround(gap * 1e3))) + " ms of compute");
+      if (member) end->allreduce(static_cast<std::size_t>(bytes));  // its buffer made before the first gap
+      const double t = timed_after_compute(all, quick ? 2 : 4, gap, member,
+                                           [&] { end->allreduce(static_cast<std::size_t>(bytes)); });
+      out.push_back({LinkOp::all_reduce, n, bytes, t, gap});
+    }
   return out;
 }
 
@@ -222,7 +314,7 @@ LinkFit fit_link(const std::vector<LinkTiming>& points, bool cross_node) {
   auto error = [&](bool (*use)(LinkOp), double* worst) {
     double sum = 0;
     for (const auto& p : points) {
-      if (p.seconds <= 0 || (p.op != LinkOp::p2p && p.members < 2) || !use(p.op)) continue;
+      if (p.seconds <= 0 || p.after_compute > 0 || (p.op != LinkOp::p2p && p.members < 2) || !use(p.op)) continue;
       double r = std::log(model(p) / p.seconds);
       sum += r * r;
       // Off by the larger of the two ratios: a point 15x slower than the model is off by
@@ -262,7 +354,7 @@ LinkFit fit_link(const std::vector<LinkTiming>& points, bool cross_node) {
     // at 1.3x and at 0.6x its measured time, the rate kept in one and dropped in the other.
     std::vector<LinkTiming> large;
     for (const auto& p : points) {
-      if (p.op != LinkOp::all_reduce || p.members < 2 || p.seconds <= 0) continue;
+      if (p.op != LinkOp::all_reduce || p.members < 2 || p.seconds <= 0 || p.after_compute > 0) continue;
       const double whole = model(p);
       link.latency = 0;  // the bytes' time alone, of the algorithm the model picks at this size
       const double bytes_time = model(p);
@@ -298,7 +390,9 @@ LinkFit fit_link(const std::vector<LinkTiming>& points, bool cross_node) {
   best.worst_error = 0;
   error(
       +[](LinkOp) { return true; }, &best.worst_error);
-  best.points = static_cast<int>(points.size());
+  best.points = static_cast<int>(
+      std::count_if(points.begin(), points.end(), [](const LinkTiming& p) { return p.after_compute <= 0; }));
+  best.after_compute = fit_after_compute(points, model);
   return best;
 }
 

@@ -106,6 +106,7 @@ void finish(const cost::CostModel& cost, Program& p) {
   p.cores_per_node = cluster.cores_per_node;
   p.threads_per_device = cluster.threads_per_device;
   p.shared_core_efficiency = cluster.shared_core_efficiency;
+  p.dp_link = cluster.nodes > 1 ? cluster.inter_node : cluster.intra_node;
 }
 
 Program monolithic(const cost::CostModel& cost, const plan::Plan& plan, spec::Schedule schedule) {

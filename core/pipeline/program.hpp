@@ -185,6 +185,10 @@ struct Program {
   int cores_per_node = 0;
   int threads_per_device = 1;
   double shared_core_efficiency = 1;
+  // The link the DP groups reduce over (between nodes when the cluster has several): the
+  // simulator slows a ReduceGrads by its after_compute rows, at the compute its ranks ran
+  // since they last communicated.
+  spec::LinkSpec dp_link;
   std::vector<StageProgram> stages;
 
   // The stage that device `device` (a rank of the plan's world) runs. Throws

@@ -60,6 +60,7 @@ struct Rank {
   double tp_slack = 0;      // TP-collective wait of the last forward/backward not yet filled by encoder tasks
   double dp_issued = -1;    // when the llm's gradient reduction was issued early (kInDpWait tasks); -1: not
   double gather_slack = 0;  // the llm's parameter all-gather at the step's start not yet filled by tasks
+  double last_comm = 0;     // when it last sent, received or left a collective (its step's start at first)
   double live = 0, peak = 0;
   std::unordered_map<long long, double> stored;  // (microbatch, chunk) -> activation bytes
   bool waiting_recv = false;                     // woken by a message
@@ -118,6 +119,7 @@ class Simulation {
       const auto& data = stage_of(k).data_s;
       k.gather_slack = stage_of(k).gather_s;
       k.compute = (data.empty() ? 0.0 : data[static_cast<std::size_t>(k.replica)]) + k.gather_slack;
+      if (k.gather_slack > 0) k.last_comm = k.compute;  // the all-gather
       runnable_.push_back(r);
     }
     while (!runnable_.empty()) {
@@ -232,6 +234,7 @@ class Simulation {
     k.direct[static_cast<int>(Cause::tp)] += tp;
     k.direct[static_cast<int>(Cause::dp_shard)] += shard;
     k.compute += busy + tp + shard;
+    if (tp + shard > 0) k.last_comm = k.compute;  // its collectives ran inside it
     k.tp_slack = (i.op == Op::forward || i.op == Op::backward) ? tp : 0;
   }
 
@@ -287,6 +290,7 @@ class Simulation {
     const double end = start + cost;
     record(r, 1, start, end - start);
     k.send = end;
+    k.last_comm = k.compute;
     auto [first, count] = targets(k.stage, k.replica, i.peer);
     for (int t = first; t < first + count; ++t) {
       const int to = first_rank_[static_cast<std::size_t>(i.peer)] + t;
@@ -321,6 +325,7 @@ class Simulation {
       k.compute = arrival;
       k.tp_slack = 0;
     }
+    k.last_comm = k.compute;
     return true;
   }
 
@@ -334,6 +339,13 @@ class Simulation {
     c.all_issued = c.all_issued && k.dp_issued >= 0;
     c.waiting.emplace_back(r, k.compute);
     if (c.arrived < c.expected) return;
+    // A gradient reduction entered after a stretch of compute runs slower than back to back
+    // (spec::LinkSpec::after_compute): at the longest stretch among its members.
+    if (kind == Wait::dp && !p_.dp_link.after_compute.empty()) {
+      double gap = 0;
+      for (auto [w, at] : c.waiting) gap = std::max(gap, at - ranks_[static_cast<std::size_t>(w)].last_comm);
+      duration = p_.dp_link.after_compute_seconds(duration, gap);
+    }
     // Issued early, the llm's reduction ran behind the tasks in its wait; the rest follows it.
     const double end =
         early > 0 && c.all_issued ? std::max(c.latest, c.issued + early) + duration - early : c.latest + duration;
@@ -342,6 +354,7 @@ class Simulation {
       m.idle.push_back({at, end, kind});
       record(w, lane, c.latest, end - c.latest);
       m.compute = end;
+      m.last_comm = end;
       m.tp_slack = 0;
       m.pc++;
       runnable_.push_back(w);

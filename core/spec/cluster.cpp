@@ -30,6 +30,24 @@ double ClusterSpec::peak_flops(Precision p) const {
   return 0;
 }
 
+double LinkSpec::after_compute_seconds(double seconds, double gap) const {
+  if (after_compute.empty() || gap <= 0 || seconds <= 0) return seconds;
+  // Linear in the gap between rows; from nothing at gap 0 to the first row; the last row held.
+  auto hi = std::lower_bound(after_compute.begin(), after_compute.end(), gap,
+                             [](const AfterCompute& r, double g) { return r.gap < g; });
+  double fixed = 0, factor = 0;
+  if (hi == after_compute.end()) {
+    fixed = after_compute.back().fixed;
+    factor = after_compute.back().factor;
+  } else {
+    const AfterCompute lo = hi == after_compute.begin() ? AfterCompute{} : *(hi - 1);
+    const double w = (gap - lo.gap) / (hi->gap - lo.gap);
+    fixed = lo.fixed + w * (hi->fixed - lo.fixed);
+    factor = lo.factor + w * (hi->factor - lo.factor);
+  }
+  return seconds + fixed + factor * seconds;
+}
+
 namespace {
 
 constexpr double kGB = 1e9;
@@ -37,9 +55,9 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 LinkSpec parse_link(const Node& n, bool inter) {
   if (inter) {
-    n.expect_keys({"bandwidth_gbs", "latency_us", "efficiency", "nics_per_node", "reduce_gbs"});
+    n.expect_keys({"bandwidth_gbs", "latency_us", "efficiency", "nics_per_node", "reduce_gbs", "after_compute"});
   } else {
-    n.expect_keys({"bandwidth_gbs", "latency_us", "efficiency", "reduce_gbs"});
+    n.expect_keys({"bandwidth_gbs", "latency_us", "efficiency", "reduce_gbs", "after_compute"});
   }
   LinkSpec link;
   link.bandwidth = n.at("bandwidth_gbs").as_positive() * kGB;
@@ -48,6 +66,19 @@ LinkSpec parse_link(const Node& n, bool inter) {
   if (auto e = n.find("efficiency")) link.efficiency = e->as_fraction();
   if (inter) link.nics_per_node = static_cast<int>(n.at("nics_per_node").as_int_at_least(1));
   if (auto r = n.find("reduce_gbs")) link.reduce_bandwidth = r->as_positive() * kGB;
+  if (auto a = n.find("after_compute")) {
+    for (const auto& row : a->items()) {
+      auto cells = row.items();
+      if (cells.size() != 3) row.fail("each after_compute row is [gap ms, fixed us, factor]");
+      LinkSpec::AfterCompute r{cells[0].as_positive() * 1e-3, cells[1].as_double() * 1e-6, cells[2].as_double()};
+      if (r.fixed < 0) cells[1].fail("must not be negative");
+      if (r.factor < 0) cells[2].fail("must not be negative");
+      if (!link.after_compute.empty() && r.gap <= link.after_compute.back().gap)
+        cells[0].fail("after_compute rows must be sorted by increasing gap");
+      link.after_compute.push_back(r);
+    }
+    if (link.after_compute.empty()) a->fail("needs at least one [gap ms, fixed us, factor] row");
+  }
   return link;
 }
 

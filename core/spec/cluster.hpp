@@ -25,6 +25,19 @@ struct LinkSpec {
   // step of its own after the transfer (MPI on a host); 0: the reduction is hidden in
   // `bandwidth` (NCCL's bus bandwidth on GPUs).
   double reduce_bandwidth = 0;
+  // How much longer an all-reduce takes when a process enters it after a stretch of compute
+  // than when it runs back to back with others (`braid calibrate` on a host: after 17 ms of
+  // GEMMs a 2 MiB all-reduce took 2.5x, a 4 KiB one 7x its back-to-back time): rows by
+  // increasing gap, each adding fixed + factor x the priced time; interpolated in the gap,
+  // from nothing at gap 0, held past the last row. Empty: no such slowdown.
+  struct AfterCompute {
+    double gap = 0;     // seconds of compute since the process last communicated
+    double fixed = 0;   // seconds added to every all-reduce
+    double factor = 0;  // ... and this fraction of its priced time
+  };
+  std::vector<AfterCompute> after_compute = {};
+  // `seconds`, an all-reduce's priced time, entered after `gap` seconds of compute.
+  double after_compute_seconds(double seconds, double gap) const;
 };
 
 struct EfficiencyTable {

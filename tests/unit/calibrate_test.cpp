@@ -225,6 +225,46 @@ TEST(Calibrate, TheClusterFilePricesTheMeasuredCasesAsMeasured) {
   }
 }
 
+TEST(Calibrate, AllReducesAfterComputeAddWhatTheyTookBeyondTheirPrice) {
+  // Back-to-back timings fix the link; all-reduces timed after 1 and 16 ms of compute took
+  // their price + fixed + factor x price (this host after 16 ms: about +150 us and +50%).
+  const spec::ClusterSpec link = one_link(3e9, 2e-6);
+  auto points = timings_of(link, 2);
+  const std::size_t back_to_back = points.size();
+  const cost::CommModel comm(link);
+  const std::vector<spec::LinkSpec::AfterCompute> truth = {{1e-3, 40e-6, 0}, {16e-3, 150e-6, 0.5}};
+  for (const auto& row : truth)
+    for (double bytes : {4096.0, 32768.0, 262144.0, 2097152.0}) {
+      const double price = comm.all_reduce(bytes, {2, 2, 1});
+      points.push_back({LinkOp::all_reduce, 2, bytes, price + row.fixed + row.factor * price, row.gap});
+    }
+  const calibrate::LinkFit f = calibrate::fit_link(points, false);
+  EXPECT_NEAR(f.bandwidth / 3e9, 1, 0.06) << "the back-to-back timings alone fix the link";
+  EXPECT_LT(f.worst_error, 0.06);
+  EXPECT_EQ(f.points, static_cast<int>(back_to_back));
+  ASSERT_EQ(f.after_compute.size(), truth.size());
+  for (std::size_t i = 0; i < truth.size(); ++i) {
+    EXPECT_DOUBLE_EQ(f.after_compute[i].gap, truth[i].gap);
+    EXPECT_NEAR(f.after_compute[i].fixed, truth[i].fixed, 0.1 * truth[i].fixed) << truth[i].gap;
+    EXPECT_NEAR(f.after_compute[i].factor, truth[i].factor, 0.06) << truth[i].gap;
+  }
+  // Written to the cluster file and read back, they price a 2 MiB all-reduce after 16 ms as timed.
+  calibrate::Calibration c = made_up();
+  c.intra = points;
+  const std::string yaml = calibrate::cluster_yaml(c, calibrate::fit(c), "made-up");
+  const spec::ClusterSpec cluster = spec::parse_cluster(spec::parse_document(yaml, "<calibrated>"));
+  ASSERT_EQ(cluster.intra_node.after_compute.size(), 2u);
+  ASSERT_EQ(cluster.inter_node.after_compute.size(), 2u) << "one host: the intra-host figures between hosts";
+  const double price = cost::CommModel(cluster).all_reduce(2097152, {2, 2, 1});
+  EXPECT_NEAR(cluster.intra_node.after_compute_seconds(price, 16e-3) / points.back().seconds, 1, 0.1);
+  EXPECT_EQ(cluster.intra_node.after_compute_seconds(price, 0), price);
+  // Rows out of order are named at their field.
+  std::string bad = yaml;
+  bad.replace(bad.find("      - [16,"), 12, "      - [0.5,");
+  test::expect_error([&] { spec::parse_cluster(spec::parse_document(bad, "<calibrated>")); }, Status::bad_config,
+                     {"<calibrated>:", "after_compute rows must be sorted by increasing gap"});
+}
+
 TEST(Calibrate, TheFileSaysWhatWasMeasured) {
   calibrate::Calibration c = made_up();
   // A name from the command line with a line break and a tab reads back as given.

@@ -281,6 +281,42 @@ TEST(Pipeline, MalformedProgramsAreRejected) {
                       "(Backward): backward of microbatch 0 comes before the BatchSync of its group 0"});
 }
 
+TEST(Pipeline, AGradientReductionAfterComputeIsSlowedByItsGap) {
+  // Two replicas of one stage, m microbatches of 1 s forward + 2 s backward and nothing to
+  // send: each computes 3m s, then reduces its gradients (priced 0.5 s) after that gap.
+  auto step = [](int m, std::vector<spec::LinkSpec::AfterCompute> rows) {
+    Program prog = uniform(1);
+    prog.stages[0].replicas = 2;
+    prog.stages[0].reduce_grads_s = 0.5;
+    prog.dp_link.after_compute = std::move(rows);
+    pipeline::one_f_one_b(prog, m);
+    pipeline::finish_step(prog);
+    return sim::simulate(prog).step_time_s;
+  };
+  const std::vector<spec::LinkSpec::AfterCompute> rows = {{4, 0.1, 0.2}, {16, 0.3, 0.6}};
+  for (int m : {1, 4, 8}) EXPECT_NEAR(step(m, {}), 3 * m + 0.5, 1e-12) << "no rows: as priced";
+  // 3 s, below the first row: 3/4 of it (fixed 0.075, factor 0.15).
+  EXPECT_NEAR(step(1, rows), 3 + 0.5 + 0.075 + 0.15 * 0.5, 1e-12);
+  // 12 s, two thirds of the way to the second row (fixed 0.2333, factor 0.4667).
+  EXPECT_NEAR(step(4, rows), 12 + 0.5 + (0.1 + 0.2 * 2 / 3) + (0.2 + 0.4 * 2 / 3) * 0.5, 1e-12);
+  // 24 s, past the last row: held there.
+  EXPECT_NEAR(step(8, rows), 24 + 0.5 + 0.3 + 0.6 * 0.5, 1e-12);
+}
+
+TEST(Pipeline, AGradientReductionCountsTheComputeSinceTheLastMessage) {
+  // Two stages: the first's reduction follows its last backward, entered after the gradient
+  // it received, so its gap is that backward alone, not the whole step.
+  Program prog = uniform(2);
+  for (auto& st : prog.stages) st.replicas = 2;
+  prog.stages[0].reduce_grads_s = 0.5;
+  pipeline::one_f_one_b(prog, 4);
+  pipeline::finish_step(prog);
+  const double plain = sim::simulate(prog).step_time_s;
+  prog.dp_link.after_compute = {{1, 0, 0.5}, {2, 0, 1.0}, {100, 0, 10}};
+  // Stage 0 ends its step 2 s after it received its last gradient: factor 1.0 of 0.5 s.
+  EXPECT_NEAR(sim::simulate(prog).step_time_s - plain, 0.5, 1e-12);
+}
+
 TEST(Pipeline, DataParallelFanInAndFanOut) {
   // An encoder stage with 4 replicas feeds an llm stage with 2 (fan-in 2:1) and back.
   Program prog;
