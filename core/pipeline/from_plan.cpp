@@ -144,7 +144,9 @@ Program monolithic(const cost::CostModel& cost, const plan::Plan& plan, spec::Sc
   }
   for (int s = 0; s + 1 < g.stages; ++s) link(p, s, s + 1);
   if (g.contrastive) {
-    p.batch_sync_s = plan::grid_batch_sync_seconds(cost, plan.modules, g.tp, g.dp, g.stages);
+    const plan::BatchSyncCost sync = plan::grid_batch_sync_cost(cost, plan.modules, g.tp, g.dp, g.stages);
+    p.batch_sync_s = sync.seconds();
+    p.batch_sync_comm_s = sync.comm_s;
     batch_sync(p, g.groups, g.group_microbatches, schedule);
   } else if (schedule == spec::Schedule::gpipe) {
     gpipe(p, g.microbatches);
@@ -172,7 +174,9 @@ Program branches(const cost::CostModel& cost, const plan::Plan& plan, spec::Sche
     for (int st = first; st < first + m.pp; ++st) p.stages[static_cast<std::size_t>(st)].group_microbatches = K;
   }
   gradients_mirror_activations(p);
-  p.batch_sync_s = plan::branches_batch_sync_seconds(cost, plan.modules);
+  const plan::BatchSyncCost sync = plan::branches_batch_sync_cost(cost, plan.modules);
+  p.batch_sync_s = sync.seconds();
+  p.batch_sync_comm_s = sync.comm_s;
   batch_sync(p, groups, first_k, schedule);
   return p;
 }

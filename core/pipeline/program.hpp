@@ -175,9 +175,10 @@ struct Program {
   int virtual_stages = 1;
   int groups = 1;  // contrastive groups per step
   int group_microbatches = 0;
-  double batch_sync_s = 0;  // one batch-sync
-  double model_flops = 0;   // per step, all devices (MFU numerator)
-  double peak_flops = 0;    // per device
+  double batch_sync_s = 0;       // one batch-sync
+  double batch_sync_comm_s = 0;  // ... of which its collectives (the rest: the loss)
+  double model_flops = 0;        // per step, all devices (MFU numerator)
+  double peak_flops = 0;         // per device
   int devices = 0;
   // Devices that share their node's CPU cores (spec::ClusterSpec::cores_per_node): the
   // simulator slows a compute instruction by the threads busy beside it. 0: no sharing.
@@ -186,8 +187,8 @@ struct Program {
   int threads_per_device = 1;
   double shared_core_efficiency = 1;
   // The link the DP groups reduce over (between nodes when the cluster has several): the
-  // simulator slows a ReduceGrads by its after_compute rows, at the compute its ranks ran
-  // since they last communicated.
+  // simulator slows a ReduceGrads, and a BatchSync's collectives, by its after_compute rows,
+  // at the compute its ranks ran since they last communicated.
   spec::LinkSpec dp_link;
   std::vector<StageProgram> stages;
 

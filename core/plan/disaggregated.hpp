@@ -34,10 +34,10 @@ void summarize_module(const cost::CostModel& cost, ModuleAnalysis& out, double m
 // Branches (contrastive): module `p` with DistMM-Pipe over `groups` groups of
 // contrastive batch / (dp x microbatch) microbatches.
 bool analyze_branch(const cost::CostModel& cost, const ModulePlacement& p, ModuleAnalysis& out, std::string* why);
-// One contrastive batch-sync of towers on their own devices (batch_sync_seconds): the
+// One contrastive batch-sync of towers on their own devices (batch_sync_cost): the
 // group is the towers' last-stage replicas, and the image tower's last-stage replicas (the first
 // tower's, if none sees images) compute the loss, as in the trainer.
-double branches_batch_sync_seconds(const cost::CostModel& cost, const std::vector<ModulePlacement>& towers);
+BatchSyncCost branches_batch_sync_cost(const cost::CostModel& cost, const std::vector<ModulePlacement>& towers);
 // Step time of branches combined: slowest module + batch-sync per group + slowest tail, the
 // batch-sync where `placed` (the modules' placements, packed onto devices) puts it.
 double combine_branches(const cost::CostModel& cost, const std::vector<const ModuleAnalysis*>& modules,

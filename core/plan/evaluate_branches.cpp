@@ -133,8 +133,8 @@ bool analyze_branch(const cost::CostModel& cost, const ModulePlacement& p, Modul
   return true;
 }
 
-double branches_batch_sync_seconds(const cost::CostModel& cost, const std::vector<ModulePlacement>& towers) {
-  if (towers.empty()) return 0;
+BatchSyncCost branches_batch_sync_cost(const cost::CostModel& cost, const std::vector<ModulePlacement>& towers) {
+  if (towers.empty()) return {};
   int fewest = towers.front().dp;
   std::vector<int> last_stages;
   const ModulePlacement* loss = &towers.front();
@@ -146,7 +146,7 @@ double branches_batch_sync_seconds(const cost::CostModel& cost, const std::vecto
     if (m.modality == spec::Modality::image) loss = &p;
   }
   const auto group = cost::group_shape(last_stages, cost.run().cluster.devices_per_node);
-  return batch_sync_seconds(cost, towers_embed_dim(cost, towers), group, fewest, loss->dp);
+  return batch_sync_cost(cost, towers_embed_dim(cost, towers), group, fewest, loss->dp);
 }
 
 double combine_branches(const cost::CostModel& cost, const std::vector<const ModuleAnalysis*>& modules,
@@ -156,7 +156,7 @@ double combine_branches(const cost::CostModel& cost, const std::vector<const Mod
     span = std::max(span, a->span);
     tail = std::max(tail, a->tail);
   }
-  const double sync = contrastive_groups(cost.run().training) * branches_batch_sync_seconds(cost, placed);
+  const double sync = contrastive_groups(cost.run().training) * branches_batch_sync_cost(cost, placed).seconds();
   if (sync_seconds) *sync_seconds = sync;
   return span + sync + tail;
 }

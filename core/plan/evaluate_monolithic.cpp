@@ -156,7 +156,7 @@ bool evaluate_monolithic(const cost::CostModel& cost, Plan& plan, std::string* w
   }
   if (g.contrastive) {
     // Each DP replica computes the loss on its rows against the gathered embeddings.
-    e.sync_s = g.groups * grid_batch_sync_seconds(cost, plan.modules, g.tp, g.dp, g.stages);
+    e.sync_s = g.groups * grid_batch_sync_cost(cost, plan.modules, g.tp, g.dp, g.stages).seconds();
     hardware +=
         g.groups * contrastive_loss_flops(double(train.contrastive_batch), towers_embed_dim(cost, plan.modules));
   }

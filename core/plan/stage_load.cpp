@@ -85,26 +85,26 @@ void finish_estimate(Estimate& e, const cost::CostModel& cost, int devices, doub
   e.bubble_fraction = std::clamp(1.0 - busy_device_seconds / (T * devices), 0.0, 1.0);
 }
 
-double batch_sync_seconds(const cost::CostModel& cost, double dim, const cost::GroupShape& group, int fewest_replicas,
-                          int loss_replicas) {
+BatchSyncCost batch_sync_cost(const cost::CostModel& cost, double dim, const cost::GroupShape& group,
+                              int fewest_replicas, int loss_replicas) {
   const double rows = double(cost.run().training.contrastive_batch);
   constexpr double kIdBytes = 8;  // a sample id travels with each row
   const double record = 2 * std::ceil(rows / fewest_replicas) * (dim * cost.element_bytes() + kIdBytes);
   const double gradients = 2 * rows * dim * cost.element_bytes();
   const cost::BlockCost op =
       cost::contrastive_loss_op(std::max(1.0, rows / loss_replicas), rows, dim, cost.kernel_context());
-  return cost.comm().all_gather(group.size * record, group) + op.forward_s + op.backward_s +
-         cost.comm().all_reduce(gradients, group);
+  return {cost.comm().all_gather(group.size * record, group) + cost.comm().all_reduce(gradients, group),
+          op.forward_s + op.backward_s};
 }
 
 double towers_embed_dim(const cost::CostModel& cost, const std::vector<ModulePlacement>& towers) {
   return towers.empty() ? 0 : cost.run().model.modules[static_cast<std::size_t>(towers.back().module)].embed_dim;
 }
 
-double grid_batch_sync_seconds(const cost::CostModel& cost, const std::vector<ModulePlacement>& towers, int tp, int dp,
-                               int stages) {
-  return batch_sync_seconds(cost, towers_embed_dim(cost, towers),
-                            dp_group_of(cost, grid_stage_devices(tp, dp, stages - 1)), dp, dp);
+BatchSyncCost grid_batch_sync_cost(const cost::CostModel& cost, const std::vector<ModulePlacement>& towers, int tp,
+                                   int dp, int stages) {
+  return batch_sync_cost(cost, towers_embed_dim(cost, towers),
+                         dp_group_of(cost, grid_stage_devices(tp, dp, stages - 1)), dp, dp);
 }
 
 void record_slowest_stage(Estimate& e, const StageLoad& worst, double microbatches) {

@@ -84,13 +84,18 @@ void finish_estimate(Estimate& e, const cost::CostModel& cost, int devices, doub
 // contrastive batch over the `fewest_replicas` of the tower with the fewest), and the records
 // are all-gathered; `loss_replicas` replicas each compute the loss on their share of the rows;
 // the gradients of every row are all-reduced.
-double batch_sync_seconds(const cost::CostModel& cost, double dim, const cost::GroupShape& group, int fewest_replicas,
-                          int loss_replicas);
+struct BatchSyncCost {
+  double comm_s = 0;  // the all-gather and the all-reduce
+  double loss_s = 0;  // the loss's forward and backward
+  double seconds() const { return comm_s + loss_s; }
+};
+BatchSyncCost batch_sync_cost(const cost::CostModel& cost, double dim, const cost::GroupShape& group,
+                              int fewest_replicas, int loss_replicas);
 // The width of the towers' embeddings, which the contrastive loss compares (the last tower's).
 double towers_embed_dim(const cost::CostModel& cost, const std::vector<ModulePlacement>& towers);
 // The batch-sync of towers sharing one grid of `tp` x `dp` x `stages` (monolithic layout).
-double grid_batch_sync_seconds(const cost::CostModel& cost, const std::vector<ModulePlacement>& towers, int tp, int dp,
-                               int stages);
+BatchSyncCost grid_batch_sync_cost(const cost::CostModel& cost, const std::vector<ModulePlacement>& towers, int tp,
+                                   int dp, int stages);
 // FLOPs of one contrastive loss over `rows` samples of width `dim`: logits, and
 // their gradients with respect to both sides.
 inline double contrastive_loss_flops(double rows, double dim) { return 3 * 2.0 * rows * rows * dim; }

@@ -330,8 +330,9 @@ class Simulation {
   }
 
   // Arrives at a collective; true when this arrival completed it (everyone released).
+  // `comm`: the part of `duration` that is collectives (spec::LinkSpec::after_compute);
   // `early`: the part of `duration` that ran from its early issue (a DP reduction).
-  void arrive(int r, Collective& c, double duration, Wait kind, int lane, double early = 0) {
+  void arrive(int r, Collective& c, double duration, double comm, Wait kind, int lane, double early = 0) {
     Rank& k = ranks_[static_cast<std::size_t>(r)];
     c.arrived++;
     c.latest = std::max(c.latest, k.compute);
@@ -339,12 +340,12 @@ class Simulation {
     c.all_issued = c.all_issued && k.dp_issued >= 0;
     c.waiting.emplace_back(r, k.compute);
     if (c.arrived < c.expected) return;
-    // A gradient reduction entered after a stretch of compute runs slower than back to back
-    // (spec::LinkSpec::after_compute): at the longest stretch among its members.
-    if (kind == Wait::dp && !p_.dp_link.after_compute.empty()) {
+    // Collectives entered after a stretch of compute run slower than back to back
+    // (spec::LinkSpec::after_compute): at the longest stretch among the members.
+    if (comm > 0 && !p_.dp_link.after_compute.empty()) {
       double gap = 0;
       for (auto [w, at] : c.waiting) gap = std::max(gap, at - ranks_[static_cast<std::size_t>(w)].last_comm);
-      duration = p_.dp_link.after_compute_seconds(duration, gap);
+      duration += p_.dp_link.after_compute_seconds(comm, gap) - comm;
     }
     // Issued early, the llm's reduction ran behind the tasks in its wait; the rest follows it.
     const double end =
@@ -394,11 +395,11 @@ class Simulation {
           }
           break;
         case Op::reduce_grads:
-          arrive(r, reduce_[k.stage], stage_of(k).reduce_grads_s, Wait::dp, 2,
+          arrive(r, reduce_[k.stage], stage_of(k).reduce_grads_s, stage_of(k).reduce_grads_s, Wait::dp, 2,
                  std::min(stage_of(k).early_reduce_s, stage_of(k).reduce_grads_s));
           return;  // resumed by the collective
         case Op::batch_sync:
-          arrive(r, sync_[i.group], p_.batch_sync_s, Wait::sync, 2);
+          arrive(r, sync_[i.group], p_.batch_sync_s, p_.batch_sync_comm_s, Wait::sync, 2);
           return;
       }
       ++k.pc;

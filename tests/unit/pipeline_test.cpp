@@ -210,6 +210,17 @@ double step(Program prog) {
   return sim::simulate(prog).step_time_s;
 }
 
+TEST(Pipeline, ABatchSyncAfterComputeSlowsItsCollectivesAlone) {
+  // One group of 4 microbatches: the image tower's forwards take 4 s, the text tower's 2, then
+  // the batch-sync (0.25 s, 0.2 of it collectives) at the longer gap, 4 s: 0.2 + 0.1 + 0.5 x 0.2.
+  Program prog = two_branches(1, 1);
+  prog.batch_sync_comm_s = 0.2;
+  pipeline::batch_sync(prog, 1, 4, spec::Schedule::batch_sync);
+  const double plain = step(prog);
+  prog.dp_link.after_compute = {{4, 0.1, 0.5}};
+  EXPECT_NEAR(step(prog) - plain, 0.1 + 0.5 * 0.2, 1e-12);
+}
+
 TEST(Pipeline, DistmmPipeBeatsPlainBatchSyncWithSeveralGroups) {
   for (int groups : {2, 3, 8}) {
     Program plain = two_branches(4, 2), pipe = two_branches(4, 2);
