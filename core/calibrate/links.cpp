@@ -64,24 +64,20 @@ void compute_for(double seconds) {
     nn::gemm(false, false, kSide, kSide, kSide, 1, a.data(), kSide, b.data(), kSide, 0, c.data(), kSide);
 }
 
-// One call of `run` after `gap` of compute, as the member that entered last saw it (the least
-// time any member spent in it: the others waited for that one), median over 3 batches.
+// One call of `run` after `gap` of compute, as the member that entered last saw it (per call,
+// the least time any member spent in it: the others waited for that one), the median of `reps`
+// calls (one call's time swings 2x here: the median, not a mean).
 template <typename F>
 double timed_after_compute(runtime::Communicator& world, int reps, double gap, bool member, F&& run) {
-  std::vector<double> batches;
-  for (int b = 0; b < 3; ++b) {
-    double sum = 0;
-    for (int i = 0; i < reps && member; ++i) {
-      compute_for(gap);
-      const auto start = Clock::now();
-      run();
-      sum += std::chrono::duration<double>(Clock::now() - start).count();
-    }
-    double t[1] = {member ? sum / reps : std::numeric_limits<double>::infinity()};
-    world.allreduce(std::span<double>(t), runtime::ReduceOp::min);
-    batches.push_back(t[0]);
+  std::vector<double> calls(static_cast<std::size_t>(reps), std::numeric_limits<double>::infinity());
+  for (int i = 0; i < reps && member; ++i) {
+    compute_for(gap);
+    const auto start = Clock::now();
+    run();
+    calls[static_cast<std::size_t>(i)] = std::chrono::duration<double>(Clock::now() - start).count();
   }
-  return median(std::move(batches));
+  world.allreduce(std::span<double>(calls), runtime::ReduceOp::min);
+  return median(std::move(calls));
 }
 
 // One process's side of the three cases, with its buffers: through the world's
@@ -280,7 +276,7 @@ std::vector<LinkTiming> measure_links(runtime::World& world, const std::vector<i
               "all-reduce " + std::to_string(static_cast<long long>(bytes)) + " B after " +
                   std::to_string(static_cast<int>(std::lround(gap * 1e3))) + " ms of compute");
       if (member) end->allreduce(static_cast<std::size_t>(bytes));  // its buffer made before the first gap
-      const double t = timed_after_compute(all, quick ? 2 : 4, gap, member,
+      const double t = timed_after_compute(all, quick ? 5 : 15, gap, member,
                                            [&] { end->allreduce(static_cast<std::size_t>(bytes)); });
       out.push_back({LinkOp::all_reduce, n, bytes, t, gap});
     }
