@@ -193,8 +193,8 @@ std::vector<spec::LinkSpec::AfterCompute> fit_after_compute(const std::vector<Li
       sxx += w * x * x;
       sxy += w * x * y;
     }
-    const double det = sw * sxx - sx * sx;
-    double factor = det > 0 ? (sw * sxy - sx * sy) / det : 0, fixed = (sy - factor * sx) / sw;
+    const double det = sw * sxx - sx * sx;  // 0 up to rounding for a single size
+    double factor = det > 1e-9 * sw * sxx ? (sw * sxy - sx * sy) / det : 0, fixed = (sy - factor * sx) / sw;
     if (fixed < 0) {  // through the origin
       fixed = 0;
       factor = sxx > 0 ? sxy / sxx : 0;
@@ -222,8 +222,8 @@ const char* link_op_name(LinkOp op) {
   return "?";
 }
 
-int link_case_count(bool quick, const LinkPath& path) {
-  const std::size_t after = path.plugin ? 0 : compute_gaps(quick).size() * after_compute_sizes(quick).size();
+int link_case_count(bool quick, bool compute_on_host) {
+  const std::size_t after = compute_on_host ? compute_gaps(quick).size() * after_compute_sizes(quick).size() : 0;
   return static_cast<int>(3 * message_sizes(quick).size() + after);
 }
 
@@ -240,7 +240,7 @@ std::vector<LinkTiming> measure_links(runtime::World& world, const std::vector<i
   else
     end = std::make_unique<HostEndpoint>(world, pair, group);
   const auto sizes = message_sizes(quick);
-  const int cases = link_case_count(quick, path);
+  const int cases = link_case_count(quick, path.compute_on_host && !path.plugin);
   std::vector<LinkTiming> out;
   int index = 0;
   for (double bytes : sizes) {
@@ -269,7 +269,7 @@ std::vector<LinkTiming> measure_links(runtime::World& world, const std::vector<i
     out.push_back({LinkOp::all_gather, n, static_cast<double>(piece) * n, t});
   }
   // Compute on the host between all-reduces on a device would time neither as training does.
-  if (path.plugin) return out;
+  if (path.plugin || !path.compute_on_host) return out;
   for (double gap : compute_gaps(quick))
     for (double bytes : after_compute_sizes(quick)) {
       between(index++, cases,

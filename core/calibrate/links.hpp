@@ -47,6 +47,9 @@ struct LinkFit {
 struct LinkPath {
   const runtime::DeviceCommPlugin* plugin = nullptr;
   std::shared_ptr<nn::DeviceBackend> backend;
+  // Whether training computes on the host's cores, where the all-reduces after compute are
+  // timed (a device plugin comes only with a device that is not the host).
+  bool compute_on_host = true;
 };
 
 // Ping-pong between world ranks `pair[0]` and `pair[1]`, then all-reduce and all-gather over
@@ -58,7 +61,7 @@ struct LinkPath {
 std::vector<LinkTiming> measure_links(runtime::World& world, const std::vector<int>& pair,
                                       const std::vector<int>& group, bool quick, const CaseHook& between,
                                       const LinkPath& path = {});
-int link_case_count(bool quick, const LinkPath& path = {});
+int link_case_count(bool quick, bool compute_on_host = true);
 
 // The latency and bandwidth that make the cost model's formulas closest to `points` (least
 // squares in log(time)): within a node when `cross_node` is false, else between nodes. The

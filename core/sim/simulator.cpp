@@ -244,6 +244,7 @@ class Simulation {
   double fill_wait(int r, double& slack, double busy, double tp) {
     Rank& k = ranks_[static_cast<std::size_t>(r)];
     const double absorbed = std::min(busy + tp, slack);
+    if (tp > 0) k.last_comm = std::max(k.last_comm, k.compute - slack + busy + tp);  // its collectives
     record(r, 0, k.compute - slack, busy + tp, tp);
     span(r, k.compute - slack, busy);
     slack -= absorbed;
@@ -344,7 +345,12 @@ class Simulation {
     // (spec::LinkSpec::after_compute): at the longest stretch among the members.
     if (comm > 0 && !p_.dp_link.after_compute.empty()) {
       double gap = 0;
-      for (auto [w, at] : c.waiting) gap = std::max(gap, at - ranks_[static_cast<std::size_t>(w)].last_comm);
+      for (auto [w, at] : c.waiting) {
+        const Rank& m = ranks_[static_cast<std::size_t>(w)];
+        // A reduction issued early entered the link then, before the tasks in its wait.
+        const double entered = early > 0 && m.dp_issued >= 0 ? m.dp_issued : at;
+        gap = std::max(gap, entered - m.last_comm);
+      }
       duration += p_.dp_link.after_compute_seconds(comm, gap) - comm;
     }
     // Issued early, the llm's reduction ran behind the tasks in its wait; the rest follows it.

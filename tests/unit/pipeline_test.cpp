@@ -473,8 +473,10 @@ TEST(Pipeline, OrderingOnlyMessagesCostNothing) {
 // (early_reduce_s of reduce_grads_s) starts when the last llm backward ends and runs behind
 // them; the rest of the reduction (the encoders' gradients) follows both.
 TEST(Pipeline, TasksInTheDpWaitRunBehindTheEarlyReduction) {
-  auto with_tasks = [](double task_s, std::uint8_t flags, int replicas) {
+  auto with_tasks = [](double task_s, std::uint8_t flags, int replicas,
+                       std::vector<spec::LinkSpec::AfterCompute> after_compute = {}) {
     Program prog = uniform(1);
+    prog.dp_link.after_compute = std::move(after_compute);
     auto& st = prog.stages[0];
     st.replicas = replicas;
     pipeline::WorkUnit task;
@@ -499,6 +501,11 @@ TEST(Pipeline, TasksInTheDpWaitRunBehindTheEarlyReduction) {
     EXPECT_NEAR(with_tasks(1, pipeline::kInDpWait, replicas), 8, 1e-12);
     // Tasks longer than the early part: 3 + 2 x 2.5 + 2.
     EXPECT_NEAR(with_tasks(2.5, pipeline::kInDpWait, replicas), 10, 1e-12);
+    // Slowed after compute, the reduction counts its gap up to its issue (3 s: 0.3 s more),
+    // not to the end of the tasks in its wait; in order, it enters after 5 s (0.5 s more).
+    const std::vector<spec::LinkSpec::AfterCompute> rows = {{3, 0.3, 0}, {5, 0.5, 0}};
+    EXPECT_NEAR(with_tasks(1, pipeline::kInDpWait, replicas, rows), 8.3, 1e-12);
+    EXPECT_NEAR(with_tasks(1, 0, replicas, rows), 10.5, 1e-12);
   }
 }
 

@@ -299,6 +299,7 @@ int run_calibrate(const std::vector<std::string>& args) {
     c.shared = turns.turns() > 1;
     const calibrate::ComputeOptions compute{c.threads, c.quick, backend};
     const int link_sets = (local.size() >= 2 ? 1 : 0) + (firsts.size() >= 2 ? 1 : 0);
+    const bool on_host = !backend || backend->device().is_host();  // where the steps compute
     // A process waiting for its turn must hand its core over (BRAID_MPI_WAIT=sleep, read by the
     // MPI plugin at each wait); the links are then timed waiting as training waits.
     const bool wait_chosen = std::getenv("BRAID_MPI_WAIT") != nullptr;  // the user's choice stands
@@ -306,7 +307,7 @@ int run_calibrate(const std::vector<std::string>& args) {
     Progress progress(rank == 0 && !vm.count("quiet"), calibrate::compute_case_count(compute) +
                                                            calibrate::sample_case_count(compute) +
                                                            (c.shared ? calibrate::gemm_case_count(compute) : 0) +
-                                                           link_sets * calibrate::link_case_count(c.quick));
+                                                           link_sets * calibrate::link_case_count(c.quick, on_host));
     enum class Together { in_turns, everyone, no };
     auto hook = [&](const std::string& phase, Together together) {
       return [&, phase, together](int, int, const std::string& what) {
@@ -343,9 +344,9 @@ int run_calibrate(const std::vector<std::string>& args) {
     // run there (collective: every rank agrees on it).
     std::string why_not;
     const std::unique_ptr<train::DeviceCollectives> on_device = train::DeviceCollectives::open(backend, world, why_not);
-    calibrate::LinkPath path;
+    calibrate::LinkPath path{nullptr, nullptr, on_host};
     if (on_device) {
-      path = {&on_device->plugin(), on_device->backend()};
+      path = {&on_device->plugin(), on_device->backend(), on_host};
       c.communication += "; links timed on the device's memory through the " + std::string(on_device->plugin().name()) +
                          " plugin's device interface";
     } else if (backend && !backend->device().is_host()) {
