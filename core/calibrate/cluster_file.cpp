@@ -391,8 +391,10 @@ std::string summary(const Calibration& c, const Fitted& f) {
   };
   link("links within a host         ", f.intra);
   after("all-reduce after compute    ", f.intra);
-  if (f.inter) link("links between hosts         ", *f.inter);
-  if (f.inter) after("... between hosts           ", *f.inter);
+  if (f.inter) {
+    link("links between hosts         ", *f.inter);
+    after("... between hosts           ", *f.inter);
+  }
   return s;
 }
 

@@ -176,16 +176,17 @@ class DeviceEndpoint : public Endpoint {
 // term below zero.
 template <typename Model>
 std::vector<spec::LinkSpec::AfterCompute> fit_after_compute(const std::vector<LinkTiming>& points, Model&& price) {
+  auto timed_after = [](const LinkTiming& p) { return p.after_compute > 0 && p.seconds > 0 && p.members >= 2; };
   std::vector<double> gaps;
   for (const auto& p : points)
-    if (p.after_compute > 0 && p.seconds > 0 && p.members >= 2) gaps.push_back(p.after_compute);
+    if (timed_after(p)) gaps.push_back(p.after_compute);
   std::sort(gaps.begin(), gaps.end());
   gaps.erase(std::unique(gaps.begin(), gaps.end()), gaps.end());
   std::vector<spec::LinkSpec::AfterCompute> rows;
   for (double gap : gaps) {
     double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;  // weighted sums of price x and extra y
     for (const auto& p : points) {
-      if (p.after_compute != gap || p.seconds <= 0 || p.members < 2) continue;
+      if (!timed_after(p) || p.after_compute != gap) continue;
       const double x = price(p), y = p.seconds - x, w = 1 / (p.seconds * p.seconds);
       sw += w;
       sx += w * x;

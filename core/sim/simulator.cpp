@@ -60,7 +60,7 @@ struct Rank {
   double tp_slack = 0;      // TP-collective wait of the last forward/backward not yet filled by encoder tasks
   double dp_issued = -1;    // when the llm's gradient reduction was issued early (kInDpWait tasks); -1: not
   double gather_slack = 0;  // the llm's parameter all-gather at the step's start not yet filled by tasks
-  double last_comm = 0;     // when it last sent, received or left a collective (its step's start at first)
+  double last_comm = 0;     // when it last communicated (spec::LinkSpec::after_compute's gap starts there)
   double live = 0, peak = 0;
   std::unordered_map<long long, double> stored;  // (microbatch, chunk) -> activation bytes
   bool waiting_recv = false;                     // woken by a message
