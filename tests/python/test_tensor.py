@@ -252,9 +252,11 @@ class ContrastiveCudaTest(unittest.TestCase):
     def run_on(self, device, image, text, offset, n, stream=None, shared=False):
         ti, tt = torch.from_numpy(image).to(device), torch.from_numpy(text).to(device)
         li, lt = (ti, tt) if shared else (ti[offset:offset + n], tt[offset:offset + n])
-        loss, stats = braid.tensor.contrastive_forward(li, lt, ti, tt, 11.0, offset, 8, stream)
         grads = [torch.full(li.shape, float("nan"), device=device), torch.full(lt.shape, float("nan"), device=device),
                  torch.full(ti.shape, float("nan"), device=device), torch.full(tt.shape, float("nan"), device=device)]
+        if stream is not None:  # the caller orders its inputs before a stream it names, as with any CUDA library
+            stream.wait_stream(torch.cuda.current_stream())
+        loss, stats = braid.tensor.contrastive_forward(li, lt, ti, tt, 11.0, offset, 8, stream)
         grad_scale = braid.tensor.contrastive_backward(li, lt, ti, tt, 11.0, offset, stats, 0.5, *grads, 8, stream)
         if device == "cuda":
             torch.cuda.synchronize()  # the gradients may still be in flight on the stream

@@ -194,9 +194,12 @@ TEST_P(ResidentTraining, MatchesTheHostOpsAndRepeats) {
   if (backend == "host") {  // the host backend runs the host ops: the same bits
     EXPECT_EQ(losses, expected);
   } else {
+    // One batch, memorised: rounding differences grow as the loss falls. The host op's two
+    // layouts of the same contrastive loss (one process's rows shared, or copied apart)
+    // drift 1.3e-4 apart by step 17 of tiny-clip; a wrong gradient drifts far more.
     ASSERT_EQ(losses.size(), expected.size());
     for (std::size_t s = 0; s < losses.size(); ++s)
-      EXPECT_NEAR(losses[s], expected[s], 1e-4 * std::abs(expected[s])) << "step " << s;
+      EXPECT_NEAR(losses[s], expected[s], (s < 10 ? 1e-4 : 1e-3) * std::abs(expected[s])) << "step " << s;
   }
   EXPECT_EQ(train(device, run, kSteps), losses) << "a second run on " << backend_->device().name();
   EXPECT_LT(losses.back(), losses.front());
