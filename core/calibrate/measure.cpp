@@ -16,6 +16,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double min_seconds(const ComputeOptions& o) { return o.quick ? 0.005 : 0.04; }
+int batches(const ComputeOptions& o) { return o.quick ? 3 : 5; }
 
 // Past the last-level caches of the hosts braid runs on (and a GPU's L2).
 constexpr double kColdBytes = 64.0 * 1024 * 1024;
@@ -27,8 +28,13 @@ std::size_t cold_sets(double bytes) {
 
 bool on_gpu(const ComputeOptions& o) { return o.device && !o.device->device().is_host(); }
 
+// Calls timed together between two waits of a device's stream: a step queues its ops back
+// to back and waits a few times a step. One wait per call would price each small op at the
+// stream's round trip (12-18 us on an H200), several times its launch (2026-11-30).
+constexpr int kDeviceGroup = 16;
+
 // What runs the cases: the host ops, or a device backend's with its stream waited for after
-// each call (a device call returns before it ran, and the time is the device's).
+// each group of calls (a device call returns before it ran, and the time is the device's).
 struct Runner {
   std::unique_ptr<nn::Ops> ops;
   nn::DeviceBackend* device = nullptr;
@@ -44,9 +50,12 @@ struct Runner {
   void wait() const {
     if (device) device->synchronize();
   }
+  double time(const std::function<void()>& call, const ComputeOptions& o) const {
+    if (!device) return time_call(call, min_seconds(o), batches(o));
+    return time_call(
+        call, min_seconds(o), batches(o), [this] { wait(); }, kDeviceGroup);
+  }
 };
-int batches(const ComputeOptions& o) { return o.quick ? 3 : 5; }
-
 // A deterministic fill, not zeros: denormals and exact zeros take other paths in some kernels.
 nn::Tensor filled(nn::Shape shape) {
   nn::Tensor t(std::move(shape));
@@ -122,16 +131,19 @@ double median(std::vector<double> repeats) {
   return *middle;
 }
 
-double time_call(const std::function<void()>& run, double min_seconds, int batch_count) {
+double time_call(const std::function<void()>& run, double min_seconds, int batch_count,
+                 const std::function<void()>& wait, int group) {
   run();  // warm: first-touch page faults, OpenBLAS buffers
+  if (wait) wait();
   std::vector<double> means;
   for (int b = 0; b < batch_count; ++b) {
     int calls = 0;
     const auto start = Clock::now();
     double elapsed = 0;
     do {
-      run();
-      ++calls;
+      for (int g = 0; g < std::max(1, group); ++g) run();
+      if (wait) wait();
+      calls += std::max(1, group);
       elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     } while (elapsed < min_seconds);
     means.push_back(elapsed / calls);
@@ -163,26 +175,21 @@ double time_linear(const ComputeOptions& o, int64_t rows, int64_t width) {
   const Runner run(o);
   nn::Tensor x = run.on(filled({rows, width})), w = run.on(filled({width, width})), y, dx;
   nn::Tensor dy = run.on(filled({rows, width})), dw = run.on(nn::Tensor({width, width}));
-  return time_call(
+  return run.time(
       [&] {
         run.ops->linear_forward(x, w, nullptr, y);
         run.ops->linear_backward(x, w, dy, &dx, &dw, nullptr);
-        run.wait();
       },
-      min_seconds(o), batches(o));
+      o);
 }
 
 Timing measure_memory_bandwidth(const ComputeOptions& o, const CaseHook& between) {
   between(0, 1, "memory bandwidth");
   if (on_gpu(o)) {  // a device-to-device copy: every byte read once and written once
     const int64_t n = o.quick ? (int64_t{1} << 24) : (int64_t{1} << 28);
+    const Runner run(o);
     nn::Tensor a = o.device->zeros({n}), b = o.device->zeros({n});
-    double t = time_call(
-        [&] {
-          o.device->copy(a, b);
-          o.device->synchronize();
-        },
-        min_seconds(o), batches(o));
+    const double t = run.time([&] { o.device->copy(a, b); }, o);
     return {"device copy " + std::to_string(n * 4 >> 20) + " MiB", 2.0 * 4.0 * static_cast<double>(n), t};
   }
   // Each array 8x the last-level caches of common servers (32-64 MiB): DRAM, not cache.
@@ -235,14 +242,12 @@ std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook&
     const auto forward = [&] {
       ops.layernorm_forward(hot.x, gamma, beta, 1e-5f, y, hot.norm);
       ops.gelu_forward(hot.x, g);
-      run.wait();
     };
     std::size_t next = 0;
     const auto backward = [&] {
       Saved& c = saved[next++ % saved.size()];
       ops.layernorm_backward(c.x, gamma, c.norm, dy, &dx, &dgamma, &dbeta);
       ops.gelu_backward(c.x, dy, dg);
-      run.wait();
     };
     // Bytes as the cost model counts them (cost/transformer.cpp, add_elementwise): a norm's or
     // an activation's forward reads and writes n floats; a backward is charged twice that.
@@ -252,31 +257,21 @@ std::vector<Timing> measure_elementwise(const ComputeOptions& o, const CaseHook&
                       optimizer_case = std::string(kOptimizerStep) + " " + size,
                       streaming_case = std::string(kStreamingAdd) + " " + size;
     between(index++, count, forward_case);
-    out.push_back({forward_case, forward_bytes, time_call(forward, min_seconds(o), batches(o))});
+    out.push_back({forward_case, forward_bytes, run.time(forward, o)});
     for (auto& c : saved) ops.layernorm_forward(c.x, gamma, beta, 1e-5f, y, c.norm);
     between(index++, count, backward_case);
-    out.push_back({backward_case, 2 * forward_bytes, time_call(backward, min_seconds(o), batches(o))});
+    out.push_back({backward_case, 2 * forward_bytes, run.time(backward, o)});
     // AdamW over n parameters, charged as the cost model charges a float32 step (cost_model.cpp,
     // optimizer_seconds): weight, gradient and both moments read and written, 32 bytes each.
     nn::AdamWState state{run.on(nn::Tensor({rows, features})), run.on(nn::Tensor({rows, features})), 0};
     const nn::AdamWConfig config{1e-3, 0.9, 0.999, 1e-8, 0.1};
     between(index++, count, optimizer_case);
-    const double adamw = time_call(
-        [&] {
-          ops.adamw_step(y, dy, state, config);
-          run.wait();
-        },
-        min_seconds(o), batches(o));
+    const double adamw = run.time([&] { ops.adamw_step(y, dy, state, config); }, o);
     out.push_back({optimizer_case, 32.0 * static_cast<double>(n), adamw});
     // A residual add over n floats, charged as the cost model charges one (residual_bytes: two
     // arrays read, one written), both operands hot from the ops before it, as in a block.
     between(index++, count, streaming_case);
-    const double add = time_call(
-        [&] {
-          ops.add(y, dy);
-          run.wait();
-        },
-        min_seconds(o), batches(o));
+    const double add = run.time([&] { ops.add(y, dy); }, o);
     out.push_back({streaming_case, 12.0 * static_cast<double>(n), add});
   }
   return out;
@@ -313,23 +308,17 @@ std::vector<Timing> measure_attention(const ComputeOptions& o, const CaseHook& b
     const double pieces = static_cast<double>(s.batch * s.heads);
     between(index++, static_cast<int>(2 * shapes.size()), "attention forward " + shape);
     Saved& hot = saved.front();
-    double forward = time_call(
-        [&] {
-          ops.attention_forward(hot.q, hot.k, hot.v, options, y, hot.attention);
-          run.wait();
-        },
-        min_seconds(o), batches(o));
+    const double forward = run.time([&] { ops.attention_forward(hot.q, hot.k, hot.v, options, y, hot.attention); }, o);
     out.push_back({"attention forward " + shape, flops, forward / pieces});
     for (auto& x : saved) ops.attention_forward(x.q, x.k, x.v, options, y, x.attention);
     between(index++, static_cast<int>(2 * shapes.size()), "attention backward " + shape);
     std::size_t next = 0;
-    double backward = time_call(
+    const double backward = run.time(
         [&] {
           Saved& x = saved[next++ % sets];
           ops.attention_backward(x.q, x.k, x.v, options, x.attention, dout, dq, dk, dv);
-          run.wait();
         },
-        min_seconds(o), batches(o));
+        o);
     out.push_back({"attention backward " + shape, 2.5 * flops, backward / pieces});
   }
   return out;

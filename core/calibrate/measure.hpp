@@ -41,8 +41,11 @@ using CaseHook = std::function<void(int index, int count, const std::string& wha
 double median(std::vector<double> repeats);
 
 // The time of one call of `run`: repeats it for at least `min_seconds` per batch, and
-// returns the median over `batches` batches of the mean call time.
-double time_call(const std::function<void()>& run, double min_seconds, int batches = 5);
+// returns the median over `batches` batches of the mean call time. On a device, `run` only
+// queues work: `wait` (the stream's) follows every `group` calls, so that the calls run back
+// to back as a training step's ops do, and a call costs its run or its launch, not a wait.
+double time_call(const std::function<void()>& run, double min_seconds, int batches = 5,
+                 const std::function<void()>& wait = {}, int group = 1);
 
 // Forward + backward of the linear op (y = x W^T; dx and dW) at a ladder of shapes, from
 // the per-head products of small attention up to the largest layers a host trains.

@@ -392,6 +392,20 @@ TEST(Calibrate, AttentionIsTimedPerHeadOfASample) {
   for (const auto& t : timings) EXPECT_GT(t.seconds, 0) << t.what;
 }
 
+// A device's calls run back to back between waits, as a step's ops do; the host's alone.
+TEST(Calibrate, DeviceCasesWaitOncePerGroupOfCalls) {
+  int calls = 0, waits = 0;
+  const auto run = [&] { ++calls; };
+  EXPECT_GE(calibrate::time_call(
+                run, 0.0, 3, [&] { ++waits; }, 16),
+            0.0);
+  EXPECT_EQ(calls, 1 + 3 * 16);  // one warm call, then a group per batch (no time asked)
+  EXPECT_EQ(waits, 1 + 3);
+  calls = 0;
+  calibrate::time_call(run, 0.0, 3);
+  EXPECT_EQ(calls, 1 + 3);
+}
+
 TEST(Calibrate, BraidsAttentionIsPricedBySize) {
   const calibrate::Calibration c = made_up();
   const std::string yaml = calibrate::cluster_yaml(c, calibrate::fit(c), "made-up");
