@@ -135,9 +135,10 @@ Fitted fit(const Calibration& c) {
   for (const auto& t : c.elementwise) {
     if (begins(t, kOptimizerStep))
       optimizer.emplace_back(t.work / kMiB, t.work / t.seconds / 1e9);
-    else if (begins(t, kStreamingAdd))
+    else if (begins(t, kStreamingAdd)) {
       streaming.emplace_back(t.work / kMiB, t.work / t.seconds / 1e9);
-    else if (begins(t, kElementwiseBackward))
+      if (f.launch_seconds == 0 || t.seconds < f.launch_seconds) f.launch_seconds = t.seconds;
+    } else if (begins(t, kElementwiseBackward))
       elementwise_backward.emplace_back(t.work / 2 / kMiB, t.work / t.seconds / 1e9);
     else if (begins(t, kElementwiseForward))
       elementwise.emplace_back(t.work / 2 / kMiB, t.work / t.seconds / 1e9);
@@ -200,6 +201,11 @@ std::string cluster_yaml(const Calibration& c, const Fitted& f, const std::strin
   y += "  # precision, so every precision gets the float32 figure).\n";
   const std::string peak = num(f.peak_flops / 1e12);
   y += "  peak_tflops: {fp32: " + peak + ", fp16: " + peak + ", bf16: " + peak + "}\n";
+  if (f.launch_seconds > 0) {
+    y += "  # The quickest call of one kernel (the residual add below): every op call is priced at\n";
+    y += "  # least this, where the tables would price it below their smallest case.\n";
+    y += "  launch_us: " + num(f.launch_seconds * 1e6) + "\n";
+  }
   y += "links:\n";
   y += "  intra_node:\n";
   y +=
@@ -331,6 +337,7 @@ nlohmann::ordered_json to_json(const Calibration& c, const Fitted& f) {
                  {"elementwise_backward_mib_gbs", f.elementwise_backward},
                  {"optimizer_mib_gbs", f.optimizer},
                  {"streaming_mib_gbs", f.streaming},
+                 {"launch_s", f.launch_seconds},
                  {"attention_forward_gflop_fraction", f.attention_forward},
                  {"attention_backward_gflop_fraction", f.attention_backward},
                  {"shared_core_efficiency", f.shared_core_efficiency},
@@ -365,6 +372,7 @@ std::string summary(const Calibration& c, const Fitted& f) {
        "\n";
   s += "  optimizer step (AdamW)      " + rates(f.optimizer) + "\n";
   if (!f.streaming.empty()) s += "  streaming (residual add)    " + rates(f.streaming) + "\n";
+  if (f.launch_seconds > 0) s += "  one kernel call at least    " + num(f.launch_seconds * 1e6) + " us\n";
   auto shares = [](const std::vector<std::pair<double, double>>& t) {
     return num(100 * t.front().second) + "% of peak at " + num(t.front().first * 1e6) + " kFLOP, " +
            num(100 * t.back().second) + "% at " + num(t.back().first * 1e3) + " MFLOP a head";

@@ -48,6 +48,8 @@ struct Fitted {
   std::vector<std::pair<double, double>> elementwise_backward;  // backward calls, the same
   std::vector<std::pair<double, double>> optimizer;             // AdamW steps: [MiB moved, GB/s]
   std::vector<std::pair<double, double>> streaming;             // residual adds: [MiB moved, GB/s]
+  // The least time one kernel call took: the quickest residual add (device.launch_us).
+  double launch_seconds = 0;
   // braid's attention op: [gflop of one head of one sample (fused kernels' count), fraction of peak]
   std::vector<std::pair<double, double>> attention_forward, attention_backward;
   LinkFit intra;

@@ -40,6 +40,10 @@ DeviceModel::DeviceModel(const spec::ClusterSpec& cluster, spec::Precision preci
     throw Error(Status::bad_config, "cluster '" + cluster.name + "' gives no FP8 peak (device.peak_tflops.fp8)");
 }
 
+double DeviceModel::call(double seconds) const {
+  return seconds > 0 ? std::max(seconds, cluster_->launch_seconds) : seconds;
+}
+
 double DeviceModel::gemm_efficiency(double flops) const { return interpolate(cluster_->efficiency.gemm, flops * 1e-9); }
 
 double DeviceModel::fp8_gemm_efficiency(double flops) const {
@@ -56,7 +60,7 @@ double DeviceModel::linear_gemm_seconds(double m, double n, double k) const {
   double flops = 2.0 * m * n * k;
   double compute = flops / (cluster_->peak_flops_fp8 * fp8_gemm_efficiency(flops));
   double bytes = m * k + k * n + element_bytes_ * m * n;
-  return std::max(compute, stream_seconds(bytes));
+  return call(std::max(compute, stream_seconds(bytes)));
 }
 
 double DeviceModel::gemm_seconds(double m, double n, double k, double batch) const {
@@ -64,42 +68,43 @@ double DeviceModel::gemm_seconds(double m, double n, double k, double batch) con
   double one = 2.0 * m * n * k;
   double compute = batch * one / (peak_ * gemm_efficiency(one));
   double bytes = batch * element_bytes_ * (m * k + k * n + m * n);
-  return std::max(compute, stream_seconds(bytes));
+  return call(std::max(compute, stream_seconds(bytes)));
 }
 
 double DeviceModel::memory_seconds(double bytes) const {
   const auto& measured = cluster_->efficiency.elementwise;
-  if (!measured.empty()) return measured_seconds(measured, bytes);
+  if (!measured.empty()) return call(measured_seconds(measured, bytes));
   return stream_seconds(bytes);
 }
 
 double DeviceModel::backward_memory_seconds(double bytes) const {
   const auto& measured = cluster_->efficiency.elementwise_backward;
-  if (!measured.empty()) return measured_seconds(measured, bytes);
+  if (!measured.empty()) return call(measured_seconds(measured, bytes));
   return memory_seconds(bytes);
 }
 
 double DeviceModel::optimizer_memory_seconds(double bytes) const {
   const auto& measured = cluster_->efficiency.optimizer;
-  if (!measured.empty()) return measured_seconds(measured, bytes);
+  if (!measured.empty()) return call(measured_seconds(measured, bytes));
   return memory_seconds(bytes);
 }
 
 double DeviceModel::stream_seconds(double bytes) const {
-  return bytes / (cluster_->memory_bandwidth * cluster_->efficiency.memory);
+  return call(bytes / (cluster_->memory_bandwidth * cluster_->efficiency.memory));
 }
 
 double DeviceModel::streaming_seconds(double bytes) const {
   const auto& measured = cluster_->efficiency.streaming;
-  if (!measured.empty()) return measured_seconds(measured, bytes);
+  if (!measured.empty()) return call(measured_seconds(measured, bytes));
   return stream_seconds(bytes);
 }
 
 double DeviceModel::flash_attention_seconds(double flops, bool backward, double heads) const {
   const auto& e = cluster_->efficiency;
   if (measured_attention())
-    return flops / (peak_ * interpolate(backward ? e.attention_backward : e.attention_forward, flops / heads * 1e-9));
-  return flops / (peak_ * (backward ? e.flash_attention_backward : e.flash_attention_forward));
+    return call(flops /
+                (peak_ * interpolate(backward ? e.attention_backward : e.attention_forward, flops / heads * 1e-9)));
+  return call(flops / (peak_ * (backward ? e.flash_attention_backward : e.flash_attention_forward)));
 }
 
 bool DeviceModel::measured_attention() const {

@@ -33,6 +33,7 @@ class DeviceModel {
   // them, else as memory_seconds.
   double optimizer_memory_seconds(double bytes) const;
   // Streaming `bytes` at memory bandwidth x efficiency.memory: a GEMM's memory roofline.
+  // Like every price here, one call's, so at least device.launch_us.
   double stream_seconds(double bytes) const;
   // A contiguous stream's call (a residual add, a fill, a scaling) that moves `bytes`: the
   // cluster's measured streaming rates where it has them, else stream_seconds.
@@ -46,6 +47,10 @@ class DeviceModel {
   bool measured_attention() const;
 
  private:
+  // One kernel call of `seconds` of work: at least the cluster's launch (work that is none
+  // stays free).
+  double call(double seconds) const;
+
   const spec::ClusterSpec* cluster_;
   double peak_;
   double element_bytes_;

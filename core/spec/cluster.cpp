@@ -146,7 +146,7 @@ ClusterSpec parse_cluster(const Node& root) {
   c.devices_per_node = static_cast<int>(root.at("devices_per_node").as_int_at_least(1));
 
   const Node dev = root.at("device");
-  dev.expect_keys({"name", "memory_gib", "memory_bandwidth_gbs", "peak_tflops"});
+  dev.expect_keys({"name", "memory_gib", "memory_bandwidth_gbs", "peak_tflops", "launch_us"});
   c.device_name = dev.at("name").as_string();
   c.memory_bytes = dev.at("memory_gib").as_positive() * kGiB;
   c.memory_bandwidth = dev.at("memory_bandwidth_gbs").as_positive() * kGB;
@@ -156,6 +156,10 @@ ClusterSpec parse_cluster(const Node& root) {
   c.peak_flops_fp16 = peak.at("fp16").as_positive() * 1e12;
   c.peak_flops_bf16 = peak.at("bf16").as_positive() * 1e12;
   if (auto f = peak.find("fp8")) c.peak_flops_fp8 = f->as_positive() * 1e12;
+  if (auto l = dev.find("launch_us")) {
+    c.launch_seconds = l->as_double() * 1e-6;
+    if (c.launch_seconds < 0) l->fail("must not be negative");
+  }
 
   const Node links = root.at("links");
   links.expect_keys({"intra_node", "inter_node"});

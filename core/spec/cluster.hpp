@@ -106,6 +106,10 @@ struct ClusterSpec {
   double peak_flops_fp32 = 0, peak_flops_fp16 = 0, peak_flops_bf16 = 0;
   double peak_flops_fp8 = 0;         // dense FP8 tensor-core peak; 0 where the device has none
   double reserved_memory_bytes = 0;  // runtime context, communicator buffers, fragmentation
+  // The least time one kernel call takes (device.launch_us): its launch, where a GPU's ops
+  // are too small to cover it. Every op call the cost model prices takes at least this.
+  // 0 (bundled files): none, as the published tables price large layers.
+  double launch_seconds = 0;
   LinkSpec intra_node;
   LinkSpec inter_node;
   EfficiencyTable efficiency;

@@ -214,9 +214,12 @@ TEST(Calibrate, TheClusterFilePricesTheMeasuredCasesAsMeasured) {
     const double seconds = backward ? device.backward_memory_seconds(call_bytes) : device.memory_seconds(call_bytes);
     EXPECT_NEAR(call_bytes / seconds / (t.work / t.seconds), 1, 0.01) << t.what;
   }
-  for (const auto& t : c.attention)  // each shape at its own time, forward and backward
-    EXPECT_NEAR(device.flash_attention_seconds(t.work, t.what.find("backward") != std::string::npos) / t.seconds, 1,
-                1e-4)
+  // Each shape at its own time, forward and backward, per head of a call of 64 heads (as
+  // calibrate's quick cases run them: one head alone would take less than a kernel's launch).
+  for (const auto& t : c.attention)
+    EXPECT_NEAR(
+        device.flash_attention_seconds(64 * t.work, t.what.find("backward") != std::string::npos, 64) / t.seconds, 64,
+        64e-4)
         << t.what << " " << t.work;
   const cost::CommModel comm(cluster);
   for (const auto& t : c.intra) {
@@ -392,6 +395,35 @@ TEST(Calibrate, AttentionIsTimedPerHeadOfASample) {
   for (const auto& t : timings) EXPECT_GT(t.seconds, 0) << t.what;
 }
 
+// Ops too small to cover a kernel's launch cost the quickest call calibrate timed; ops that do
+// not run cost nothing; a file without the figure prices them by their bytes alone.
+TEST(Calibrate, EveryCallCostsAtLeastTheQuickestKernel) {
+  const calibrate::Calibration c = made_up();
+  const calibrate::Fitted f = calibrate::fit(c);
+  double quickest = 1;
+  for (const auto& t : c.elementwise)
+    if (t.what.rfind(calibrate::kStreamingAdd, 0) == 0) quickest = std::min(quickest, t.seconds);
+  EXPECT_DOUBLE_EQ(f.launch_seconds, quickest);
+  const std::string yaml = calibrate::cluster_yaml(c, f, "made-up");
+  const spec::ClusterSpec cluster = spec::parse_cluster(spec::parse_document(yaml, "<calibrated>"));
+  EXPECT_NEAR(cluster.launch_seconds / quickest, 1, 1e-3);  // 4 significant digits
+  const cost::DeviceModel device(cluster, spec::Precision::fp32);
+  EXPECT_DOUBLE_EQ(device.stream_seconds(4), cluster.launch_seconds);
+  EXPECT_DOUBLE_EQ(device.gemm_seconds(2, 2, 2), cluster.launch_seconds);
+  EXPECT_DOUBLE_EQ(device.flash_attention_seconds(64, false), cluster.launch_seconds);
+  EXPECT_DOUBLE_EQ(device.gemm_seconds(0, 2, 2), 0);
+  EXPECT_GT(device.stream_seconds(1e9), 100 * cluster.launch_seconds);  // large calls as before
+  spec::ClusterSpec unlaunched = cluster;
+  unlaunched.launch_seconds = 0;
+  EXPECT_DOUBLE_EQ(cost::DeviceModel(unlaunched, spec::Precision::fp32).stream_seconds(4),
+                   4 / (cluster.memory_bandwidth * cluster.efficiency.memory));
+  std::string bad = yaml;
+  const std::size_t at = bad.find("launch_us: ");
+  bad.replace(at, bad.find('\n', at) - at, "launch_us: -1");
+  test::expect_error([&] { spec::parse_cluster(spec::parse_document(bad, "<calibrated>")); }, Status::bad_config,
+                     {"<calibrated>:", "device.launch_us: must not be negative"});
+}
+
 // A device's calls run back to back between waits, as a step's ops do; the host's alone.
 TEST(Calibrate, DeviceCasesWaitOncePerGroupOfCalls) {
   int calls = 0, waits = 0;
@@ -421,7 +453,7 @@ TEST(Calibrate, BraidsAttentionIsPricedBySize) {
   // for each of its heads, whatever the count of heads and samples, causal or not (its GEMMs
   // compute every score); the file holds 4 significant digits.
   for (bool causal : {false, true}) {
-    for (double heads : {1.0, 4.0 * 16, 4.0 * 3}) {
+    for (double heads : {4.0 * 16, 4.0 * 3}) {
       const cost::BlockCost core = cost::attention_core(16, 16, 16, heads, causal, false, reference.kernel_context());
       EXPECT_NEAR(core.forward_s / (heads * c.attention[0].seconds), 1, 1e-4);
       EXPECT_NEAR(core.backward_s / (heads * c.attention[1].seconds), 1, 1e-4);
