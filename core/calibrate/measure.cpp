@@ -30,7 +30,7 @@ bool on_gpu(const ComputeOptions& o) { return o.device && !o.device->device().is
 
 // Calls timed together between two waits of a device's stream: a step queues its ops back
 // to back and waits a few times a step. One wait per call would price each small op at the
-// stream's round trip (12-18 us on an H200), several times its launch (2026-11-30).
+// stream's round trip: on an H200 one kernel's call took 11.7 us so, 4.5 grouped (2026-11-30).
 constexpr int kDeviceGroup = 16;
 
 // What runs the cases: the host ops, or a device backend's with its stream waited for after
