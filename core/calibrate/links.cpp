@@ -241,7 +241,7 @@ std::vector<LinkTiming> measure_links(runtime::World& world, const std::vector<i
   else
     end = std::make_unique<HostEndpoint>(world, pair, group);
   const auto sizes = message_sizes(quick);
-  const int cases = link_case_count(quick, path.compute_on_host && !path.plugin);
+  const int cases = link_case_count(quick, path.times_after_compute());
   std::vector<LinkTiming> out;
   int index = 0;
   for (double bytes : sizes) {
@@ -269,8 +269,7 @@ std::vector<LinkTiming> measure_links(runtime::World& world, const std::vector<i
     });
     out.push_back({LinkOp::all_gather, n, static_cast<double>(piece) * n, t});
   }
-  // Compute on the host between all-reduces on a device would time neither as training does.
-  if (path.plugin || !path.compute_on_host) return out;
+  if (!path.times_after_compute()) return out;
   for (double gap : compute_gaps(quick))
     for (double bytes : after_compute_sizes(quick)) {
       between(index++, cases,

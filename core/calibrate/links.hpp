@@ -50,6 +50,9 @@ struct LinkPath {
   // Whether training computes on the host's cores, where the all-reduces after compute are
   // timed (a device plugin comes only with a device that is not the host).
   bool compute_on_host = true;
+  // Whether the all-reduces after compute are timed: compute on the host between host
+  // collectives (between device collectives it would time neither as training does).
+  bool times_after_compute() const { return compute_on_host && !plugin; }
 };
 
 // Ping-pong between world ranks `pair[0]` and `pair[1]`, then all-reduce and all-gather over
