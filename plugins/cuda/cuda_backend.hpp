@@ -9,16 +9,21 @@
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
+#include <memory>
 #include <new>
 #include <string>
 
 #include "braid_device_v2.h"
+#include "free_blocks.hpp"
 
 struct braid_device_stream_s {
   int32_t device = 0;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;  // one handle per stream, bound to it
   bool owns_stream = true;        // false for a wrapped native stream (stream_wrap)
+  // Blocks freed on the stream, for its next allocations: only on streams the plugin made,
+  // whose end it sees (stream_destroy gives them back); a wrapped stream may end first.
+  std::unique_ptr<braid_cuda::FreeBlocks> free_blocks;
 };
 
 struct braid_device_event_s {
@@ -129,22 +134,31 @@ void expect_same_shape(const Tensor& t, const Tensor& like, const char* op, cons
 int64_t features(const Tensor& t, const char* op, const char* what);
 inline float* data(const Tensor& t) { return static_cast<float*>(t.data); }
 
+// Stream-ordered memory on the stream's device: a block the stream freed before (FreeBlocks),
+// else the plugin's pool. `what` names the allocation in the error.
+void* stream_alloc(braid_device_stream_s* stream, size_t bytes, const char* what);
+// Gives `ptr` (of `bytes`, as allocated) back, ordered on the stream: to its free blocks, or to
+// the pool.
+void stream_free(braid_device_stream_s* stream, void* ptr, size_t bytes);
+
 // Stream-ordered scratch memory, given back (stream-ordered) when it goes.
 class Scratch {
  public:
-  Scratch(braid_device_stream_s* stream, size_t bytes) : stream_(stream->stream) {
-    if (bytes) check(cudaMallocFromPoolAsync(&ptr_, bytes, pool(stream->device), stream_), "cudaMallocAsync (scratch)");
+  Scratch(braid_device_stream_s* stream, size_t bytes) : stream_(stream), bytes_(bytes) {
+    if (bytes) ptr_ = stream_alloc(stream, bytes, "cudaMallocAsync (scratch)");
   }
   ~Scratch() {
-    if (ptr_) cudaFreeAsync(ptr_, stream_);
+    if (ptr_) stream_free(stream_, ptr_, bytes_);
   }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
   float* f() const { return static_cast<float*>(ptr_); }
   double* d() const { return static_cast<double*>(ptr_); }
+  float** pointers() const { return static_cast<float**>(ptr_); }
 
  private:
-  cudaStream_t stream_;
+  braid_device_stream_s* stream_;
+  size_t bytes_;
   void* ptr_ = nullptr;
 };
 
@@ -156,6 +170,11 @@ void gemm(braid_device_stream_s* s, bool trans_a, bool trans_b, int64_t m, int64
 void gemm_batched(braid_device_stream_s* s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                   const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b,
                   float beta, float* c, int64_t ldc, int64_t stride_c, int64_t batch);
+// The same for `batch` problems whose operands' pointers are in device arrays (attention's
+// (sample, head) pairs, whose two strides one stride cannot cover).
+void gemm_pointers(braid_device_stream_s* s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                   float* const* a, int64_t lda, float* const* b, int64_t ldb, float beta, float* const* c, int64_t ldc,
+                   int64_t batch);
 
 }  // namespace braid_cuda
 

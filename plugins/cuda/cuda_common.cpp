@@ -123,6 +123,39 @@ void gemm_batched(braid_device_stream_s* s, bool trans_a, bool trans_b, int64_t 
         "cublasSgemmStridedBatched");
 }
 
+void gemm_pointers(braid_device_stream_s* s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                   float* const* a, int64_t lda, float* const* b, int64_t ldb, float beta, float* const* c, int64_t ldc,
+                   int64_t batch) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  if (k == 0) invalid("gemm: an empty product over pointer arrays");  // attention's heads are never empty
+  check(cublasSgemmBatched(s->blas, op_of(trans_b), op_of(trans_a), as_int(n, "n"), as_int(m, "m"), as_int(k, "k"),
+                           &alpha, const_cast<const float* const*>(b), as_int(ldb, "ldb"),
+                           const_cast<const float* const*>(a), as_int(lda, "lda"), &beta, c, as_int(ldc, "ldc"),
+                           as_int(batch, "batch")),
+        "cublasSgemmBatched");
+}
+
+void* stream_alloc(braid_device_stream_s* s, size_t bytes, const char* what) {
+  const size_t size = FreeBlocks::rounded(bytes);
+  if (s->free_blocks)
+    if (void* kept = s->free_blocks->take(size)) return kept;
+  void* ptr = nullptr;
+  cudaError_t err = cudaMallocFromPoolAsync(&ptr, size, pool(s->device), s->stream);
+  if (err == cudaErrorMemoryAllocation && s->free_blocks) {  // the kept blocks may be what is missing
+    cudaGetLastError();                                      // handled: no later launch check may see it
+    s->free_blocks->release_all(s->stream);
+    err = cudaMallocFromPoolAsync(&ptr, size, pool(s->device), s->stream);
+  }
+  check(err, what);
+  return ptr;
+}
+
+void stream_free(braid_device_stream_s* s, void* ptr, size_t bytes) {
+  if (!ptr) return;
+  if (s->free_blocks && s->free_blocks->keep(ptr, FreeBlocks::rounded(bytes))) return;
+  check(cudaFreeAsync(ptr, s->stream), "cudaFreeAsync");
+}
+
 cudaMemPool_t pool(int32_t device) {
   static std::mutex mutex;
   static std::map<int32_t, cudaMemPool_t> pools;

@@ -133,11 +133,14 @@ int alloc(int32_t device, size_t bytes, braid_device_stream_v2 stream, void** pt
   return guarded(error, size, [&] {
     if (!ptr) braid_cuda::invalid("cuda backend: alloc: ptr is NULL");
     const braid_cuda::DeviceScope scope(device);
-    cudaMemPool_t pool = braid_cuda::pool(device);
     Accounting& a = accounting(device);
     std::lock_guard lock(a.mutex);
     *ptr = nullptr;
-    braid_cuda::check(cudaMallocFromPoolAsync(ptr, bytes ? bytes : 1, pool, native(stream)), "cudaMallocAsync");
+    if (stream && stream->device == device)  // the stream's free blocks, if it keeps them
+      *ptr = braid_cuda::stream_alloc(stream, bytes, "cudaMallocAsync");
+    else
+      braid_cuda::check(cudaMallocFromPoolAsync(ptr, bytes ? bytes : 1, braid_cuda::pool(device), native(stream)),
+                        "cudaMallocAsync");
     a.sizes[*ptr] = bytes;
     a.stats.in_use += bytes;
     a.stats.peak_in_use = std::max(a.stats.peak_in_use, a.stats.in_use);
@@ -154,9 +157,13 @@ int release(int32_t device, void* ptr, braid_device_stream_v2 stream, char* erro
     auto it = a.sizes.find(ptr);
     if (it == a.sizes.end())
       braid_cuda::invalid("cuda backend: free of a pointer it did not allocate (or freed already)");
-    a.stats.in_use -= it->second;
+    const size_t bytes = it->second;
+    a.stats.in_use -= bytes;
     a.sizes.erase(it);
-    braid_cuda::check(cudaFreeAsync(ptr, native(stream)), "cudaFreeAsync");
+    if (stream && stream->device == device)
+      braid_cuda::stream_free(stream, ptr, bytes);
+    else
+      braid_cuda::check(cudaFreeAsync(ptr, native(stream)), "cudaFreeAsync");
   });
 }
 
@@ -244,9 +251,12 @@ Handles& handles() {
 // A stream object with a cuBLAS handle over `native`, or over a new stream.
 braid_device_stream_s* new_stream(int32_t device, cudaStream_t native_stream, bool owns) {
   const braid_cuda::DeviceScope scope(device);
-  auto* s = new braid_device_stream_s{device, native_stream, nullptr, owns};
+  auto* s = new braid_device_stream_s{device, native_stream, nullptr, owns, nullptr};
   try {
-    if (owns) braid_cuda::check(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (owns) {
+      braid_cuda::check(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+      s->free_blocks = std::make_unique<braid_cuda::FreeBlocks>();
+    }
     s->blas = handles().take(device);
     braid_cuda::check(cublasSetStream(s->blas, s->stream), "cublasSetStream");
   } catch (...) {
@@ -277,6 +287,7 @@ int stream_destroy(braid_device_stream_v2 s, char* error, size_t size) {
     if (!s) return;
     const braid_cuda::DeviceScope scope(s->device);
     handles().give_back(s->device, s->blas);
+    if (s->free_blocks) s->free_blocks->release_all(s->stream);
     const cudaError_t err = s->owns_stream ? cudaStreamDestroy(s->stream) : cudaSuccess;
     delete s;
     braid_cuda::check(err, "cudaStreamDestroy");

@@ -52,10 +52,46 @@ __global__ void fill_rows_k(float* y, const float* row, int64_t rows, int64_t co
   GRID_LOOP(i, rows * cols) y[i] = row[i % cols];
 }
 
-// Column sums in two passes, without atomics: a thread sums kChunkRows rows of one column in
-// order into a partial (threads of a warp take neighbouring columns), then each column adds
-// its partials in chunk order.
+// Column sums without atomics. Up to kOnePassRows rows, one launch: a block takes
+// kBlockColumns neighbouring columns, each of its kRowLanes warps sums every kRowLanes-th row
+// of them in order, then the lanes add up in lane order. More rows, two passes for more
+// parallelism: a thread sums kChunkRows rows of one column in order into a partial (threads
+// of a warp take neighbouring columns), then each column adds its partials in chunk order.
 constexpr int64_t kChunkRows = 32;
+constexpr int64_t kOnePassRows = 1024;
+constexpr int kBlockColumns = 32;
+constexpr int kRowLanes = kThreads / kBlockColumns;
+
+// The blocks' groups of kBlockColumns columns, as a grid-stride loop (the same trips for
+// every thread of a block: sum_over_row_lanes synchronises it); a thread's column in the
+// group is c, its first row the lane.
+#define COLUMN_GROUP_LOOP(c, cols)                                                                     \
+  for (int64_t group_ = blockIdx.x * int64_t(kBlockColumns), c = group_ + threadIdx.x % kBlockColumns; \
+       group_ < (cols); group_ += int64_t(gridDim.x) * kBlockColumns, c = group_ + threadIdx.x % kBlockColumns)
+__device__ int row_lane() { return static_cast<int>(threadIdx.x / kBlockColumns); }
+
+// Each lane's partial of its column, added over the lanes in lane order; the block's first
+// kBlockColumns threads get their column's total. Every thread of the block calls it.
+__device__ float sum_over_row_lanes(float partial) {
+  __shared__ float buf[kThreads];
+  __syncthreads();  // buf may still be read from the previous call
+  buf[threadIdx.x] = partial;
+  __syncthreads();
+  float total = 0.0f;
+  if (threadIdx.x < kBlockColumns)
+    for (int lane = 0; lane < kRowLanes; ++lane) total += buf[lane * kBlockColumns + threadIdx.x];
+  return total;
+}
+
+__global__ void column_sums_one_pass_k(float* out, const float* x, int64_t rows, int64_t cols) {
+  COLUMN_GROUP_LOOP(c, cols) {
+    float sum = 0.0f;
+    if (c < cols)
+      for (int64_t r = row_lane(); r < rows; r += kRowLanes) sum += x[r * cols + c];
+    const float total = sum_over_row_lanes(sum);
+    if (threadIdx.x < kBlockColumns && c < cols) out[c] += total;
+  }
+}
 
 __global__ void column_partials_k(const float* x, int64_t rows, int64_t cols, float* partial) {
   GRID_LOOP(i, column_chunks(rows) * cols) {
@@ -168,6 +204,25 @@ __global__ void layernorm_backward_dx_k(const float* x, const float* gamma, cons
   for (int64_t i = threadIdx.x; i < f; i += blockDim.x) {
     const float xhat = (xr[i] - mean[r]) * rstd[r];
     dx[r * f + i] = rstd[r] * (dyr[i] * gamma[i] - mean_g - xhat * mean_gx);
+  }
+}
+
+// dgamma += sum_r dy (x - mean) rstd and dbeta += sum_r dy in one launch (column_sums_one_pass_k's
+// order); either may be null.
+__global__ void layernorm_param_sums_one_pass_k(const float* x, const float* mean, const float* rstd, const float* dy,
+                                                int64_t rows, int64_t f, float* dgamma, float* dbeta) {
+  COLUMN_GROUP_LOOP(i, f) {
+    float dg = 0.0f, db = 0.0f;
+    if (i < f)
+      for (int64_t r = row_lane(); r < rows; r += kRowLanes) {
+        dg += dy[r * f + i] * (x[r * f + i] - mean[r]) * rstd[r];
+        db += dy[r * f + i];
+      }
+    const float dg_total = sum_over_row_lanes(dg), db_total = sum_over_row_lanes(db);
+    if (threadIdx.x < kBlockColumns && i < f) {
+      if (dgamma) dgamma[i] += dg_total;
+      if (dbeta) dbeta[i] += db_total;
+    }
   }
 }
 
@@ -608,9 +663,21 @@ void fill_rows(cudaStream_t s, float* y, const float* row, int64_t rows, int64_t
   launched("fill_rows");
 }
 __host__ __device__ int64_t column_chunks(int64_t rows) { return rows > 0 ? (rows + kChunkRows - 1) / kChunkRows : 1; }
+int64_t column_sums_scratch(int64_t rows, int64_t cols) {
+  return rows <= kOnePassRows ? 0 : column_chunks(rows) * cols;
+}
+
+namespace {
+int column_blocks(int64_t cols) { return blocks_for(cols * kRowLanes); }  // kBlockColumns columns a block
+}  // namespace
 
 void column_sums_add(cudaStream_t s, float* out, const float* x, int64_t rows, int64_t cols, float* scratch) {
   if (rows == 0 || cols == 0) return;
+  if (rows <= kOnePassRows) {
+    column_sums_one_pass_k<<<column_blocks(cols), kThreads, 0, s>>>(out, x, rows, cols);
+    launched("column_sums_add");
+    return;
+  }
   column_partials_k<<<blocks_for(column_chunks(rows) * cols), kThreads, 0, s>>>(x, rows, cols, scratch);
   launched("column_sums_add (partials)");
   add_partials_k<<<blocks_for(cols), kThreads, 0, s>>>(out, scratch, column_chunks(rows), cols);
@@ -662,6 +729,11 @@ void layernorm_backward_dx(cudaStream_t s, const float* x, const float* gamma, c
 void layernorm_backward_params(cudaStream_t s, const float* x, const float* mean, const float* rstd, const float* dy,
                                float* dgamma, float* dbeta, int64_t rows, int64_t f, float* scratch) {
   if (rows == 0 || f == 0) return;
+  if (rows <= kOnePassRows) {
+    layernorm_param_sums_one_pass_k<<<column_blocks(f), kThreads, 0, s>>>(x, mean, rstd, dy, rows, f, dgamma, dbeta);
+    launched("layernorm_backward (parameters)");
+    return;
+  }
   const int64_t chunks = column_chunks(rows);
   float *dgamma_partial = scratch, *dbeta_partial = scratch + chunks * f;
   layernorm_param_partials_k<<<blocks_for(chunks * f), kThreads, 0, s>>>(x, mean, rstd, dy, rows, f, dgamma_partial,
@@ -761,6 +833,21 @@ void contrastive_shared_tile_grad(cudaStream_t s, float* raw, int64_t rows, int6
   contrastive_shared_tile_grad_k<<<rows_grid(rows, "contrastive_backward"), kThreads, 0, s>>>(
       raw, w, scale, col0, row_lse, col_lse, weight, first, d_scale_rows);
   launched("contrastive_backward (shared tile)");
+}
+
+namespace {
+__global__ void head_pointers_k(HeadOperands o, int64_t batch, int64_t heads, float** pointers) {
+  GRID_LOOP(i, o.count * batch * heads) {
+    const int64_t j = i / (batch * heads), b = i % (batch * heads) / heads, h = i % heads;
+    pointers[i] = o.base[j] + b * o.sample[j] + h * o.head[j];
+  }
+}
+}  // namespace
+
+void head_pointers(cudaStream_t s, const HeadOperands& operands, int64_t batch, int64_t heads, float** pointers) {
+  if (operands.count == 0 || batch * heads == 0) return;
+  head_pointers_k<<<blocks_for(operands.count * batch * heads), kThreads, 0, s>>>(operands, batch, heads, pointers);
+  launched("attention (operand pointers)");
 }
 
 int fused_attention_width(int64_t head_dim) {

@@ -1,8 +1,7 @@
 // The CUDA backend's kernels (kernels.cu), as launchers: each enqueues on `stream` and
 // checks the launch. No reduction uses atomics: a row is reduced by one block in a fixed
-// tree, a column by chunks of rows then the chunks in order, a whole tensor by a fixed grid
-// then one block,
-// so the same inputs give the same bits on the same GPU.
+// tree, a column by lanes (or chunks) of rows and then those in order, a whole tensor by a
+// fixed grid then one block, so the same inputs give the same bits on the same GPU.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,9 +15,10 @@ struct AdamWCoefficients {
 };
 
 void fill_rows(cudaStream_t s, float* y, const float* row, int64_t rows, int64_t cols);  // y[r] = row
-// Column sums run in two passes (chunks of rows, then the chunks in order): their scratch
-// holds column_chunks(rows) floats per column.
+// Column sums run in one launch up to 1024 rows, else in two passes (chunks of rows, then the
+// chunks in order) whose scratch holds column_sums_scratch(rows, cols) floats (0: none needed).
 __host__ __device__ int64_t column_chunks(int64_t rows);
+int64_t column_sums_scratch(int64_t rows, int64_t cols);
 void column_sums_add(cudaStream_t s, float* out, const float* x, int64_t rows, int64_t cols,
                      float* scratch);  // out += sum_r x[r]
 void add(cudaStream_t s, float* y, const float* x, int64_t n);
@@ -37,7 +37,7 @@ void layernorm_forward(cudaStream_t s, const float* x, const float* gamma, const
 void layernorm_backward_dx(cudaStream_t s, const float* x, const float* gamma, const float* mean, const float* rstd,
                            const float* dy, float* dx, int64_t rows, int64_t f);
 // dgamma += sum_r dy (x - mean) rstd, dbeta += sum_r dy (either may be null); scratch:
-// 2 * column_chunks(rows) * f floats.
+// 2 * column_sums_scratch(rows, f) floats.
 void layernorm_backward_params(cudaStream_t s, const float* x, const float* mean, const float* rstd, const float* dy,
                                float* dgamma, float* dbeta, int64_t rows, int64_t f, float* scratch);
 void l2_normalize_forward(cudaStream_t s, const float* x, float* y, int64_t rows, int64_t f);
@@ -94,6 +94,16 @@ void contrastive_column_stats(cudaStream_t s, const float* raw, int64_t rows, in
 void contrastive_shared_tile_grad(cudaStream_t s, float* raw, int64_t rows, int64_t w, float scale, int64_t col0,
                                   const float* row_lse, const float* col_lse, double weight, bool first,
                                   double* d_scale_rows);
+
+// Attention's operands per (sample, head): pointers[j * batch * heads + b * heads + h] =
+// operands.base[j] + b * sample[j] + h * head[j], for the pointer-array batched GEMMs.
+inline constexpr int kMostHeadOperands = 9;
+struct HeadOperands {
+  float* base[kMostHeadOperands];
+  int64_t sample[kMostHeadOperands], head[kMostHeadOperands];
+  int count;
+};
+void head_pointers(cudaStream_t s, const HeadOperands& operands, int64_t batch, int64_t heads, float** pointers);
 
 // Fused attention (BRAID_CUDA_FUSED_ATTENTION=1): no (Sq, Sk) scores in memory. Forward
 // writes out and saved (B, H, Sq, head_dim + 1): each query row's output and log-sum-exp.

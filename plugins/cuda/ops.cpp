@@ -9,7 +9,10 @@
 // tile once for both directions: 8 N^2 E FLOPs forward and backward instead of 16.
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_backend.hpp"
@@ -64,7 +67,7 @@ void linear_backward_on(Stream s, const Tensor& x, const Tensor& w, const Tensor
   if (dx) braid_cuda::gemm(s, false, false, rows, in, out, 1.0f, data(dy), out, data(w), in, 0.0f, data(*dx), in);
   if (dw) braid_cuda::gemm(s, true, false, out, in, rows, 1.0f, data(dy), out, data(x), in, 1.0f, data(*dw), in);
   if (db) {
-    Scratch partial(s, static_cast<size_t>(braid_cuda::column_chunks(rows) * out) * sizeof(float));
+    Scratch partial(s, static_cast<size_t>(braid_cuda::column_sums_scratch(rows, out)) * sizeof(float));
     braid_cuda::column_sums_add(s->stream, data(*db), data(dy), rows, out, partial.f());
   }
 }
@@ -115,7 +118,7 @@ int layernorm_backward(Stream s, const Tensor* x, const Tensor* gamma, const Ten
       braid_cuda::layernorm_backward_dx(s->stream, data(*x), data(*gamma), data(*mean), data(*rstd), data(*dy),
                                         data(*dx), rows, f);
     if (dgamma || dbeta) {
-      Scratch partial(s, static_cast<size_t>(2 * braid_cuda::column_chunks(rows) * f) * sizeof(float));
+      Scratch partial(s, static_cast<size_t>(2 * braid_cuda::column_sums_scratch(rows, f)) * sizeof(float));
       braid_cuda::layernorm_backward_params(s->stream, data(*x), data(*mean), data(*rstd), data(*dy),
                                             dgamma ? data(*dgamma) : nullptr, dbeta ? data(*dbeta) : nullptr, rows, f,
                                             partial.f());
@@ -192,20 +195,58 @@ struct Strides {
   int64_t sample, head;
 };
 
-// Attention's per-(sample, head) GEMMs as strided-batched cuBLAS calls: one call per head
-// batched over the samples, or one per sample batched over the heads, whichever is fewer
-// launches (the two strides differ, so one call cannot cover both).
-void gemm_per_head(Stream s, const Dims& d, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                   const float* a, int64_t lda, Strides sa, const float* b, int64_t ldb, Strides sb, float beta,
-                   float* c, int64_t ldc, Strides sc) {
-  const bool over_samples = d.heads <= d.batch;
-  const int64_t calls = over_samples ? d.heads : d.batch, batch = over_samples ? d.batch : d.heads;
-  const auto start = [&](Strides t, int64_t i) { return i * (over_samples ? t.head : t.sample); };
-  const auto stride = [&](Strides t) { return over_samples ? t.sample : t.head; };
-  for (int64_t i = 0; i < calls; ++i)
-    braid_cuda::gemm_batched(s, trans_a, trans_b, m, n, k, alpha, a + start(sa, i), lda, stride(sa), b + start(sb, i),
-                             ldb, stride(sb), beta, c + start(sc, i), ldc, stride(sc), batch);
-}
+// Attention's per-(sample, head) GEMMs over operands named by index (their memory and
+// strides, given once per op). Where both samples and heads are several, each GEMM is one
+// pointer-array batched cuBLAS call over every pair, the pointers written by one kernel for
+// the op's GEMMs together: a tiny model's attention is launch-bound. Otherwise one
+// strided-batched call, over the samples or the heads, whichever is several.
+class HeadGemms {
+ public:
+  HeadGemms(Stream s, const Dims& d, std::initializer_list<std::pair<float*, Strides>> operands)
+      : s_(s), d_(d), operands_(operands), over_samples_(d.heads <= d.batch) {
+    if (d.heads == 1 || d.batch == 1 || d.sq == 0 || d.sk == 0) return;  // one strided call each
+    braid_cuda::HeadOperands o{};
+    o.count = static_cast<int>(operands_.size());
+    for (int j = 0; j < o.count; ++j) {
+      o.base[j] = operands_[static_cast<size_t>(j)].first;
+      o.sample[j] = operands_[static_cast<size_t>(j)].second.sample;
+      o.head[j] = operands_[static_cast<size_t>(j)].second.head;
+    }
+    pointers_.emplace(s, static_cast<size_t>(o.count * d.batch * d.heads) * sizeof(float*));
+    braid_cuda::head_pointers(s->stream, o, d.batch, d.heads, pointers_->pointers());
+  }
+
+  // C[c] = alpha op(A[a]) op(B[b]) + beta C[c] for every (sample, head).
+  void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, int a, int64_t lda, int b,
+            int64_t ldb, float beta, int c, int64_t ldc) const {
+    if (pointers_) {
+      braid_cuda::gemm_pointers(s_, trans_a, trans_b, m, n, k, alpha, of(a), lda, of(b), ldb, beta, of(c), ldc,
+                                d_.batch * d_.heads);
+      return;
+    }
+    const int64_t calls = over_samples_ ? d_.heads : d_.batch, batch = over_samples_ ? d_.batch : d_.heads;
+    const auto start = [&](int j, int64_t i) {
+      const Strides t = operands_[static_cast<size_t>(j)].second;
+      return operands_[static_cast<size_t>(j)].first + i * (over_samples_ ? t.head : t.sample);
+    };
+    const auto stride = [&](int j) {
+      const Strides t = operands_[static_cast<size_t>(j)].second;
+      return over_samples_ ? t.sample : t.head;
+    };
+    for (int64_t i = 0; i < calls; ++i)
+      braid_cuda::gemm_batched(s_, trans_a, trans_b, m, n, k, alpha, start(a, i), lda, stride(a), start(b, i), ldb,
+                               stride(b), beta, start(c, i), ldc, stride(c), batch);
+  }
+
+ private:
+  float* const* of(int j) const { return pointers_->pointers() + static_cast<int64_t>(j) * d_.batch * d_.heads; }
+
+  Stream s_;
+  Dims d_;
+  std::vector<std::pair<float*, Strides>> operands_;
+  bool over_samples_;
+  std::optional<Scratch> pointers_;
+};
 
 // Whether attention of heads this wide runs fused (BRAID_CUDA_FUSED_ATTENTION=1 and a head of
 // at most 128 features); the saved shape follows: (B, H, Sq, d + 1) fused, else the
@@ -234,12 +275,13 @@ int attention_forward(Stream s, const Tensor* q, const Tensor* k, const Tensor* 
     }
     expect_shape(f32(saved, op, "saved"), {d.batch, d.heads, d.sq, d.sk}, op, "saved");
     const Strides qs = query_strides(d), ks = key_strides(d), ps = score_strides(d);
+    enum { Q, K, P, V, OUT };
+    const HeadGemms per_head(s, d,
+                             {{data(*q), qs}, {data(*k), ks}, {data(*saved), ps}, {data(*v), ks}, {data(*out), qs}});
     // S = scale Q K^T, P = softmax(S) in place, out = P V.
-    gemm_per_head(s, d, false, true, d.sq, d.sk, d.head_dim, scale, data(*q), d.width, qs, data(*k), d.width, ks, 0.0f,
-                  data(*saved), d.sk, ps);
+    per_head.gemm(false, true, d.sq, d.sk, d.head_dim, scale, Q, d.width, K, d.width, 0.0f, P, d.sk);
     braid_cuda::softmax_rows(s->stream, data(*saved), d.batch * d.heads * d.sq, d.sq, d.sk, causal != 0);
-    gemm_per_head(s, d, false, false, d.sq, d.head_dim, d.sk, 1.0f, data(*saved), d.sk, ps, data(*v), d.width, ks, 0.0f,
-                  data(*out), d.width, qs);
+    per_head.gemm(false, false, d.sq, d.head_dim, d.sk, 1.0f, P, d.sk, V, d.width, 0.0f, OUT, d.width);
   });
 }
 
@@ -264,17 +306,24 @@ int attention_backward(Stream s, const Tensor* q, const Tensor* k, const Tensor*
     expect_shape(f32(saved, op, "saved"), {d.batch, d.heads, d.sq, d.sk}, op, "saved");
     const Strides qs = query_strides(d), ks = key_strides(d), ps = score_strides(d);
     Scratch ds(s, static_cast<size_t>(d.batch * d.heads * d.sq * d.sk) * sizeof(float));  // dP, then dS
+    enum { P, DOUT, DV, V, DS, K, DQ, Q, DK };
+    const HeadGemms per_head(s, d,
+                             {{data(*saved), ps},
+                              {data(*dout), qs},
+                              {data(*dv), ks},
+                              {data(*v), ks},
+                              {ds.f(), ps},
+                              {data(*k), ks},
+                              {data(*dq), qs},
+                              {data(*q), qs},
+                              {data(*dk), ks}});
     // out = P V: dV = P^T dout, dP = dout V^T.
-    gemm_per_head(s, d, true, false, d.sk, d.head_dim, d.sq, 1.0f, data(*saved), d.sk, ps, data(*dout), d.width, qs,
-                  0.0f, data(*dv), d.width, ks);
-    gemm_per_head(s, d, false, true, d.sq, d.sk, d.head_dim, 1.0f, data(*dout), d.width, qs, data(*v), d.width, ks,
-                  0.0f, ds.f(), d.sk, ps);
+    per_head.gemm(true, false, d.sk, d.head_dim, d.sq, 1.0f, P, d.sk, DOUT, d.width, 0.0f, DV, d.width);
+    per_head.gemm(false, true, d.sq, d.sk, d.head_dim, 1.0f, DOUT, d.width, V, d.width, 0.0f, DS, d.sk);
     braid_cuda::softmax_backward_rows(s->stream, data(*saved), ds.f(), d.batch * d.heads * d.sq, d.sk);
     // S = scale Q K^T: dQ = scale dS K, dK = scale dS^T Q.
-    gemm_per_head(s, d, false, false, d.sq, d.head_dim, d.sk, scale, ds.f(), d.sk, ps, data(*k), d.width, ks, 0.0f,
-                  data(*dq), d.width, qs);
-    gemm_per_head(s, d, true, false, d.sk, d.head_dim, d.sq, scale, ds.f(), d.sk, ps, data(*q), d.width, qs, 0.0f,
-                  data(*dk), d.width, ks);
+    per_head.gemm(false, false, d.sq, d.head_dim, d.sk, scale, DS, d.sk, K, d.width, 0.0f, DQ, d.width);
+    per_head.gemm(true, false, d.sk, d.head_dim, d.sq, scale, DS, d.sk, Q, d.width, 0.0f, DK, d.width);
   });
 }
 

@@ -1,8 +1,9 @@
 """braid.torch.ContrastiveLoss on real gloo process groups: after DDP averages the
 gradients, the loss and every gradient equal a single-process CLIP loss written here
-(open_clip's formulation), on 1, 2 and 4 processes and on sub-groups of the world. Ranks
-that disagree on the features' shape, and a rank outside the loss's group, get a
-ValueError instead of gloo aborting the process or a torch error.
+(open_clip's formulation), on 1, 2 and 4 processes and on sub-groups of the world, and on
+CUDA tensors in one process where PyTorch sees a GPU (elsewhere that case skips, saying
+why). Ranks that disagree on the features' shape, and a rank outside the loss's group, get
+a ValueError instead of gloo aborting the process or a torch error.
 
 Environment: BRAID_LIBRARY (the libbraid.so to test), PYTHONPATH with integrations/python.
 Needs PyTorch (Debian's python3-torch): skipped with the reason printed without it.
@@ -113,6 +114,47 @@ def mismatch_worker(rank, world, init_file, results):
     results[rank] = got
     dist.barrier()
     dist.destroy_process_group()
+
+
+def no_cuda():
+    """Why the CUDA case cannot run under this Python, or None when it can."""
+    if torch is None:
+        return REASON
+    if not torch.cuda.is_available():
+        return f"PyTorch {torch.__version__} sees no CUDA GPU"
+    return None
+
+
+@unittest.skipIf(no_cuda(), f"CUDA case: {no_cuda()}")
+class ContrastiveLossOnCuda(unittest.TestCase):
+    """The module on CUDA tensors (braid's CUDA plugin, on the tensors' current stream)
+    equals the single-device CLIP loss computed on the CPU, within 1e-5, on the default
+    stream and on a side stream. One process: a second rank would need a second GPU (NCCL
+    refuses two ranks on one, and gloo has no all_gather of CUDA tensors)."""
+
+    def run_on_cuda(self, stream):
+        import braid.torch as bt
+        model = make_model().cuda()
+        images, texts = (x.cuda() for x in make_data(0, 1))
+        with torch.cuda.stream(stream):
+            stream.wait_stream(torch.cuda.default_stream())  # the model and data were made on the default stream
+            image, text, scale = model(images, texts)
+            loss = bt.ContrastiveLoss(tile=4)(image, text, scale)
+            loss.backward()
+        torch.cuda.synchronize()
+        self.assertEqual(loss.device.type, "cuda")
+        want_loss, want_grads = reference(0, 1)
+        self.assertAlmostEqual(float(loss), want_loss, delta=1e-5)
+        for name, p in model.named_parameters():
+            self.assertEqual(p.grad.device.type, "cuda", name)
+            err = float((p.grad.cpu() - want_grads[name]).abs().max())
+            self.assertLessEqual(err, 1e-5, f"gradient of {name}: max error {err}")
+
+    def test_the_default_stream(self):
+        self.run_on_cuda(torch.cuda.default_stream())
+
+    def test_a_side_stream(self):
+        self.run_on_cuda(torch.cuda.Stream())
 
 
 @unittest.skipIf(torch is None, REASON if torch is None else "")

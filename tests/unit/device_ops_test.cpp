@@ -99,6 +99,21 @@ class DeviceOpsTest : public testing::TestWithParam<std::string> {
   bool exact_ = false;
 };
 
+// The bias gradient's column sums: a few rows, 70 columns (three of the CUDA kernel's groups of
+// 32, the last one partial), and 2100 rows (past the 1024 it sums in one launch).
+TEST_P(DeviceOpsTest, LinearBiasGradientsOverFewAndManyRows) {
+  for (const auto& [rows, out] : {std::pair<int64_t, int64_t>{7, 70}, {2100, 5}}) {
+    SCOPED_TRACE(std::to_string(rows) + " rows of " + std::to_string(out));
+    const Tensor x = random_tensor({rows, 4}, rng_), w = random_tensor({out, 4}, rng_),
+                 dy = random_tensor({rows, out}, rng_);
+    const Tensor db0 = random_tensor({out}, rng_);
+    Tensor dx, db = db0, dx_d, db_d = up(db0);
+    host_.linear_backward(x, w, dy, &dx, nullptr, &db);
+    ops_->linear_backward(up(x), up(w), up(dy), &dx_d, nullptr, &db_d);
+    expect_same(db_d, db, "dbias added to");
+  }
+}
+
 TEST_P(DeviceOpsTest, Linear) {
   const Tensor x = random_tensor({2, 3, 4}, rng_), w = random_tensor({5, 4}, rng_), b = random_tensor({5}, rng_);
   const Tensor dy = random_tensor({2, 3, 5}, rng_);
@@ -125,24 +140,28 @@ TEST_P(DeviceOpsTest, Linear) {
   expect_same(dw_untouched_d, dw0, "a gradient not asked for");
 }
 
+// 21 rows, and 1200 (past the 1024 whose parameter gradients the CUDA kernel sums in one launch).
 TEST_P(DeviceOpsTest, LayerNorm) {
-  const Tensor x = random_tensor({3, 7, 6}, rng_, 1.0f, 4.0f), gamma = random_tensor({6}, rng_, 0.5f, 1.5f),
-               beta = random_tensor({6}, rng_), dy = random_tensor({3, 7, 6}, rng_);
-  const Tensor dg0 = random_tensor({6}, rng_), db0 = random_tensor({6}, rng_);
-  Tensor y, dx, dg = dg0, db = db0;
-  nn::LayerNormSaved saved, saved_d;
-  host_.layernorm_forward(x, gamma, beta, 1e-5f, y, saved);
-  host_.layernorm_backward(x, gamma, saved, dy, &dx, &dg, &db);
+  for (const Shape& shape : {Shape{3, 7, 6}, Shape{2, 600, 6}}) {
+    SCOPED_TRACE(nn::shape_string(shape));
+    const Tensor x = random_tensor(shape, rng_, 1.0f, 4.0f), gamma = random_tensor({6}, rng_, 0.5f, 1.5f),
+                 beta = random_tensor({6}, rng_), dy = random_tensor(shape, rng_);
+    const Tensor dg0 = random_tensor({6}, rng_), db0 = random_tensor({6}, rng_);
+    Tensor y, dx, dg = dg0, db = db0;
+    nn::LayerNormSaved saved, saved_d;
+    host_.layernorm_forward(x, gamma, beta, 1e-5f, y, saved);
+    host_.layernorm_backward(x, gamma, saved, dy, &dx, &dg, &db);
 
-  Tensor x_d = up(x), g_d = up(gamma), b_d = up(beta), dy_d = up(dy), y_d, dx_d, dg_d = up(dg0), db_d = up(db0);
-  ops_->layernorm_forward(x_d, g_d, b_d, 1e-5f, y_d, saved_d);
-  ops_->layernorm_backward(x_d, g_d, saved_d, dy_d, &dx_d, &dg_d, &db_d);
-  expect_same(y_d, y, "y");
-  expect_same(saved_d.mean, saved.mean, "mean");
-  expect_same(saved_d.rstd, saved.rstd, "rstd");
-  expect_same(dx_d, dx, "dx");
-  expect_same(dg_d, dg, "dgamma added to");
-  expect_same(db_d, db, "dbeta added to");
+    Tensor x_d = up(x), g_d = up(gamma), b_d = up(beta), dy_d = up(dy), y_d, dx_d, dg_d = up(dg0), db_d = up(db0);
+    ops_->layernorm_forward(x_d, g_d, b_d, 1e-5f, y_d, saved_d);
+    ops_->layernorm_backward(x_d, g_d, saved_d, dy_d, &dx_d, &dg_d, &db_d);
+    expect_same(y_d, y, "y");
+    expect_same(saved_d.mean, saved.mean, "mean");
+    expect_same(saved_d.rstd, saved.rstd, "rstd");
+    expect_same(dx_d, dx, "dx");
+    expect_same(dg_d, dg, "dgamma added to");
+    expect_same(db_d, db, "dbeta added to");
+  }
 }
 
 TEST_P(DeviceOpsTest, PointwiseOps) {
@@ -183,22 +202,26 @@ TEST_P(DeviceOpsTest, PointwiseOps) {
 
 // Small shapes, and one of 100 queries and keys over 2 heads of 40 features: more rows than a
 // block of the CUDA fused kernels takes (64), more keys than a tile (32), a head narrower than
-// the kernel's register rows (64).
+// the kernel's register rows (64). Two samples and several heads take the CUDA backend's
+// pointer-array GEMMs; one head, or one sample, its strided ones.
 TEST_P(DeviceOpsTest, Attention) {
   struct Case {
     int64_t sq, sk, width, heads;
     bool causal;
+    int64_t batch = 2;
   };
   // Several row blocks and key tiles; Sq != Sk across tile edges; heads of 17, 40, 96 and 128
   // features (a fused kernel's widths 32, 64 and 128, padded and full).
-  for (const Case& c : {Case{5, 7, 12, 3, false}, Case{5, 5, 12, 3, true}, Case{100, 100, 80, 2, false},
-                        Case{100, 100, 80, 2, true}, Case{130, 37, 34, 2, false}, Case{37, 130, 34, 2, false},
-                        Case{40, 90, 192, 2, false}, Case{70, 70, 256, 2, true}}) {
-    SCOPED_TRACE((c.causal ? "causal, " : "bidirectional, ") + std::to_string(c.sq) + " queries");
+  for (const Case& c :
+       {Case{5, 7, 12, 3, false}, Case{5, 5, 12, 3, true}, Case{100, 100, 80, 2, false}, Case{100, 100, 80, 2, true},
+        Case{130, 37, 34, 2, false}, Case{37, 130, 34, 2, false}, Case{40, 90, 192, 2, false},
+        Case{70, 70, 256, 2, true}, Case{9, 11, 12, 1, false}, Case{9, 9, 12, 3, true, 1}}) {
+    SCOPED_TRACE((c.causal ? "causal, " : "bidirectional, ") + std::to_string(c.sq) + " queries, " +
+                 std::to_string(c.heads) + " heads, " + std::to_string(c.batch) + " samples");
     const int64_t sq = c.sq, sk = c.sk;
-    const Tensor q = random_tensor({2, sq, c.width}, rng_, -1.5f, 1.5f),
-                 k = random_tensor({2, sk, c.width}, rng_, -1.5f, 1.5f), v = random_tensor({2, sk, c.width}, rng_),
-                 dout = random_tensor({2, sq, c.width}, rng_);
+    const Tensor q = random_tensor({c.batch, sq, c.width}, rng_, -1.5f, 1.5f),
+                 k = random_tensor({c.batch, sk, c.width}, rng_, -1.5f, 1.5f),
+                 v = random_tensor({c.batch, sk, c.width}, rng_), dout = random_tensor({c.batch, sq, c.width}, rng_);
     const nn::AttentionOptions options{c.heads, c.causal};
     Tensor out, dq, dk, dv, out_d, dq_d, dk_d, dv_d;
     nn::AttentionSaved saved, saved_d;
