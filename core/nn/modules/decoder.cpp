@@ -103,7 +103,7 @@ Tensor Decoder::forward_part(Ops& ops, const DecoderPart& part, const Tensor* in
     scatter_add_rows(ops, c.text_rows, vocab_parallel_embedding_forward(ops, *token_table_, text.ids, tp_.group()), x);
     ops.add(x, gather_rows(ops, position_table_->value, c.positions));
     x.reshape({batch, s, hidden});
-    h = transformer_.forward_blocks(ops, x, part.first, part.last, c.transformer, tp_.group());
+    h = transformer_.forward_blocks(ops, std::move(x), part.first, part.last, c.transformer, tp_.group());
   } else {
     h = transformer_.forward_blocks(ops, *input, part.first, part.last, c.transformer, tp_.group());
   }

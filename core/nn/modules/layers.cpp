@@ -81,10 +81,13 @@ int32_t row_id(int64_t row) {
   return static_cast<int32_t>(row);
 }
 
-Tensor reshaped(const Tensor& t, const Shape& shape) {
-  Tensor copy = t;
-  copy.reshape(shape);
-  return copy;
+Tensor reshaped(const Tensor& t, const Shape& shape) { return reshaped(Tensor(t), shape); }
+
+Tensor reshaped(Tensor&& t, const Shape& shape) {
+  t.reshape(shape);
+  return std::move(t);
 }
+
+Tensor reshaped_view(const Tensor& t, const Shape& shape) { return reshaped(Tensor(t.shape, t.data.view()), shape); }
 
 }  // namespace braid::nn

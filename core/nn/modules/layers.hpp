@@ -91,7 +91,11 @@ void scatter_add_rows(Ops& ops, std::span<const int32_t> rows, const Tensor& src
 // A row index for the two functions above; throws Error(invalid_argument) past int32.
 int32_t row_id(int64_t row);
 
-// The same tensor under another shape (a copy).
+// The same tensor under another shape: a copy, or the tensor itself when the caller hands
+// it over (a temporary: on a device, a copy is a launch and an allocation).
 Tensor reshaped(const Tensor& t, const Shape& shape);
+Tensor reshaped(Tensor&& t, const Shape& shape);
+// A view of t's elements under another shape, valid while t keeps them.
+Tensor reshaped_view(const Tensor& t, const Shape& shape);
 
 }  // namespace braid::nn

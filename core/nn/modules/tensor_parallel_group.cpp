@@ -282,7 +282,7 @@ void vocab_parallel_embedding_backward(Ops& ops, Parameter& table, std::span<con
   Tensor* grad = table.grad_or_null();
   if (!grad) return;
   const int64_t width = table.full_shape[1];
-  const Tensor d = reshaped(d_rows, {static_cast<int64_t>(ids.size()), width});
+  const Tensor d = reshaped_view(d_rows, {static_cast<int64_t>(ids.size()), width});
   if (tp.size == 1) {
     scatter_add_rows(ops, ids, d, *grad);
     return;

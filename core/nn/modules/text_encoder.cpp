@@ -49,7 +49,7 @@ EncoderOutput TextEncoder::forward_part(Ops& ops, const EncoderPart& part, const
     Tensor x = vocab_parallel_embedding_forward(ops, *token_table_, tokens.ids, tp_.group());
     ops.add(x, gather_rows(ops, position_table_->value, c.positions));
     x.reshape({batch, length, hidden});
-    h = transformer_.forward_blocks(ops, x, part.first, part.last, c.transformer, tp_.group());
+    h = transformer_.forward_blocks(ops, std::move(x), part.first, part.last, c.transformer, tp_.group());
   } else {
     if (!hidden_in || hidden_in->shape != Shape{batch, length, hidden})
       throw Error(Status::invalid_argument, name() + ": part [" + std::to_string(part.first) + ", " +

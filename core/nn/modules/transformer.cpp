@@ -304,7 +304,7 @@ TensorParallel without_sequence_split(const TensorParallel& tp) {
 
 }  // namespace
 
-Tensor Transformer::forward_blocks(Ops& ops, const Tensor& x, int first, int last, TransformerCache& cache,
+Tensor Transformer::forward_blocks(Ops& ops, Tensor x, int first, int last, TransformerCache& cache,
                                    const TensorParallel& tp) const {
   if (first < 0 || first > last || last > layers())
     throw Error(Status::invalid_argument, name() + ": blocks [" + std::to_string(first) + ", " + std::to_string(last) +
@@ -317,8 +317,9 @@ Tensor Transformer::forward_blocks(Ops& ops, const Tensor& x, int first, int las
   // Bidirectional attention would see padding: such sequences split only as they are.
   cache.split = tp.splits_sequence() && (shape_.causal || cache.padded == cache.positions);
   const TensorParallel group = cache.split ? tp : without_sequence_split(tp);
-  Tensor h = x;
-  if (cache.split) h = sequence_shard(cache.padded == cache.positions ? x : resize_sequences(x, cache.padded, tp), tp);
+  Tensor h = cache.split
+                 ? sequence_shard(cache.padded == cache.positions ? x : resize_sequences(x, cache.padded, tp), tp)
+                 : std::move(x);
   for (int l = first; l < last; ++l) {
     const TransformerBlock& b = blocks_[static_cast<std::size_t>(l)];
     if (hooks_) hooks_->before_block(b, false);
@@ -329,13 +330,13 @@ Tensor Transformer::forward_blocks(Ops& ops, const Tensor& x, int first, int las
   return h;
 }
 
-Tensor Transformer::backward_blocks(Ops& ops, const Tensor& dy, const TransformerCache& cache,
+Tensor Transformer::backward_blocks(Ops& ops, Tensor dy, const TransformerCache& cache,
                                     const TensorParallel& tp) const {
   const int first = cache.first, last = first + static_cast<int>(cache.blocks.size());
   if (first < 0 || last > layers())
     throw Error(Status::invalid_argument, name() + ": backward needs the cache of this module's forward");
   const TensorParallel group = cache.split ? tp : without_sequence_split(tp);
-  Tensor d = cache.split ? sequence_shard(resize_sequences(dy, cache.padded, tp), tp) : dy;
+  Tensor d = cache.split ? sequence_shard(resize_sequences(dy, cache.padded, tp), tp) : std::move(dy);
   for (int l = last; l-- > first;) {
     const TransformerBlock& b = blocks_[static_cast<std::size_t>(l)];
     if (hooks_) hooks_->before_block(b, true);

@@ -147,11 +147,12 @@ class Transformer : public Module {
   // x and the result whole: causal sequences are padded at their end to a multiple of tp.size
   // (no earlier position sees the padding); bidirectional ones split only when they divide, and
   // otherwise run that call as plain tensor parallelism (every rank takes the same path).
-  Tensor forward_blocks(Ops& ops, const Tensor& x, int first, int last, TransformerCache& cache,
+  // x and dy are taken by value: a caller that hands them over saves a copy (on a device, a
+  // launch and an allocation).
+  Tensor forward_blocks(Ops& ops, Tensor x, int first, int last, TransformerCache& cache,
                         const TensorParallel& tp = {}) const;
   // Back through the blocks the cache's forward_blocks ran; returns d x.
-  Tensor backward_blocks(Ops& ops, const Tensor& dy, const TransformerCache& cache,
-                         const TensorParallel& tp = {}) const;
+  Tensor backward_blocks(Ops& ops, Tensor dy, const TransformerCache& cache, const TensorParallel& tp = {}) const;
   // The final norm alone (its input saved in cache.last).
   Tensor forward_final_norm(Ops& ops, Tensor x, TransformerCache& cache) const;
   Tensor backward_final_norm(Ops& ops, const Tensor& dy, const TransformerCache& cache) const;
