@@ -148,7 +148,12 @@ class Scratch {
     if (bytes) ptr_ = stream_alloc(stream, bytes, "cudaMallocAsync (scratch)");
   }
   ~Scratch() {
-    if (ptr_) stream_free(stream_, ptr_, bytes_);
+    if (!ptr_) return;
+    try {
+      stream_free(stream_, ptr_, bytes_);
+    } catch (...) {  // a destructor cannot throw (an op may be unwinding already): best effort
+      cudaFreeAsync(ptr_, stream_->stream);
+    }
   }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
@@ -170,6 +175,11 @@ void gemm(braid_device_stream_s* s, bool trans_a, bool trans_b, int64_t m, int64
 void gemm_batched(braid_device_stream_s* s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                   const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b,
                   float beta, float* c, int64_t ldc, int64_t stride_c, int64_t batch);
+// A linear layer's y (rows x out) = x (rows x in) W^T + bias in one cuBLASLt call
+// (bias_gemm.cpp); false, having enqueued nothing, when it cannot: the caller then broadcasts
+// the bias and calls gemm with beta = 1.
+bool linear_gemm_bias(braid_device_stream_s* s, int64_t rows, int64_t out, int64_t in, const float* x, const float* w,
+                      const float* bias, float* y);
 // The same for `batch` problems whose operands' pointers are in device arrays (attention's
 // (sample, head) pairs, whose two strides one stride cannot cover).
 void gemm_pointers(braid_device_stream_s* s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,

@@ -146,6 +146,7 @@ void* stream_alloc(braid_device_stream_s* s, size_t bytes, const char* what) {
     s->free_blocks->release_all(s->stream);
     err = cudaMallocFromPoolAsync(&ptr, size, pool(s->device), s->stream);
   }
+  if (err != cudaSuccess) cudaGetLastError();  // reported here, not by the next kernel's launch check
   check(err, what);
   return ptr;
 }

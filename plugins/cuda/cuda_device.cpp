@@ -139,7 +139,10 @@ int alloc(int32_t device, size_t bytes, braid_device_stream_v2 stream, void** pt
     if (stream && stream->device == device)  // the stream's free blocks, if it keeps them
       *ptr = braid_cuda::stream_alloc(stream, bytes, "cudaMallocAsync");
     else
-      braid_cuda::check(cudaMallocFromPoolAsync(ptr, bytes ? bytes : 1, braid_cuda::pool(device), native(stream)),
+      // Rounded as stream_alloc rounds: a stream that keeps the block when it is freed serves it
+      // again for any request of that rounded size.
+      braid_cuda::check(cudaMallocFromPoolAsync(ptr, braid_cuda::FreeBlocks::rounded(bytes), braid_cuda::pool(device),
+                                                native(stream)),
                         "cudaMallocAsync");
     a.sizes[*ptr] = bytes;
     a.stats.in_use += bytes;

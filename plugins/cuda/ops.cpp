@@ -53,6 +53,7 @@ void linear_forward_on(Stream s, const Tensor& x, const Tensor& w, const Tensor*
   const int64_t rows = linear_rows(x, w, op), in = w.shape[1], out = w.shape[0];
   if (b) expect_shape(f32(b, op, "bias"), {out}, op, "bias");
   expect_same_shape(y, with_last(x, out), op, "y");
+  if (b && braid_cuda::linear_gemm_bias(s, rows, out, in, data(x), data(w), data(*b), data(y))) return;
   if (b) braid_cuda::fill_rows(s->stream, data(y), data(*b), rows, out);  // the GEMM adds x W^T to it
   braid_cuda::gemm(s, false, true, rows, out, in, 1.0f, data(x), in, data(w), in, b ? 1.0f : 0.0f, data(y), out);
 }
@@ -198,12 +199,15 @@ struct Strides {
 // Attention's per-(sample, head) GEMMs over operands named by index (their memory and
 // strides, given once per op). Where both samples and heads are several, each GEMM is one
 // pointer-array batched cuBLAS call over every pair, the pointers written by one kernel for
-// the op's GEMMs together: a tiny model's attention is launch-bound. Otherwise one
-// strided-batched call, over the samples or the heads, whichever is several.
+// the op's GEMMs together: a tiny model's attention is launch-bound. Otherwise (one sample,
+// one head, or no queries or keys) strided-batched calls, one per head batched over the
+// samples or one per sample batched over the heads, whichever are fewer.
 class HeadGemms {
  public:
   HeadGemms(Stream s, const Dims& d, std::initializer_list<std::pair<float*, Strides>> operands)
       : s_(s), d_(d), operands_(operands), over_samples_(d.heads <= d.batch) {
+    if (operands_.size() > static_cast<size_t>(braid_cuda::kMostHeadOperands))
+      invalid("attention: more GEMM operands than the pointer kernel takes");
     if (d.heads == 1 || d.batch == 1 || d.sq == 0 || d.sk == 0) return;  // one strided call each
     braid_cuda::HeadOperands o{};
     o.count = static_cast<int>(operands_.size());

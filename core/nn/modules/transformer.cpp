@@ -317,9 +317,10 @@ Tensor Transformer::forward_blocks(Ops& ops, Tensor x, int first, int last, Tran
   // Bidirectional attention would see padding: such sequences split only as they are.
   cache.split = tp.splits_sequence() && (shape_.causal || cache.padded == cache.positions);
   const TensorParallel group = cache.split ? tp : without_sequence_split(tp);
-  Tensor h = cache.split
-                 ? sequence_shard(cache.padded == cache.positions ? x : resize_sequences(x, cache.padded, tp), tp)
-                 : std::move(x);
+  Tensor h =
+      cache.split
+          ? sequence_shard(cache.padded == cache.positions ? std::move(x) : resize_sequences(x, cache.padded, tp), tp)
+          : std::move(x);
   for (int l = first; l < last; ++l) {
     const TransformerBlock& b = blocks_[static_cast<std::size_t>(l)];
     if (hooks_) hooks_->before_block(b, false);
