@@ -205,19 +205,18 @@ struct Strides {
 class HeadGemms {
  public:
   HeadGemms(Stream s, const Dims& d, std::initializer_list<std::pair<float*, Strides>> operands)
-      : s_(s), d_(d), operands_(operands), over_samples_(d.heads <= d.batch) {
-    if (operands_.size() > static_cast<size_t>(braid_cuda::kMostHeadOperands))
+      : s_(s), d_(d), over_samples_(d.heads <= d.batch) {
+    if (operands.size() > static_cast<size_t>(braid_cuda::kMostHeadOperands))
       invalid("attention: more GEMM operands than the pointer kernel takes");
-    if (d.heads == 1 || d.batch == 1 || d.sq == 0 || d.sk == 0) return;  // one strided call each
-    braid_cuda::HeadOperands o{};
-    o.count = static_cast<int>(operands_.size());
-    for (int j = 0; j < o.count; ++j) {
-      o.base[j] = operands_[static_cast<size_t>(j)].first;
-      o.sample[j] = operands_[static_cast<size_t>(j)].second.sample;
-      o.head[j] = operands_[static_cast<size_t>(j)].second.head;
+    for (const auto& [base, strides] : operands) {
+      o_.base[o_.count] = base;
+      o_.sample[o_.count] = strides.sample;
+      o_.head[o_.count] = strides.head;
+      ++o_.count;
     }
-    pointers_.emplace(s, static_cast<size_t>(o.count * d.batch * d.heads) * sizeof(float*));
-    braid_cuda::head_pointers(s->stream, o, d.batch, d.heads, pointers_->pointers());
+    if (d.heads == 1 || d.batch == 1 || d.sq == 0 || d.sk == 0) return;  // strided calls
+    pointers_.emplace(s, static_cast<size_t>(o_.count * d.batch * d.heads) * sizeof(float*));
+    braid_cuda::head_pointers(s->stream, o_, d.batch, d.heads, pointers_->pointers());
   }
 
   // C[c] = alpha op(A[a]) op(B[b]) + beta C[c] for every (sample, head).
@@ -229,14 +228,8 @@ class HeadGemms {
       return;
     }
     const int64_t calls = over_samples_ ? d_.heads : d_.batch, batch = over_samples_ ? d_.batch : d_.heads;
-    const auto start = [&](int j, int64_t i) {
-      const Strides t = operands_[static_cast<size_t>(j)].second;
-      return operands_[static_cast<size_t>(j)].first + i * (over_samples_ ? t.head : t.sample);
-    };
-    const auto stride = [&](int j) {
-      const Strides t = operands_[static_cast<size_t>(j)].second;
-      return over_samples_ ? t.sample : t.head;
-    };
+    const auto start = [&](int j, int64_t i) { return o_.base[j] + i * (over_samples_ ? o_.head[j] : o_.sample[j]); };
+    const auto stride = [&](int j) { return over_samples_ ? o_.sample[j] : o_.head[j]; };
     for (int64_t i = 0; i < calls; ++i)
       braid_cuda::gemm_batched(s_, trans_a, trans_b, m, n, k, alpha, start(a, i), lda, stride(a), start(b, i), ldb,
                                stride(b), beta, start(c, i), ldc, stride(c), batch);
@@ -247,8 +240,8 @@ class HeadGemms {
 
   Stream s_;
   Dims d_;
-  std::vector<std::pair<float*, Strides>> operands_;
   bool over_samples_;
+  braid_cuda::HeadOperands o_{};  // the operands by index, as the pointer kernel takes them
   std::optional<Scratch> pointers_;
 };
 
