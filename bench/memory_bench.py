@@ -23,8 +23,8 @@ the distributions so that every sample has the size the planner prices (32 px). 
 kind it reports the largest measured peak over the ranks, the largest predicted, and measured /
 predicted; the goal is within 10% for weights, gradients and optimizer state (model state),
 activations and communication. "communication" is the host buffers braid's DP collectives copy
-through (the all-reduce's copy of a module's gradients; under ZeRO a unit's copy and shard, one
-unit at a time); the MPI library's own buffers are not in it, and point-to-point sends in flight
+through (under ZeRO a unit's copy and shard, one unit at a time; without ZeRO none, as the
+all-reduce sums the laid-out gradients in place); the MPI library's own buffers are not in it, and point-to-point sends in flight
 are the measured-only kind "messages" (none in these single-stage layouts, not shown). The
 prediction leaves out the cluster's reserved memory (0.25 GiB on cpu-host), as the measurement
 leaves out the heap before the first step.

@@ -338,11 +338,9 @@ CostModel::CollectiveBuffers CostModel::collective_buffer_bytes(int m, int layer
                                                                 double rest_params, int dp) const {
   const int zero = run_->training.zero_stage;
   CollectiveBuffers b;
-  if (kernels_ != Kernels::reference || dp <= 1 || state_bytes(m, 1).gradients == 0) return b;
-  if (zero == 0) {  // the all-reduce's one copy of the part's gradients
-    b.step_end = (layers * layer_params + rest_params) * sizeof(float);
-    return b;
-  }
+  // Without ZeRO the all-reduce sums the gradients where they lie, laid out end to end
+  // (train::post_allreduce_gradients), as Megatron's contiguous buffer does: nothing beside.
+  if (kernels_ != Kernels::reference || dp <= 1 || zero == 0 || state_bytes(m, 1).gradients == 0) return b;
   const auto unit = [dp](double params) {
     const double shard = std::ceil(params / dp);
     return params > 0 ? (shard * dp + shard) * sizeof(float) : 0.0;

@@ -139,9 +139,9 @@ class CostModel {
   // to `dp` equal shards and this rank's shard, one unit at a time: inside a forward or
   // backward (ZeRO-2/3: a unit's reduce-scatter or gather) and after the last backward
   // (`step_end`, when no activation is held: ZeRO-1's reduce-scatters, ZeRO-1/2's gathers of
-  // the updated weights). Without ZeRO the all-reduce's copy of the part's gradients
-  // (step_end). None elsewhere: Megatron reduces and gathers in place in its contiguous
-  // gradient and parameter buffers.
+  // the updated weights). None without ZeRO: the trainer's all-reduce sums the gradients in
+  // place, laid out end to end (nn::FlatParameters). None elsewhere: Megatron reduces and
+  // gathers in place in its contiguous gradient and parameter buffers.
   struct CollectiveBuffers {
     double inside = 0, step_end = 0;
   };

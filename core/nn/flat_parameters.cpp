@@ -34,6 +34,29 @@ std::vector<FlatMember> trainable_members(const std::vector<Parameter*>& params,
   return out;
 }
 
+std::vector<Parameter*> layout_order(const std::vector<Parameter*>& params) {
+  std::vector<Parameter*> out;
+  for (Parameter* p : params)
+    if (p->trainable) out.push_back(p);
+  std::stable_partition(out.begin(), out.end(), [](const Parameter* p) { return p->decay; });
+  return out;
+}
+
+float* end_to_end_gradients(const std::vector<Parameter*>& ordered) {
+  Tensor* first = nullptr;
+  const float* next = nullptr;
+  for (Parameter* p : ordered) {
+    Tensor& g = p->grad;
+    if (g.data.empty()) continue;
+    if (!first)
+      first = &g;
+    else if (g.ptr() != next || !(g.device() == first->device()))
+      return nullptr;
+    next = g.ptr() + g.data.size();
+  }
+  return first ? first->ptr() : nullptr;
+}
+
 FlatParameters::FlatParameters(Ops& ops, std::vector<FlatMember> members) {
   for (std::size_t k = 0; k < members.size(); ++k) {  // numbered as given
     const FlatMember& m = members[k];
@@ -50,7 +73,16 @@ FlatParameters::FlatParameters(Ops& ops, std::vector<FlatMember> members) {
     if (!m.state->m.data.empty()) expect_count(m.state->m, "first moments");
     if (!m.state->v.data.empty()) expect_count(m.state->v, "second moments");
   }
-  std::stable_partition(members.begin(), members.end(), [](const FlatMember& m) { return m.decay; });
+  // Groups in the order they first appear, then layout_order's rule within each.
+  std::vector<int> groups;
+  for (const FlatMember& m : members)
+    if (std::find(groups.begin(), groups.end(), m.group) == groups.end()) groups.push_back(m.group);
+  auto rank_of = [&](const FlatMember& m) {
+    const auto g = std::find(groups.begin(), groups.end(), m.group) - groups.begin();
+    return 2 * g + (m.decay ? 0 : 1);
+  };
+  std::stable_sort(members.begin(), members.end(),
+                   [&](const FlatMember& a, const FlatMember& b) { return rank_of(a) < rank_of(b); });
   std::size_t total = 0;
   for (const FlatMember& m : members) {
     const auto count = static_cast<std::size_t>(m.value->numel());

@@ -27,16 +27,28 @@ struct FlatMember {
   AdamWState* state = nullptr;
   bool decay = true;    // AdamW's weight decay applies
   bool in_norm = true;  // its gradient counts in the global norm (a tensor held on several ranks: one of them)
+  int group = 0;        // the gradient reduction it is summed in (a module part): laid out together
 };
 
 // The trainable ones of `params`, each with its state: states[i] is params[i]'s.
 std::vector<FlatMember> trainable_members(const std::vector<Parameter*>& params, std::vector<AdamWState>& states);
 
+// The trainable ones of `params` (one group) in the order FlatParameters lays them out: those
+// with weight decay first, each kind in the order given. Data-parallel replicas sum a
+// module's gradients in this order, which depends on the parameters alone, so every replica
+// makes the same collective whatever its memory holds; laid out, the gradients are then one
+// span, summed in place (train::post_allreduce_gradients).
+std::vector<Parameter*> layout_order(const std::vector<Parameter*>& params);
+// Where the gradients of `ordered` begin when each lies right after the one before in the
+// memory of one device; null when they do not, or hold nothing.
+float* end_to_end_gradients(const std::vector<Parameter*>& ordered);
+
 class FlatParameters {
  public:
   FlatParameters() = default;
   // Copies every member's value, gradient and moments (zero where it has none yet) into the
-  // buffers, decayed members first, and points the member's tensors at its slices. Throws
+  // buffers, group by group in the order of their first members, each group in layout_order,
+  // and points the member's tensors at its slices. Throws
   // Error(invalid_argument) for a member without a value, gradient or state, or whose
   // gradient's or moments' element count is not its value's.
   FlatParameters(Ops& ops, std::vector<FlatMember> members);

@@ -239,13 +239,16 @@ std::vector<nn::Parameter*> ChainStage::held_parameters() const {
 
 std::vector<TrainedParameter> ChainStage::trained_parameters(int zero_stage) const {
   std::vector<TrainedParameter> out;
+  int group = 0;  // a module's gradients are reduced together (reduce())
   auto add = [&](const std::vector<nn::Parameter*>& params, const ModuleRole& role) {
     for (auto* p : params) {
       TrainedParameter t;
       t.param = p;
       t.counted = role.counts_in_norm(*p, zero_stage);
+      t.group = group;
       if (p->trainable) out.push_back(std::move(t));
     }
+    ++group;
   };
   const auto& chain = *model_.chain;
   if (vision_.held) add(chain.vision->parameters(), vision_);

@@ -147,18 +147,23 @@ ClipStage::ClipStage(const spec::RunSpec& run, const plan::Plan& plan, nn::Model
   // Each distinct tensor's gradient norm counted once: by DP replica 0, or under ZeRO by the
   // replica holding the shard.
   const int zero = run.training.zero_stage;
-  for (const auto& t : towers_)
+  int group = 0;  // a tower's gradients are reduced together
+  for (const auto& t : towers_) {
     if (t.here)
       for (auto* p : t.params) {
         TrainedParameter trained;
         trained.param = p;
         trained.counted = t.role->counts_in_norm(*p, zero);
+        trained.group = group;
         params_.push_back(std::move(trained));
       }
+    ++group;
+  }
   if (logit_scale_ && sync_ && logit_scale_->trainable) {
     TrainedParameter trained;
     trained.param = logit_scale_;
     trained.counted = layout_.rank == sync_front_ && tp_index_ == 0;
+    trained.group = group;
     params_.push_back(std::move(trained));
   }
   if (zero > 0) make_zero(zero);

@@ -6,28 +6,28 @@
 #include <span>
 
 #include "core/common/error.hpp"
+#include "core/nn/flat_parameters.hpp"
 
 namespace braid::train {
 
-Pending DeviceGroup::post_allreduce_gradients(const std::vector<nn::Parameter*>& params, CommBytes& bytes) {
+Pending DeviceGroup::post_allreduce_gradients(const std::vector<nn::Parameter*>& given, CommBytes& bytes) {
   // Declared after the buffer it writes, the request is destroyed first: dropped unfinished,
   // it waits before the buffer goes.
   struct InFlight {
-    nn::Tensor flat;
+    nn::Tensor flat;                      // empty when summed in place
     std::optional<CountedBytes> counted;  // the flat buffer's bytes, as communication
     runtime::DeviceRequest request;
   };
+  const std::vector<nn::Parameter*> params = nn::layout_order(given);
   std::size_t total = 0;
-  for (const nn::Parameter* p : params)
-    if (p->trainable) total += p->grad.data.size();
+  for (const nn::Parameter* p : params) total += p->grad.data.size();
   auto in_flight = std::make_shared<InFlight>();
-  in_flight->flat = backend_->empty({static_cast<std::int64_t>(total)});
-  in_flight->counted.emplace(total * sizeof(float), bytes.in_flight);
-  // Each trainable gradient's place in the flat buffer, as a view of it, in `params`' order.
+  float* in_place = nn::end_to_end_gradients(params);
+  if (in_place && !(params.front()->grad.device() == backend_->device())) in_place = nullptr;
+  // Each gradient's place in the flat buffer, as a view of it, in layout order.
   auto each_place = [params, in_flight](const std::function<void(nn::Parameter&, nn::Tensor&)>& f) {
     std::size_t at = 0;
     for (nn::Parameter* p : params) {
-      if (!p->trainable) continue;
       const std::size_t n = p->grad.data.size();
       nn::Tensor place;
       place.shape = {static_cast<std::int64_t>(n)};
@@ -36,16 +36,20 @@ Pending DeviceGroup::post_allreduce_gradients(const std::vector<nn::Parameter*>&
       at += n;
     }
   };
-  each_place([&](nn::Parameter& p, nn::Tensor& place) { backend_->copy(place, p.grad); });
+  if (!in_place) {  // not laid out: through a buffer
+    in_flight->flat = backend_->empty({static_cast<std::int64_t>(total)});
+    in_flight->counted.emplace(total * sizeof(float), bytes.in_flight);
+    each_place([&](nn::Parameter& p, nn::Tensor& place) { backend_->copy(place, p.grad); });
+  }
   backend_->synchronize();  // the plugin runs on its own stream
-  bytes.sample();           // the gradients and their copy
-  in_flight->request =
-      comm_->post_allreduce_sum(in_flight->flat.ptr(), total, nullptr, DeviceCollectives::kDeadlineSeconds);
+  bytes.sample();           // the gradients and their copy, if any
+  in_flight->request = comm_->post_allreduce_sum(in_place ? in_place : in_flight->flat.ptr(), total, nullptr,
+                                                 DeviceCollectives::kDeadlineSeconds);
   Pending pending;
   pending.test = [in_flight] { return in_flight->request.test(); };
-  pending.finish = [backend = backend_, in_flight, each_place] {
+  pending.finish = [backend = backend_, in_flight, each_place, copied = !in_place] {
     const double waited = in_flight->request.wait();
-    each_place([&](nn::Parameter& p, nn::Tensor& place) { backend->copy(p.grad, place); });
+    if (copied) each_place([&](nn::Parameter& p, nn::Tensor& place) { backend->copy(p.grad, place); });
     return waited;
   };
   return pending;

@@ -24,12 +24,13 @@ class DeviceGroup {
  public:
   DeviceGroup(std::shared_ptr<nn::DeviceBackend> backend, std::unique_ptr<runtime::DeviceCommunicator> comm)
       : backend_(std::move(backend)), comm_(std::move(comm)) {}
-  // Sums the gradients of `params` (the trainable ones) over the group in one flat buffer on
-  // the device, in the order allreduce_gradients uses on the host, the buffer reported to
-  // `bytes` (comm_buffer.hpp); returns the seconds blocked.
+  // Sums the gradients of `params` (the trainable ones) over the group in one all-reduce on
+  // the device, in the order allreduce_gradients uses on the host: in place where they lie
+  // end to end, else through a buffer on the device reported to `bytes` (comm_buffer.hpp).
+  // Returns the seconds blocked.
   double allreduce_gradients(const std::vector<nn::Parameter*>& params, CommBytes& bytes);
-  // The same, posted: the gradients are copied out now and back when it finishes. The params
-  // and `bytes` must outlive it.
+  // The same, posted: copied out now and back when it finishes where there is a buffer. The
+  // params and `bytes` must outlive it.
   Pending post_allreduce_gradients(const std::vector<nn::Parameter*>& params, CommBytes& bytes);
   // Sums `t` (on the backend's device) over the group in place; returns the seconds blocked.
   double allreduce_sum(nn::Tensor& t);

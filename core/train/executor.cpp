@@ -137,7 +137,7 @@ nn::FlatParameters* Executor::flat_parameters(bool lay_out) {
   if (lay_out && (!flat_ || flat_->slices() * 2 < flat_->size())) {
     std::vector<nn::FlatMember> members;
     for (TrainedParameter& p : params_)
-      members.push_back({&p.param->value, &p.param->grad, &p.state, p.param->decay, p.counted});
+      members.push_back({&p.param->value, &p.param->grad, &p.state, p.param->decay, p.counted, p.group});
     flat_.emplace(ops_, std::move(members));
   }
   return flat_ ? &*flat_ : nullptr;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/common/error.hpp"
+#include "core/nn/flat_parameters.hpp"
 #include "core/train/device_collectives.hpp"
 #include "core/train/host_staging.hpp"
 #include "core/train/zero.hpp"
@@ -89,25 +90,28 @@ Pending pending_requests(std::vector<runtime::Request> requests, std::function<v
 
 Pending post_allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, std::vector<nn::Parameter*> params,
                                  CommBytes& bytes) {
+  params = nn::layout_order(params);
   std::size_t total = 0;
-  for (auto* p : params)
-    if (p->trainable) total += p->grad.data.size();
+  for (auto* p : params) total += p->grad.data.size();
+  std::vector<runtime::Request> requests;
+  float* in_place = nn::end_to_end_gradients(params);
+  if (in_place && params.front()->grad.device().is_host()) {  // laid out: no copy
+    requests.push_back(comm.iallreduce(std::span<float>(in_place, total)));
+    return pending_requests(std::move(requests));
+  }
   auto flat = std::make_shared<CommBuffer>(total, bytes.in_flight);
   std::size_t at = 0;
   for (auto* p : params) {
-    if (!p->trainable) continue;
     nn::Tensor scratch;
     const nn::Tensor& grad = on_host(ops, p->grad, scratch);
     std::copy(grad.data.begin(), grad.data.end(), flat->data.begin() + static_cast<std::ptrdiff_t>(at));
     at += grad.data.size();
   }
   bytes.sample();  // the gradients and their copy
-  std::vector<runtime::Request> requests;
   requests.push_back(comm.iallreduce(std::span<float>(flat->data)));
   return pending_requests(std::move(requests), [&ops, flat, params = std::move(params)] {
     std::size_t at = 0;
     for (auto* p : params) {
-      if (!p->trainable) continue;
       const auto n = p->grad.data.size();
       edit_on_host(ops, p->grad, [&](nn::Tensor& grad) {
         std::copy(flat->data.begin() + static_cast<std::ptrdiff_t>(at),

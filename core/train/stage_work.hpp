@@ -75,6 +75,7 @@ struct TrainedParameter {
   nn::Tensor grad_shard;             // ZeRO: the gradient of [begin, end), summed over the DP group
   nn::Tensor value_shard;            // ZeRO-3: the weights of [begin, end) (value is gathered only for use)
   bool weights_sharded = false;      // ZeRO-3: value_shard holds the weights this rank keeps
+  int group = 0;                     // the gradient reduction it is summed in: nn::FlatMember::group
   bool sharded() const { return end >= 0; }
 };
 
@@ -131,11 +132,13 @@ Pending blocked_for(double seconds);
 // A Pending over posted requests: test() when all completed, finish() waits for them, then
 // runs `then` and returns the seconds blocked.
 Pending pending_requests(std::vector<runtime::Request> requests, std::function<void()> then = {});
-// Sums the gradients of `params` (the trainable ones) over `comm` in one flat all-reduce, its
-// host buffer reported to `bytes` (comm_buffer.hpp); returns the seconds blocked.
+// Sums the gradients of `params` (the trainable ones) over `comm` in one all-reduce, in
+// nn::layout_order: in place where they lie end to end in host memory (laid out by
+// nn::FlatParameters), else through a host buffer reported to `bytes` (comm_buffer.hpp).
+// Returns the seconds blocked.
 double allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, const std::vector<nn::Parameter*>& params,
                            CommBytes& bytes);
-// The same all-reduce posted: finish() waits for it and writes the sums back.
+// The same all-reduce posted: finish() waits for it (and copies the sums back from a buffer).
 Pending post_allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, std::vector<nn::Parameter*> params,
                                  CommBytes& bytes);
 // A data-parallel module's gradient reduction over `dp`, the one place that picks its path:
