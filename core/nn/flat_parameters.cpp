@@ -1,6 +1,7 @@
 #include "core/nn/flat_parameters.hpp"
 
 #include <algorithm>
+#include <map>
 #include <string>
 
 #include "core/common/error.hpp"
@@ -42,19 +43,17 @@ std::vector<Parameter*> layout_order(const std::vector<Parameter*>& params) {
   return out;
 }
 
-float* end_to_end_gradients(const std::vector<Parameter*>& ordered) {
-  Tensor* first = nullptr;
+float* end_to_end_gradients(const std::vector<Parameter*>& ordered, const Device& device) {
+  float* first = nullptr;
   const float* next = nullptr;
   for (Parameter* p : ordered) {
     Tensor& g = p->grad;
     if (g.data.empty()) continue;
-    if (!first)
-      first = &g;
-    else if (g.ptr() != next || !(g.device() == first->device()))
-      return nullptr;
+    if (!(g.device() == device) || (first && g.ptr() != next)) return nullptr;
+    if (!first) first = g.ptr();
     next = g.ptr() + g.data.size();
   }
-  return first ? first->ptr() : nullptr;
+  return first;
 }
 
 FlatParameters::FlatParameters(Ops& ops, std::vector<FlatMember> members) {
@@ -135,6 +134,14 @@ bool FlatParameters::is_slice(const Placed& p, std::initializer_list<Part> parts
                       : part == kM    ? &p.member.state->m
                                       : &p.member.state->v;
     return t->ptr() == (*buffers_)[part].ptr() + p.offset && t->data.size() == p.count;
+  });
+}
+
+bool FlatParameters::group_apart() const {
+  std::map<int, std::size_t> members;
+  for (const Placed& p : placed_) ++members[p.member.group];
+  return std::any_of(placed_.begin(), placed_.end(), [&](const Placed& p) {
+    return members[p.member.group] > 1 && !is_slice(p, {kValue, kGrad, kM, kV});
   });
 }
 

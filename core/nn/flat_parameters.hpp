@@ -1,14 +1,16 @@
 // Trainable parameters laid out end to end: one buffer each for their values, gradients and
 // AdamW moments, where the ops keep tensors, and every parameter's tensors slices of them.
-// Zeroing the gradients is then one call, and AdamW one call per weight-decay group, where
-// it was one per parameter: on a GPU the tiny reference models are launch-bound, and those
-// calls were a fifth of their step. Both are elementwise, so the bits are those of the
-// per-parameter calls. The gradients' global norm is one call per run too.
+// Zeroing the gradients is then one call, and AdamW one call per group and weight decay,
+// where it was one per parameter: on a GPU the tiny reference models are launch-bound, and
+// those calls were a fifth of their step. Both are elementwise, so the bits are those of the
+// per-parameter calls. The gradients' global norm is one call per run too. A group (a
+// module part) is laid out together, so its data-parallel all-reduce sums it in place.
 //
 // Code elsewhere may still give a parameter a new tensor (a checkpoint's moments, a value
 // edited on the host, the CLIP scale's gradient). That member is then no longer a slice and
 // is zeroed and stepped on its own, so a result never depends on who holds the memory;
-// `slices()` says how many still are, and building anew brings the others back.
+// `slices()` says how many still are, `group_apart()` whether a reduction group lost its
+// memory end to end, and building anew brings the others back.
 #pragma once
 
 #include <array>
@@ -40,8 +42,8 @@ std::vector<FlatMember> trainable_members(const std::vector<Parameter*>& params,
 // span, summed in place (train::post_allreduce_gradients).
 std::vector<Parameter*> layout_order(const std::vector<Parameter*>& params);
 // Where the gradients of `ordered` begin when each lies right after the one before in the
-// memory of one device; null when they do not, or hold nothing.
-float* end_to_end_gradients(const std::vector<Parameter*>& ordered);
+// memory of `device`; null when they do not, or hold nothing.
+float* end_to_end_gradients(const std::vector<Parameter*>& ordered, const Device& device);
 
 class FlatParameters {
  public:
@@ -56,6 +58,11 @@ class FlatParameters {
   std::size_t size() const { return placed_.size(); }
   // Members whose value, gradient and moments all still are their slices.
   std::size_t slices() const;
+  // Whether a member that shares its group with others is no longer all slices: that
+  // group's gradients are then not end to end, and its reduction copies them through a
+  // buffer until laid out anew. (A member alone in its group, CLIP's logit scale, whose
+  // gradient is a new tensor every step, does not count.)
+  bool group_apart() const;
   // Zeroes every member's gradient.
   void zero_grads(Ops& ops);
   // The sum of the squares of the gradients that count in the norm, one call per run of

@@ -22,8 +22,7 @@ Pending DeviceGroup::post_allreduce_gradients(const std::vector<nn::Parameter*>&
   std::size_t total = 0;
   for (const nn::Parameter* p : params) total += p->grad.data.size();
   auto in_flight = std::make_shared<InFlight>();
-  float* in_place = nn::end_to_end_gradients(params);
-  if (in_place && !(params.front()->grad.device() == backend_->device())) in_place = nullptr;
+  float* in_place = nn::end_to_end_gradients(params, backend_->device());
   // Each gradient's place in the flat buffer, as a view of it, in layout order.
   auto each_place = [params, in_flight](const std::function<void(nn::Parameter&, nn::Tensor&)>& f) {
     std::size_t at = 0;

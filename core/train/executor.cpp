@@ -132,9 +132,10 @@ nn::FlatParameters* Executor::flat_parameters(bool lay_out) {
   };
   if (!std::all_of(params_.begin(), params_.end(), whole)) return nullptr;
   // Built at the start of the first step (the work has placed every tensor by then), and of
-  // a step when most members were given new tensors since (a checkpoint's moments, an
-  // evaluation's gathering); never in between, where it would gather half-made gradients.
-  if (lay_out && (!flat_ || flat_->slices() * 2 < flat_->size())) {
+  // a step when a member of a group was given a new tensor since (a checkpoint's moments, an
+  // evaluation's gathering), so that each module's all-reduce sums its gradients in place
+  // again; never in between, where it would gather half-made gradients.
+  if (lay_out && (!flat_ || flat_->group_apart())) {
     std::vector<nn::FlatMember> members;
     for (TrainedParameter& p : params_)
       members.push_back({&p.param->value, &p.param->grad, &p.state, p.param->decay, p.counted, p.group});

@@ -94,8 +94,8 @@ Pending post_allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, std:
   std::size_t total = 0;
   for (auto* p : params) total += p->grad.data.size();
   std::vector<runtime::Request> requests;
-  float* in_place = nn::end_to_end_gradients(params);
-  if (in_place && params.front()->grad.device().is_host()) {  // laid out: no copy
+  float* in_place = nn::end_to_end_gradients(params, nn::Device{});
+  if (in_place) {  // laid out in host memory: no copy
     requests.push_back(comm.iallreduce(std::span<float>(in_place, total)));
     return pending_requests(std::move(requests));
   }

@@ -493,6 +493,49 @@ TEST(FlatParameters, HostOpsStepAsEachParameterAlone) {
   expect_flat_steps_as_each_alone(ops, same, same, rng);
 }
 
+TEST(FlatParameters, EachGroupLiesEndToEndInLayoutOrder) {
+  // Two modules' parameters, interleaved as given and mixed in weight decay: laid out, each
+  // module's gradients are one span in nn::layout_order (decayed first), which its
+  // data-parallel all-reduce then sums in place; apart again after a member is given a new
+  // tensor, until laid out anew. A member alone in its group does not count.
+  nn::HostOps ops;
+  std::vector<nn::Parameter> params(7);
+  std::vector<nn::AdamWState> states(params.size());
+  const bool decay[] = {true, false, true, true, false, false, true};
+  const int group[] = {0, 1, 0, 1, 0, 1, 2};
+  std::vector<nn::FlatMember> members;
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    params[k].decay = decay[k];
+    params[k].trainable = true;
+    params[k].value = Tensor({static_cast<int64_t>(k + 2)});
+    params[k].grad = Tensor({static_cast<int64_t>(k + 2)});
+    members.push_back({&params[k].value, &params[k].grad, &states[k], decay[k], true, group[k]});
+  }
+  nn::FlatParameters flat(ops, members);
+  auto of_group = [&](int g) {
+    std::vector<nn::Parameter*> out;
+    for (std::size_t k = 0; k < params.size(); ++k)
+      if (group[k] == g) out.push_back(&params[k]);
+    return nn::layout_order(out);
+  };
+  const std::vector<nn::Parameter*> first = of_group(0), second = of_group(1);
+  ASSERT_EQ(second.size(), 3u);
+  // Decayed first, then as given.
+  EXPECT_EQ(second, (std::vector<nn::Parameter*>{&params[3], &params[1], &params[5]}));
+  EXPECT_EQ(nn::end_to_end_gradients(first, nn::Device{}), first.front()->grad.ptr());
+  EXPECT_EQ(nn::end_to_end_gradients(second, nn::Device{}), second.front()->grad.ptr());
+  EXPECT_EQ(nn::end_to_end_gradients(second, nn::Device{nn::DeviceType::emulated, 0}), nullptr);  // not there
+  // Not the given order: its members are not end to end.
+  EXPECT_EQ(nn::end_to_end_gradients({&params[1], &params[3], &params[5]}, nn::Device{}), nullptr);
+  EXPECT_FALSE(flat.group_apart());
+  params[6].grad = Tensor({8});  // alone in group 2: still together
+  EXPECT_FALSE(flat.group_apart());
+  params[3].grad = Tensor({5});
+  EXPECT_TRUE(flat.group_apart());
+  EXPECT_EQ(nn::end_to_end_gradients(second, nn::Device{}), nullptr);
+  EXPECT_NE(nn::end_to_end_gradients(first, nn::Device{}), nullptr);
+}
+
 TEST(FlatParameters, AMemberWithoutAGradientIsRefused) {
   nn::HostOps ops;
   Tensor value({3}), grad({2});

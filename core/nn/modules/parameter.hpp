@@ -64,8 +64,9 @@ class ParameterStore {
   // the store's life, moves included.
   Parameter& create(const std::string& name, const Shape& shape, Init init, bool trainable = true);
 
-  // Every parameter in creation order: the flat, deterministic order that optimizer state,
-  // checkpoints and the data-parallel gradient all-reduce follow.
+  // Every parameter in creation order: the flat, deterministic order that optimizer state and
+  // checkpoints follow (the data-parallel gradient all-reduce takes it through
+  // nn::layout_order).
   const std::vector<Parameter*>& all() const { return order_; }
   // nullptr when absent.
   Parameter* find(std::string_view name) const;
