@@ -1,9 +1,11 @@
 #include "core/train/device_collectives.hpp"
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <optional>
 #include <span>
+#include <string>
 
 #include "core/common/error.hpp"
 #include "core/nn/flat_parameters.hpp"
@@ -87,10 +89,18 @@ std::unique_ptr<DeviceCollectives> DeviceCollectives::open(const std::shared_ptr
   const bool gpu = backend->device().type == nn::DeviceType::cuda;
   std::unique_ptr<DeviceCollectives> c(new DeviceCollectives());
   c->backend_ = backend;
+  // Staging through host memory and MPI on request: what processes sharing a GPU do, so that
+  // path runs (and is tested) on the emulated device too.
+  const char* asked = std::getenv("BRAID_DEVICE_COLLECTIVES");
+  const std::string choice = asked ? asked : "auto";
+  if (choice == "host")
+    why_not = "BRAID_DEVICE_COLLECTIVES=host";
+  else if (choice != "auto")
+    throw Error(Status::invalid_argument, "BRAID_DEVICE_COLLECTIVES must be auto or host, got '" + choice + "'");
   // First what each rank can tell alone, then starting the plugin, which is collective (NCCL
   // agrees on ids over the bootstrap): only once every rank is ready, and agreed on again, so
   // that no rank waits for one that gave up.
-  if (gpu && world.local_size() > backend->device_count())
+  if (why_not.empty() && gpu && world.local_size() > backend->device_count())
     why_not = std::to_string(world.local_size()) + " processes share " + std::to_string(backend->device_count()) +
               " GPU(s) on this node, which NCCL refuses";
   if (why_not.empty()) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "core/common/error.hpp"
@@ -98,6 +99,27 @@ Pending post_allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, std:
   if (in_place) {  // laid out in host memory: no copy
     requests.push_back(comm.iallreduce(std::span<float>(in_place, total)));
     return pending_requests(std::move(requests));
+  }
+  const nn::Device device = params.empty() ? nn::Device{} : params.front()->grad.device();
+  if (float* laid_out = device.is_host() ? nullptr : nn::end_to_end_gradients(params, device)) {
+    // Laid out on a device whose collectives stage through host memory (processes sharing a
+    // GPU): one download and one upload, where each gradient took its own.
+    struct Staged {
+      nn::Tensor on_device, on_host;
+      std::optional<CountedBytes> counted;
+    };
+    auto staged = std::make_shared<Staged>();
+    staged->on_device.shape = {static_cast<std::int64_t>(total)};
+    staged->on_device.data = nn::Storage::borrow(laid_out, total, device);
+    staged->on_host = ops.to_host(staged->on_device);
+    staged->counted.emplace(total * sizeof(float), bytes.in_flight);
+    bytes.sample();  // the gradients and their copy
+    requests.push_back(comm.iallreduce(std::span<float>(staged->on_host.data)));
+    return pending_requests(std::move(requests), [&ops, staged, laid_out] {
+      ops.assign_from_host(staged->on_device, std::move(staged->on_host));
+      if (staged->on_device.ptr() != laid_out)
+        throw Error(Status::internal, ops.name() + " put the summed gradients elsewhere instead of in place");
+    });
   }
   auto flat = std::make_shared<CommBuffer>(total, bytes.in_flight);
   std::size_t at = 0;

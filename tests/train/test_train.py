@@ -87,13 +87,13 @@ def setUpModule():
         raise unittest.SkipTest("set BRAID_CLI and BRAID_MPIEXEC")
 
 
-def train(ranks, *args, timeout=600):
+def train(ranks, *args, timeout=600, env=None):
     # One thread, braid's and OpenBLAS's, in every process: a GEMM's bits can depend on
     # OpenBLAS's count, and runs of different process counts are compared bit for bit.
     cmd = [CLI, "train", "--threads", "1", *args]
     if ranks > 1:
         cmd = [*MPIEXEC, "-n", str(ranks), *cmd]
-    return subprocess.run(cmd, cwd=SOURCE_DIR, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=SOURCE_DIR, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def refused(test, args, message):
@@ -1312,6 +1312,29 @@ class Device(unittest.TestCase):
         runs = self.assert_same_bits(MLLM, 4, "--strategy", "megatron", "--dp", "4")
         self.assertIn("device collectives: mpi (", runs["emulated"])
         self.assertIn("device collectives: none (the tensors are host memory)", runs["host"])
+
+    def test_collectives_staged_through_the_host(self):
+        # BRAID_DEVICE_COLLECTIVES=host stages every collective through host memory and MPI,
+        # as processes sharing a GPU do (NCCL refuses them): the same bits, and each module's
+        # laid-out gradients cross to the host and back once (a wait each), not a gradient at
+        # a time (about 260 waits a step here).
+        with tempfile.TemporaryDirectory() as d:
+            env = dict(os.environ, BRAID_DEVICE_COLLECTIVES="host")
+            args = ["--config", MLLM, "--steps", "4", "--strategy", "megatron", "--dp", "2"]
+            device = train(2, *args, "--device", "emulated", "--metrics", f"{d}/device.jsonl")
+            check(self, device)
+            staged = train(2, *args, "--device", "emulated", "--metrics", f"{d}/staged.jsonl", env=env)
+            check(self, staged)
+            self.assertIn("device collectives: none (BRAID_DEVICE_COLLECTIVES=host)", staged.stdout)
+            self.assertEqual(losses(f"{d}/staged.jsonl"), losses(f"{d}/device.jsonl"))
+            waits = {name: [m for m in metrics(f"{d}/{name}.jsonl") if m.get("summary")][-1]["host_waits_per_step"]
+                     for name in ("device", "staged")}
+            modules = 3  # vision, projector, llm: one download each
+            self.assertLessEqual(waits["staged"], waits["device"] + modules, waits)
+            bogus = train(1, "--config", MLLM, "--steps", "1", "--device", "emulated",
+                          env=dict(os.environ, BRAID_DEVICE_COLLECTIVES="nccl-please"))
+            self.assertEqual(bogus.returncode, 2, bogus.stdout + bogus.stderr)
+            self.assertIn("BRAID_DEVICE_COLLECTIVES must be auto or host, got 'nccl-please'", bogus.stderr)
 
     def test_optimus_data_parallel_reduces_on_the_device(self):
         # Colocated replicas post the llm's gradient all-reduce on the device at the first

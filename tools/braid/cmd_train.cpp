@@ -135,7 +135,9 @@ int run_train(const std::vector<std::string>& args) {
       "copying its inputs in and outputs out as on a GPU), emulated (the host backend as a device whose memory is "
       "not the host's: the trainer's tensors stay in it and cross to the host only to be sent, reduced, "
       "checkpointed or evaluated; what cuda does, testable without a GPU), cuda (the CUDA backend, GPU local-rank "
-      "modulo the node's GPUs, tensors resident as emulated)")(
+      "modulo the node's GPUs, tensors resident as emulated). On a device, DP and TP all-reduces run through "
+      "its communication plugin (NCCL, or MPI's v2 for emulated) unless BRAID_DEVICE_COLLECTIVES=host stages "
+      "them through host memory and MPI")(
       "dump-gradients", po::value(&gradients_dir)->value_name("DIR"),
       "write each step's reduced gradients as checkpoint shards (for layout-equivalence checks)")(
       "progress-every", po::value(&progress_every)->value_name("N"),
