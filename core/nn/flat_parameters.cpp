@@ -56,6 +56,15 @@ float* end_to_end_gradients(const std::vector<Parameter*>& ordered, const Device
   return first;
 }
 
+std::vector<std::shared_ptr<void>> gradient_keepers(const std::vector<Parameter*>& params) {
+  std::vector<std::shared_ptr<void>> out;
+  for (const Parameter* p : params) {
+    const std::shared_ptr<void>& k = p->grad.data.keeper();
+    if (k && std::find(out.begin(), out.end(), k) == out.end()) out.push_back(k);
+  }
+  return out;
+}
+
 FlatParameters::FlatParameters(Ops& ops, std::vector<FlatMember> members) {
   for (std::size_t k = 0; k < members.size(); ++k) {  // numbered as given
     const FlatMember& m = members[k];

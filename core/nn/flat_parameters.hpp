@@ -44,6 +44,9 @@ std::vector<Parameter*> layout_order(const std::vector<Parameter*>& params);
 // Where the gradients of `ordered` begin when each lies right after the one before in the
 // memory of `device`; null when they do not, or hold nothing.
 float* end_to_end_gradients(const std::vector<Parameter*>& ordered, const Device& device);
+// What keeps the gradients of `params` alive (their buffers' keepers, each once): held by a
+// collective that works on them in place, so a new layout cannot free them under it.
+std::vector<std::shared_ptr<void>> gradient_keepers(const std::vector<Parameter*>& params);
 
 class FlatParameters {
  public:

@@ -72,6 +72,8 @@ class Storage {
   std::size_t size() const { return borrowed_ ? borrowed_count_ : owned_.size(); }
   bool empty() const { return size() == 0; }
   bool borrowed() const { return borrowed_ != nullptr; }
+  // What keeps a view's memory alive (null for owned storage, or a view without one).
+  const std::shared_ptr<void>& keeper() const { return keeper_; }
   const Device& device() const { return device_; }
   float* data() { return borrowed_ ? borrowed_ : owned_.data(); }
   const float* data() const { return borrowed_ ? borrowed_ : owned_.data(); }

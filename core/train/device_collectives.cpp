@@ -16,8 +16,9 @@ Pending DeviceGroup::post_allreduce_gradients(const std::vector<nn::Parameter*>&
   // Declared after the buffer it writes, the request is destroyed first: dropped unfinished,
   // it waits before the buffer goes.
   struct InFlight {
-    nn::Tensor flat;                      // empty when summed in place
-    std::optional<CountedBytes> counted;  // the flat buffer's bytes, as communication
+    nn::Tensor flat;                          // empty when summed in place
+    std::optional<CountedBytes> counted;      // the flat buffer's bytes, as communication
+    std::vector<std::shared_ptr<void>> keep;  // summed in place: the layout's memory
     runtime::DeviceRequest request;
   };
   const std::vector<nn::Parameter*> params = nn::layout_order(given);
@@ -37,6 +38,7 @@ Pending DeviceGroup::post_allreduce_gradients(const std::vector<nn::Parameter*>&
       at += n;
     }
   };
+  if (in_place) in_flight->keep = nn::gradient_keepers(params);
   if (!in_place) {  // not laid out: through a buffer
     in_flight->flat = backend_->empty({static_cast<std::int64_t>(total)});
     in_flight->counted.emplace(total * sizeof(float), bytes.in_flight);

@@ -96,9 +96,9 @@ Pending post_allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, std:
   for (auto* p : params) total += p->grad.data.size();
   std::vector<runtime::Request> requests;
   float* in_place = nn::end_to_end_gradients(params, nn::Device{});
-  if (in_place) {  // laid out in host memory: no copy
+  if (in_place) {  // laid out in host memory: no copy, the layout kept alive until it is done
     requests.push_back(comm.iallreduce(std::span<float>(in_place, total)));
-    return pending_requests(std::move(requests));
+    return pending_requests(std::move(requests), [keep = nn::gradient_keepers(params)] {});
   }
   const nn::Device device = params.empty() ? nn::Device{} : params.front()->grad.device();
   if (float* laid_out = device.is_host() ? nullptr : nn::end_to_end_gradients(params, device)) {

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -534,6 +536,32 @@ TEST(FlatParameters, EachGroupLiesEndToEndInLayoutOrder) {
   EXPECT_TRUE(flat.group_apart());
   EXPECT_EQ(nn::end_to_end_gradients(second, nn::Device{}), nullptr);
   EXPECT_NE(nn::end_to_end_gradients(first, nn::Device{}), nullptr);
+}
+
+TEST(FlatParameters, ACollectiveInPlaceKeepsTheLayoutAlive) {
+  // A posted all-reduce sums the laid-out gradients in place and holds their keeper: a new
+  // layout (or the parameters' new tensors) cannot free that memory under it.
+  nn::HostOps ops;
+  std::vector<nn::Parameter> params(2);
+  std::vector<nn::AdamWState> states(2);
+  std::vector<nn::Parameter*> pointers;
+  for (auto& p : params) {
+    p.value = Tensor({3});
+    p.grad = Tensor({3});
+    pointers.push_back(&p);
+  }
+  std::optional<nn::FlatParameters> flat(std::in_place, ops, nn::trainable_members(pointers, states));
+  float* at = nn::end_to_end_gradients(nn::layout_order(pointers), nn::Device{});
+  ASSERT_NE(at, nullptr);
+  std::vector<std::shared_ptr<void>> keep = nn::gradient_keepers(pointers);
+  ASSERT_EQ(keep.size(), 1u);  // one buffer holds both
+  flat.reset();
+  for (auto& p : params) p.grad = p.value = Tensor({3});
+  for (auto& s : states) s = nn::AdamWState{};
+  EXPECT_EQ(keep[0].use_count(), 1);  // the last owner
+  at[5] = 2.5f;                       // still memory (ASan would say otherwise)
+  EXPECT_EQ(at[5], 2.5f);
+  EXPECT_TRUE(nn::gradient_keepers(pointers).empty());  // owned tensors keep themselves
 }
 
 TEST(FlatParameters, AMemberWithoutAGradientIsRefused) {
