@@ -95,13 +95,13 @@ Pending post_allreduce_gradients(nn::Ops& ops, runtime::Communicator& comm, std:
   std::size_t total = 0;
   for (auto* p : params) total += p->grad.data.size();
   std::vector<runtime::Request> requests;
-  float* in_place = nn::end_to_end_gradients(params, nn::Device{});
-  if (in_place) {  // laid out in host memory: no copy, the layout kept alive until it is done
-    requests.push_back(comm.iallreduce(std::span<float>(in_place, total)));
+  const nn::Device device = params.empty() ? nn::Device{} : params.front()->grad.device();
+  float* laid_out = nn::end_to_end_gradients(params, device);
+  if (laid_out && device.is_host()) {  // no copy, the layout kept alive until it is done
+    requests.push_back(comm.iallreduce(std::span<float>(laid_out, total)));
     return pending_requests(std::move(requests), [keep = nn::gradient_keepers(params)] {});
   }
-  const nn::Device device = params.empty() ? nn::Device{} : params.front()->grad.device();
-  if (float* laid_out = device.is_host() ? nullptr : nn::end_to_end_gradients(params, device)) {
+  if (laid_out) {
     // Laid out on a device whose collectives stage through host memory (processes sharing a
     // GPU): one download and one upload, where each gradient took its own.
     struct Staged {
